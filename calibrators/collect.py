@@ -1,0 +1,83 @@
+"""Activation collection: run the FP32 ONNX model in ONNX Runtime with the chosen tensors exposed.
+
+Streams batch by batch, so memory holds one batch of activations at a time. Inputs may change shape from
+batch to batch (dynamic batch and sequence axes).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnx
+
+from dopt_common.ort import create_session
+
+log = logging.getLogger(__name__)
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
+class Observer(Protocol):
+    """What collection feeds: one call per tensor per batch."""
+
+    def update(self, name: str, values: np.ndarray, where: str = "") -> None: ...
+
+
+def select_tensors(model: onnx.ModelProto, op_types: Iterable[str]) -> list[str]:
+    """Float activations entering or leaving a node of ``op_types`` (never initializers), in graph order."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    elem = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    initializers = {i.name for i in graph.initializer}
+    wanted = set(op_types)
+    names: list[str] = []
+    for node in graph.node:
+        if node.op_type not in wanted:
+            continue
+        for name in [*node.input, *node.output]:
+            if name and name not in initializers and name not in names and elem.get(name, 1) in FLOAT_TYPES:
+                names.append(name)
+    return names
+
+
+def expose_tensors(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph outputs include ``names``."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output}
+    for name in names:
+        if name not in present:
+            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+    return exposed
+
+
+def collect(
+    onnx_path: str | Path,
+    batches: Iterable[dict[str, np.ndarray]],
+    names: list[str],
+    observer: Observer,
+    threads: int | None = None,
+) -> int:
+    """Run every batch and feed each exposed tensor to ``observer``; returns the number of samples seen."""
+    model = onnx.load(str(onnx_path))
+    exposed = expose_tensors(model, names)
+    with tempfile.TemporaryDirectory(prefix="deploy_opt.collect.") as tmp:
+        path = Path(tmp) / "exposed.onnx"
+        # External data keeps large models under protobuf's 2 GB limit; it costs nothing for small ones.
+        onnx.save_model(exposed, str(path), save_as_external_data=True, location="exposed.onnx.data")
+        # Optimisations off: fusions would remove the very tensors we need to see.
+        session = create_session(path, threads=threads, optimize=False)
+    outputs = [o.name for o in session.get_outputs() if o.name in set(names)]
+    samples = 0
+    for index, feed in enumerate(batches):
+        values = session.run(outputs, feed)
+        for name, value in zip(outputs, values):
+            if value.dtype.kind == "f":
+                observer.update(name, value, where=f"in calibration batch {index}")
+        samples += int(next(iter(feed.values())).shape[0])
+    log.info("calibration: %d samples, %d tensors observed", samples, len(outputs))
+    return samples

@@ -1,0 +1,104 @@
+"""``python -m deploy_opt``: build, gate and profiles.
+
+Exit codes: 0 success, 1 a gate failed, 2 bad input (one line on stderr naming what, which value and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from dopt_common.errors import DeployOptError
+
+log = logging.getLogger("deploy_opt")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy_opt",
+        description="Turn a PyTorch or ONNX model into a verified INT8 deployment artifact.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    build = sub.add_parser("build", help="export, calibrate, quantize, verify, evaluate, benchmark and gate")
+    build.add_argument("config", nargs="?", help="build YAML (default: the digits demo, configs/digits.yaml)")
+    build.add_argument("--profile", help="hardware preset from profiles/ (see 'profiles'), or a path to one")
+    build.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override any config field, e.g. --set benchmark.threads=4 (repeatable)")
+    build.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
+
+    gate = sub.add_parser("gate", help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
+    gate.add_argument("build_json", type=Path, help="reports/<name>/build.json (or its folder)")
+    gate.add_argument("--max-drop", type=float, help="largest allowed metric drop in points (default: the build's)")
+    gate.add_argument("--min-speedup", type=float, help="smallest allowed INT8 speedup (default: the build's)")
+    gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
+    gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
+
+    sub.add_parser("profiles", help="list the hardware presets")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = _parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING) if args.verbose else logging.ERROR)
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    try:
+        return {"build": _build, "gate": _gate, "profiles": _profiles}[args.command](args)
+    except DeployOptError as exc:
+        print(f"deploy_opt {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _build(args: argparse.Namespace) -> int:
+    from deploy_opt.pipeline import run_build
+    from deploy_opt.profiles import load_build_config
+
+    config, profile = load_build_config(args.config, args.profile, args.overrides)
+    result = run_build(config, profile, args.output_dir, progress=not args.quiet)
+    metrics = result.build["metrics"]
+    print(f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
+          f"INT8 {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})")
+    for size, row in ((result.build.get("benchmark") or {}).get("batches") or {}).items():
+        print(f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, INT8 {row['ort_int8']['median_ms']:.3f} ms,"
+              f" speedup {row['speedup']:.2f}x")
+    for line in result.gate.lines():
+        print(f"  {line}")
+    return 0 if result.gate.passed else 1
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from deploy_opt.gate import apply_gate, load_build, write_junit
+
+    build = load_build(args.build_json)
+    configured = (build.get("config") or {}).get("gate") or {}
+    max_drop = args.max_drop if args.max_drop is not None else configured.get("max_drop")
+    min_speedup = args.min_speedup if args.min_speedup is not None else configured.get("min_speedup")
+    batch = args.speedup_batch or configured.get("speedup_batch")
+    result = apply_gate(build, max_drop, min_speedup, batch)
+    if not result.criteria:
+        raise DeployOptError("gate: no criterion to check; pass --max-drop and/or --min-speedup")
+    for line in result.lines():
+        print(line)
+    if args.junit:
+        write_junit(result, args.junit, build.get("name", "build"))
+    return 0 if result.passed else 1
+
+
+def _profiles(args: argparse.Namespace) -> int:
+    from deploy_opt.profiles import list_profiles
+
+    profiles = list_profiles()
+    width = max(len(p.name) for p in profiles)
+    for p in profiles:
+        print(f"{p.name:<{width}}  {p.description}")
+    return 0

@@ -1,0 +1,337 @@
+"""The build config: YAML → frozen dataclasses, with every error naming the field and the fix.
+
+Precedence, lowest first: dataclass defaults, the profile, the config file, ``--set`` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dopt_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Activation = Literal["symmetric", "asymmetric"]
+Target = Literal["ort-cpu", "ort-cuda", "tensorrt"]
+DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its name, shape (strings are dynamic dims) and dtype."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"model.inputs '{self.name}': dtype '{self.dtype}' is not supported; use one of {', '.join(DTYPES)}"
+            )
+        for dim in self.shape:
+            if isinstance(dim, int) and dim <= 0:
+                raise ConfigError(
+                    f"model.inputs '{self.name}': dimension {dim} must be positive or a name like 'batch'"
+                )
+
+    @property
+    def dynamic_axes(self) -> dict[int, str]:
+        """Axis index → symbolic name, for every named dimension."""
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where the model comes from: a torch factory (and checkpoint) or an existing ONNX file."""
+
+    factory: str | None = None
+    checkpoint: str | None = None
+    onnx: str | None = None
+    inputs: tuple[InputSpec, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.factory is None) == (self.onnx is None):
+            raise ConfigError(
+                "model: set exactly one of 'factory' (\"package.module:function\") or 'onnx' (a path)"
+            )
+        if self.checkpoint and not self.factory:
+            raise ConfigError("model.checkpoint needs model.factory: a checkpoint is loaded into a torch module")
+        if self.factory and not self.inputs:
+            raise ConfigError("model.inputs is required with model.factory: declare name, shape and dtype")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Calibration and evaluation sources, and the metric."""
+
+    calibration: str
+    evaluation: str
+    metric: str = "top1"
+    eval_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.calibration == self.evaluation:
+            raise ConfigError(
+                f"data.calibration and data.evaluation are the same source '{self.calibration}': calibrating "
+                "on the evaluation samples hides accuracy loss; fix: point them at disjoint splits"
+            )
+        if self.eval_samples is not None and self.eval_samples <= 0:
+            raise ConfigError(f"data.eval_samples must be positive, got {self.eval_samples}")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """torch → ONNX settings and the parity check."""
+
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
+    opset: int | None = None
+    simplify: bool = True
+    parity_atol: float = 1e-4
+    parity_rtol: float = 1e-3
+    parity_batches: int = 4
+    external_data_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.opset is not None and self.opset < 17:
+            raise ConfigError(f"export.opset is {self.opset}; deploy_opt needs opset 17 or newer")
+
+    @property
+    def resolved_opset(self) -> int:
+        """The opset to export: dynamo needs 18+, TorchScript defaults to 17."""
+        return self.opset or (18 if self.exporter == "dynamo" else 17)
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How activation ranges are computed."""
+
+    method: Literal["minmax"] = "minmax"
+    samples: int = 512
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0:
+            raise ConfigError(f"calibration.samples must be positive, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """What is quantized and with which activation scheme."""
+
+    activations: Activation = "asymmetric"
+    op_types: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    exclude_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """Which backends the build targets and what precision unquantized nodes keep."""
+
+    targets: tuple[Target, ...] = ("ort-cpu",)
+    fallback_precision: Literal["fp32", "fp16"] = "fp32"
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """Latency measurement settings."""
+
+    enabled: bool = True
+    threads: int = 2
+    batch_sizes: tuple[int, ...] = (1, 32)
+    warmup: int = 10
+    repeats: int = 50
+
+    def __post_init__(self) -> None:
+        if self.threads <= 0 or self.warmup < 0 or self.repeats <= 0:
+            raise ConfigError("benchmark: threads and repeats must be positive and warmup non-negative")
+        if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
+            raise ConfigError(f"benchmark.batch_sizes must be positive integers, got {list(self.batch_sizes)}")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Release criteria: the largest metric drop and the smallest speedup allowed."""
+
+    max_drop: float = 1.0
+    min_speedup: float | None = 1.0
+    speedup_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """A whole build, as resolved from defaults, profile, file and overrides."""
+
+    name: str
+    model: ModelConfig
+    data: DataConfig
+    description: str = ""
+    profile: str = "cpu-server"
+    seed: int = 0
+    export: ExportConfig = field(default_factory=ExportConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    base_dir: str = "."
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
+            raise ConfigError(
+                f"name '{self.name}' must be a plain folder name (no slashes, not hidden): it names reports/<name>/"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data, for build.json."""
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check and convert one YAML value to the annotated type, or raise ConfigError naming ``where``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[-1] if len(errors) == 1 else f"{where}: {value!r} is not a {_type_name(tp)}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where}: {value!r} is not allowed; use one of {', '.join(map(str, args))}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, where)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, str, bool) and type(value) is tp:
+        return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def build_dataclass(cls: type, data: Any, where: str) -> Any:
+    """Build a frozen dataclass from a mapping; unknown or missing keys name the allowed ones."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    prefix = f"{where}." if where else ""
+    for key in data:
+        if key not in fields:
+            raise ConfigError(
+                f"unknown key '{prefix}{key}'; allowed keys{' in ' + where if where else ''}: "
+                f"{', '.join(sorted(fields))}"
+            )
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key '{prefix}{name}'")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if where and not str(exc).startswith(where):
+            raise ConfigError(f"{where}: {exc}") from exc
+        raise
+
+
+def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """Read a YAML mapping, turning syntax errors into one-line ConfigErrors."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} '{path}': {exc.strerror}; fix: check the path") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{what} '{path}'{line}: invalid YAML ({problem}); fix the syntax") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} '{path}' must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge two mappings; values in ``top`` win, nested mappings merge."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """Turn ``section.key=value`` into a nested mapping; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set '{text}' must look like section.key=value, e.g. benchmark.threads=4")
+    path, raw = text.split("=", 1)
+    keys = [k for k in path.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"--set '{text}' names no key; use section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set '{text}': the value is not valid YAML; quote it") from exc
+    nested: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        nested = {key: nested}
+    return nested
+
+
+def resolve_config(
+    raw: dict[str, Any], profile: dict[str, Any], overrides: list[str], base_dir: str
+) -> BuildConfig:
+    """Merge profile ← file ← overrides and build the frozen config."""
+    data = merge(profile, raw)
+    for text in overrides:
+        data = merge(data, parse_override(text))
+    data["base_dir"] = base_dir
+    config = build_dataclass(BuildConfig, data, "")
+    return _force_tensorrt_symmetric(config)
+
+
+def _force_tensorrt_symmetric(config: BuildConfig) -> BuildConfig:
+    """TensorRT accepts only zero-point-0 Q/DQ, so a build that targets it must be symmetric."""
+    if "tensorrt" in config.deploy.targets and config.quantization.activations != "symmetric":
+        log.warning(
+            "deploy.targets includes tensorrt, which accepts only symmetric int8: using symmetric activations "
+            "instead of %s",
+            config.quantization.activations,
+        )
+        quant = dataclasses.replace(config.quantization, activations="symmetric")
+        return dataclasses.replace(config, quantization=quant)
+    return config

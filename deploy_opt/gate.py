@@ -1,0 +1,110 @@
+"""The release gate: accuracy drop and speedup criteria over a build's ``build.json``.
+
+Exit codes of ``python -m deploy_opt gate``: 0 every criterion passes, 1 one fails, 2 the report cannot
+be judged (missing file or field).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from dopt_common.errors import ReportError
+from dopt_common.files import write_text
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One gate check with its measured value and limit."""
+
+    name: str
+    measured: float
+    limit: float
+    passed: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdict and every criterion behind it."""
+
+    passed: bool
+    criteria: tuple[Criterion, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for build.json."""
+        return {"passed": self.passed, "criteria": [asdict(c) for c in self.criteria]}
+
+    def lines(self) -> list[str]:
+        """One human line per criterion, then the verdict."""
+        out = [f"{'PASS' if c.passed else 'FAIL'}  {c.text}" for c in self.criteria]
+        return out + [f"gate: {'PASSED' if self.passed else 'FAILED'}"]
+
+
+def load_build(path: str | Path) -> dict[str, Any]:
+    """Read build.json, or raise ReportError naming the problem."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "build.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ReportError(f"build report '{path}' does not exist; fix: run 'python -m deploy_opt build' first") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"build report '{path}' is not readable JSON ({exc})") from exc
+    if not isinstance(data, dict) or "metrics" not in data:
+        raise ReportError(f"build report '{path}' has no 'metrics' section; is it a deploy_opt build.json?")
+    return data
+
+
+def apply_gate(
+    build: dict[str, Any], max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None
+) -> GateResult:
+    """Judge a build: metric drop (FP32 → INT8, in metric points) and INT8 speedup at one batch size."""
+    criteria: list[Criterion] = []
+    if max_drop is not None:
+        metrics = build["metrics"]
+        try:
+            drop = float(metrics["drop"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
+        criteria.append(Criterion(
+            "max_drop", drop, max_drop, drop <= max_drop,
+            f"{metrics.get('name', 'metric')} drop {drop:.3f} points (FP32 {metrics.get('ort_fp32', float('nan')):.3f}"
+            f" → INT8 {metrics.get('ort_int8', float('nan')):.3f}) <= {max_drop:g}",
+        ))
+    if min_speedup is not None:
+        batches = (build.get("benchmark") or {}).get("batches") or {}
+        if not batches:
+            raise ReportError(
+                "build report has no benchmark; fix: rebuild with benchmark.enabled=true or drop --min-speedup"
+            )
+        size = str(speedup_batch or max(int(b) for b in batches))
+        if size not in batches or "speedup" not in batches[size]:
+            raise ReportError(
+                f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
+            )
+        speedup = float(batches[size]["speedup"])
+        criteria.append(Criterion(
+            "min_speedup", speedup, min_speedup, speedup >= min_speedup,
+            f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x",
+        ))
+    return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
+    """A JUnit XML report, one test case per criterion, for CI systems to display."""
+    failures = sum(not c.passed for c in result.criteria)
+    cases = []
+    for c in result.criteria:
+        body = "" if c.passed else f"<failure message={quoteattr(c.text)}/>"
+        cases.append(f"    <testcase classname={quoteattr(suite)} name={quoteattr(c.name)}>{body}</testcase>")
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<testsuite name={quoteattr('deploy_opt.gate.' + suite)} tests=\"{len(result.criteria)}\" "
+        f'failures="{failures}" errors="0">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
+    return write_text(path, xml)

@@ -1,0 +1,168 @@
+"""The build pipeline, top to bottom: source → FP32 ONNX → calibrate → scales.json → Q/DQ → evaluate →
+benchmark → gate → reports. Each stage is a plain function; this module only composes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt import benchmark, report
+from deploy_opt.config import BuildConfig
+from deploy_opt.evaluate import evaluate, session_runner, torch_runner
+from deploy_opt.gate import GateResult, apply_gate
+from deploy_opt.metrics import resolve_metric
+from deploy_opt.model_source import input_specs_from_onnx, prepare_fp32
+from deploy_opt.profiles import Profile
+from deploy_opt.quantize import quantize
+from deploy_opt.sources import Batch, iter_batches, load_torch_model, sample_hashes
+from dopt_common.errors import CalibrationError, InputError
+from dopt_common.files import ensure_writable_dir
+from dopt_common.ort import create_session
+from exporters.onnx_checks import check_onnx
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Where the build landed and its verdict."""
+
+    out_dir: Path
+    build: dict[str, Any]
+    gate: GateResult
+
+
+def run_build(config: BuildConfig, profile: Profile, output_root: Path, progress: bool = True) -> BuildResult:
+    """Build, verify, evaluate and gate one model; every artifact lands in ``output_root/<name>/``."""
+    out_dir = ensure_writable_dir(output_root) / config.name
+    stage = report.staging_dir(out_dir)
+    try:
+        result = _build_into(config, profile, stage, progress)
+        report.publish(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return BuildResult(out_dir, result.build, result.gate)
+
+
+def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> BuildResult:
+    times = report.Timings()
+    _seed_everything(config.seed)
+    base = config.base_dir
+
+    with times.stage("load"):
+        torch_model = load_torch_model(config.model.factory, config.model.checkpoint, base) if config.model.factory else None
+        specs = config.model.inputs or input_specs_from_onnx(check_onnx(Path(base) / config.model.onnx))
+        calibration = list(iter_batches(config.data.calibration, specs, base, "data.calibration",
+                                        config.calibration.samples))
+        if not calibration:
+            raise CalibrationError(f"data.calibration '{config.data.calibration}' yielded no samples; fix the data function")
+        # Evaluation streams (a user's validation set may not fit in memory); only its head is kept.
+        stream = iter_batches(config.data.evaluation, specs, base, "data.evaluation", config.data.eval_samples)
+        head = list(itertools.islice(stream, max(1, config.export.parity_batches)))
+        if not head:
+            raise InputError(f"data.evaluation '{config.data.evaluation}' yielded no samples; fix the data function")
+        overlap = OverlapCounter(calibration)
+
+    with times.stage("export"):
+        fp32 = prepare_fp32(config, torch_model, calibration[0], head[: config.export.parity_batches], stage)
+
+    with times.stage("calibrate_quantize"):
+        quantized = quantize(config, fp32.path, calibration, stage)
+
+    with times.stage("evaluate"):
+        metric = resolve_metric(config.data.metric, base)
+        threads = config.benchmark.threads
+        sessions = {"ort_fp32": create_session(fp32.path, threads=threads),
+                    "ort_int8": create_session(quantized.path, threads=threads)}
+        runners = {name: session_runner(s) for name, s in sessions.items()}
+        if torch_model is not None:
+            runners = {"torch_fp32": torch_runner(torch_model, [s.name for s in fp32.inputs])} | runners
+        reference = "torch_fp32" if torch_model is not None else "ort_fp32"
+        scores = evaluate(runners, overlap.watch(itertools.chain(head, stream)), metric, reference, progress)
+
+    with times.stage("benchmark"):
+        bench = None
+        if config.benchmark.enabled:
+            b = config.benchmark
+            bench = {"threads": b.threads, "warmup": b.warmup, "repeats": b.repeats,
+                     "input_shapes": {k: list(v.shape[1:]) for k, v in head[0].inputs.items()},
+                     "batches": benchmark.compare(sessions, head[0], b.batch_sizes, b.warmup, b.repeats)}
+
+    metrics = {"name": metric.name, "higher_is_better": metric.higher_is_better, "samples": scores.samples,
+               "reference": "labels" if head[0].label is not None else f"{reference} output",
+               **scores.values, "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
+               "drop_vs": "ort_fp32"}
+    gate = apply_gate({"metrics": metrics, "benchmark": bench}, config.gate.max_drop,
+                      config.gate.min_speedup if bench else None, config.gate.speedup_batch)
+    build = report.build_record(
+        name=config.name,
+        description=config.description,
+        seed=config.seed,
+        profile={"name": profile.name, "description": profile.description},
+        export=fp32.info,
+        quantization=quantized.info,
+        metrics=metrics,
+        benchmark=bench,
+        gate=gate.to_json(),
+        targets=_targets(config),
+        overlap_warning=overlap.warning(),
+        timings_s=times.seconds,
+        versions=report.versions(),
+        config=config.to_dict(),
+    )
+    report.write_reports(stage, build)
+    return BuildResult(stage, build, gate)
+
+
+class OverlapCounter:
+    """Counts evaluation samples that also appear in the calibration data, as evaluation streams past."""
+
+    def __init__(self, calibration: list[Batch]) -> None:
+        self.seen = {h for b in calibration for h in sample_hashes(b)}
+        self.shared = 0
+
+    def watch(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Pass batches through, counting shared samples."""
+        for batch in batches:
+            self.shared += sum(h in self.seen for h in sample_hashes(batch))
+            yield batch
+
+    def warning(self) -> str | None:
+        """The loud warning, or None when the splits are disjoint."""
+        if not self.shared:
+            return None
+        message = (f"{self.shared} evaluation samples also appear in the calibration data: the measured accuracy "
+                   "is optimistic; fix: give data.calibration and data.evaluation disjoint splits")
+        log.warning(message)
+        return message
+
+
+def _targets(config: BuildConfig) -> dict[str, str]:
+    status = {}
+    for target in config.deploy.targets:
+        if target == "ort-cpu":
+            status[target] = "built: model.int8.onnx (ONNX Runtime CPU, Q/DQ)"
+        else:
+            status[target] = "not built: this deploy_opt builds ORT CPU only; the same scales.json is the input"
+    return status
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:
+        pass

@@ -1,0 +1,87 @@
+"""Hardware presets: YAML files in ``profiles/`` that overlay the build config."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt import config as cfg
+from dopt_common.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Sections a profile may set; the model, data and name belong to the build, not to the hardware.
+PROFILE_SECTIONS = {
+    "export": cfg.ExportConfig,
+    "calibration": cfg.CalibrationConfig,
+    "quantization": cfg.QuantizationConfig,
+    "deploy": cfg.DeployConfig,
+    "benchmark": cfg.BenchmarkConfig,
+    "gate": cfg.GateConfig,
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named preset: its description and the config sections it sets."""
+
+    name: str
+    description: str
+    path: Path
+    sections: dict[str, Any]
+
+
+def profiles_dir() -> Path:
+    """The folder holding the presets (``$DEPLOY_OPT_PROFILES`` or the repo's ``profiles/``)."""
+    return Path(os.environ.get("DEPLOY_OPT_PROFILES", REPO_ROOT / "profiles"))
+
+
+def list_profiles() -> list[Profile]:
+    """Every preset in the profiles folder, sorted by name."""
+    folder = profiles_dir()
+    if not folder.is_dir():
+        raise ConfigError(f"profiles folder '{folder}' not found; fix: set DEPLOY_OPT_PROFILES to it")
+    return [load_profile(path) for path in sorted(folder.glob("*.yaml"))]
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a preset by name (``cpu-server``) or by path, validating every section it sets."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = profiles_dir() / f"{name_or_path}.yaml"
+        if not path.is_file():
+            known = ", ".join(p.stem for p in sorted(profiles_dir().glob("*.yaml")))
+            raise ConfigError(f"unknown profile '{name_or_path}'; available: {known} (or a path to a .yaml)")
+    raw = cfg.read_yaml(path, what="profile")
+    description = raw.pop("description", None)
+    if not isinstance(description, str) or not description:
+        raise ConfigError(f"profile '{path}' needs a one-line 'description'")
+    for key, value in raw.items():
+        if key not in PROFILE_SECTIONS:
+            raise ConfigError(
+                f"profile '{path}': unknown key '{key}'; allowed: description, {', '.join(PROFILE_SECTIONS)}"
+            )
+        try:
+            cfg.build_dataclass(PROFILE_SECTIONS[key], value, key)
+        except ConfigError as exc:
+            raise ConfigError(f"profile '{path}': {exc}") from exc
+    return Profile(name=path.stem, description=description.strip(), path=path, sections=raw)
+
+
+DEMO_CONFIG = REPO_ROOT / "configs" / "digits.yaml"
+
+
+def load_build_config(
+    path: str | Path | None, profile: str | None = None, overrides: list[str] | None = None
+) -> tuple[cfg.BuildConfig, Profile]:
+    """Read a build YAML (the demo when ``path`` is None), apply its profile and ``--set`` overrides."""
+    path = Path(path) if path else DEMO_CONFIG
+    raw = cfg.read_yaml(path)
+    name = profile or raw.get("profile") or "cpu-server"
+    if not isinstance(name, str):
+        raise ConfigError(f"profile must be a name like cpu-server, got {name!r}")
+    preset = load_profile(name)
+    raw["profile"] = preset.name
+    config = cfg.resolve_config(raw, preset.sections, list(overrides or []), str(path.resolve().parent))
+    return config, preset

@@ -1,0 +1,114 @@
+"""Stage 2: calibrate, write scales.json, write the ORT Q/DQ model from it, and prove they agree."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from calibrators.collect import collect, select_tensors
+from calibrators.minmax import MinMaxObserver
+from calibrators.scale_file import (
+    ScaleFile,
+    TensorScale,
+    activation_scale,
+    load_scale_file,
+    save_scale_file,
+)
+from calibrators.weights import bias_scales, weight_scales
+from deploy_opt import __version__
+from deploy_opt.config import BuildConfig
+from deploy_opt.sources import Batch, sample_hashes
+from dopt_common.errors import ScaleMismatchError
+from dopt_common.files import sha256_file
+from exporters.ort_qdq import compare_scales, read_qdq_scales, write_ort_qdq
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantizedModel:
+    """The Q/DQ model, the scale file it was written from, and calibration facts."""
+
+    path: Path
+    scales_path: Path
+    scales: ScaleFile
+    info: dict[str, Any]
+
+
+def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str) -> dict:
+    """Activation-type parameters for constant (initializer) inputs that are not weights or biases."""
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted = set(op_types)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        if node.op_type not in wanted:
+            continue
+        for name in node.input:
+            if name in inits and name not in known and name not in out:
+                array = numpy_helper.to_array(inits[name])
+                if array.dtype.kind == "f" and array.size:
+                    out[name] = activation_scale(name, float(array.min()), float(array.max()), scheme, "constant")
+    return out
+
+
+def quantize(config: BuildConfig, fp32_path: Path, calibration: list[Batch], stage: Path) -> QuantizedModel:
+    """Calibrate on ``calibration`` and write ``scales.json`` and ``model.int8.onnx`` into ``stage``."""
+    from tqdm import tqdm
+
+    quant = config.quantization
+    model = onnx.load(str(fp32_path))
+    names = select_tensors(model, quant.op_types)
+    observer = MinMaxObserver()
+    feeds = (b.inputs for b in tqdm(calibration, desc="calibrate", unit="batch", leave=False, disable=None))
+    samples = collect(fp32_path, feeds, names, observer, threads=config.benchmark.threads)
+    tensors: dict[str, TensorScale] = {
+        name: activation_scale(name, low, high, quant.activations, observer.method)
+        for name, (low, high) in observer.ranges().items()
+    }
+    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes)
+    tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
+    tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
+    digest = hashlib.sha256("".join(h for b in calibration for h in sample_hashes(b)).encode()).hexdigest()
+    provenance = {
+        "model_sha256": sha256_file(fp32_path),
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "calibration": {"method": observer.method, "samples": samples, "sample_hash": digest},
+        "deploy_opt_version": __version__,
+    }
+    candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
+    int8_path = write_ort_qdq(
+        fp32_path, candidate, stage / "model.int8.onnx", op_types=quant.op_types, exclude_nodes=quant.exclude_nodes
+    )
+    carried = read_qdq_scales(int8_path)
+    scales = candidate.restricted_to(carried)
+    scales_path = save_scale_file(scales, stage / "scales.json")
+    diff = compare_scales(load_scale_file(scales_path).tensors, carried)
+    if not diff.ok:
+        raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
+    roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
+    log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
+    info = {
+        "method": observer.method,
+        "samples": samples,
+        "sample_hash": digest,
+        "tensors_calibrated": len(names),
+        "activations": quant.activations,
+        "op_types": list(quant.op_types),
+        "quantized_tensors": roles,
+        "scale_check": "pass: every Q/DQ scale and zero point equals scales.json bit for bit",
+        "scale_range": _scale_summary(scales),
+    }
+    return QuantizedModel(int8_path, scales_path, scales, info)
+
+
+def _scale_summary(scales: ScaleFile) -> dict[str, float]:
+    values = [s for t in scales.tensors.values() if t.role == "activation" for s in t.scale]
+    return {"min_activation_scale": float(np.min(values)), "max_activation_scale": float(np.max(values))} if values else {}

@@ -1,0 +1,126 @@
+"""build.json, summary.md and the atomic hand-over of a finished build into reports/<name>/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dopt_common.errors import OutputError
+from dopt_common.files import sha256_file, write_json, write_text
+
+PACKAGES = ("deploy_opt", "torch", "onnx", "onnxruntime", "onnxscript", "onnxsim", "onnxslim", "numpy")
+BUILD_FORMAT = "deploy_opt.build/1"
+
+
+class Timings:
+    """Wall time per pipeline stage, in seconds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the enclosed block under ``name``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - start, 3)
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages that shape the results, plus the machine."""
+    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def artifacts(stage: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file in the build folder."""
+    return {
+        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(stage.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def build_record(**sections: Any) -> dict[str, Any]:
+    """The build.json document: format, time, then the given sections in order."""
+    return {"format": BUILD_FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **sections}
+
+
+def render_summary(build: dict[str, Any]) -> str:
+    """A short human summary of build.json."""
+    m = build["metrics"]
+    lines = [
+        f"# {build['name']}",
+        "",
+        f"- profile: `{build['profile']['name']}`, activations: {build['quantization']['activations']}, "
+        f"calibration: {build['quantization']['method']} on {build['quantization']['samples']} samples",
+        f"- {m['name']} on {m['samples']} evaluation samples: torch FP32 {_fmt(m.get('torch_fp32'))}, "
+        f"ORT FP32 {_fmt(m['ort_fp32'])}, ORT INT8 {_fmt(m['ort_int8'])}; drop {m['drop']:.3f} points",
+        f"- scales: {build['quantization']['scale_check']}",
+    ]
+    parity = build["export"].get("parity")
+    if isinstance(parity, dict):
+        lines.append(f"- torch vs ORT FP32 parity: max-abs {parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})")
+    if build.get("overlap_warning"):
+        lines.append(f"- **WARNING**: {build['overlap_warning']}")
+    bench = build.get("benchmark") or {}
+    if bench.get("batches"):
+        lines += ["", f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of "
+                  f"{bench['repeats']})", "|---:|---:|---:|---:|"]
+        for size, row in bench["batches"].items():
+            lines.append(f"| {size} | {row['ort_fp32']['median_ms']:.3f} | {row['ort_int8']['median_ms']:.3f} | "
+                         f"{row['speedup']:.2f}x |")
+    lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
+    lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _gate_lines(gate: dict[str, Any]) -> list[str]:
+    lines = [f"{'PASS' if c['passed'] else 'FAIL'}: {c['text']}" for c in gate["criteria"]]
+    return lines + [f"verdict: **{'PASSED' if gate['passed'] else 'FAILED'}**"]
+
+
+def write_reports(stage: Path, build: dict[str, Any]) -> None:
+    """Write build.json (with artifact hashes) and summary.md into the staging folder."""
+    build["artifacts"] = artifacts(stage)
+    write_json(stage / "build.json", build)
+    write_text(stage / "summary.md", render_summary(build))
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """A fresh hidden folder beside ``out_dir`` where the build is assembled."""
+    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir(parents=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create '{stage}': {exc.strerror}; fix: choose a writable --output-dir") from exc
+    return stage
+
+
+def publish(stage: Path, out_dir: Path) -> None:
+    """Move every finished file into ``out_dir`` (each by an atomic rename), then drop the stage."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "build.json").unlink(missing_ok=True)  # the folder is never "complete" with mixed files
+    for path in sorted(stage.iterdir(), key=lambda p: p.name == "build.json"):
+        os.replace(path, out_dir / path.name)  # build.json last: its presence marks a complete build
+    stage.rmdir()

@@ -1,0 +1,74 @@
+"""Atomic writes and hashing: a crash never leaves half an artifact."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dopt_common.errors import OutputError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    final = Path(path)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write '{final}': {exc.strerror}; fix: choose a writable output folder"
+        ) from exc
+    os.close(fd)
+    tmp_path = Path(tmp)
+    # mkstemp creates 0600; an artifact should get the usual permissions (0666 minus the umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, final)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write text atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write JSON atomically, indented and with a trailing newline."""
+    return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` if needed and prove a file can be written there, before any long work starts."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check."):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"output folder '{folder}' is not writable ({exc.strerror}); fix: pass a writable folder "
+            "with --output-dir or fix its permissions"
+        ) from exc
+    return folder
