@@ -75,7 +75,7 @@ def collect(
     samples = 0
     for index, feed in enumerate(batches):
         values = session.run(outputs, feed)
-        for name, value in zip(outputs, values):
+        for name, value in zip(outputs, values, strict=True):
             if value.dtype.kind == "f":
                 observer.update(name, value, where=f"in calibration batch {index}")
         samples += int(next(iter(feed.values())).shape[0])

@@ -22,9 +22,7 @@ class MinMaxObserver:
             return
         low, high = float(np.min(values)), float(np.max(values))
         if not (np.isfinite(low) and np.isfinite(high)):
-            raise NumericsError(
-                f"calibration: tensor '{name}' has NaN or Inf {where}; fix the model or the input data"
-            )
+            raise NumericsError(f"calibration: tensor '{name}' has NaN or Inf {where}; fix the model or the input data")
         self._low[name] = min(low, self._low.get(name, low))
         self._high[name] = max(high, self._high.get(name, high))
 

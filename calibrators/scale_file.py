@@ -85,7 +85,7 @@ class TensorScale:
             bits = data["scale_hex"]
             scales = tuple(float(hex_float32(b)) for b in bits)
             decimals = data.get("scale", scales)
-            if len(decimals) != len(scales) or any(np.float32(d) != s for d, s in zip(decimals, scales)):
+            if len(decimals) != len(scales) or any(np.float32(d) != s for d, s in zip(decimals, scales, strict=True)):
                 raise ScaleMismatchError(f"scales.json tensor '{name}': 'scale' and 'scale_hex' disagree")
             entry = cls(
                 name=name,
@@ -154,24 +154,31 @@ def load_scale_file(path: str | Path) -> ScaleFile:
     )
 
 
+def symmetric_scale(amax: np.ndarray | float) -> np.ndarray:
+    """amax / 127 rounded once to float32 (computed in float64, as ONNX Runtime does); 1.0 for empty ranges."""
+    exact = np.asarray(amax, dtype=np.float32).astype(np.float64) / 127.0
+    return np.where(exact < np.finfo(np.float32).tiny, 1.0, exact).astype(np.float32)
+
+
 def activation_scale(name: str, low: float, high: float, scheme: str, method: str) -> TensorScale:
-    """Quantization parameters for an activation range.
+    """Quantization parameters for an activation range, bit-identical to ORT's ``compute_scale_zp``.
 
     ``symmetric``: int8, zero point 0, scale = amax / 127 (what TensorRT accepts).
     ``asymmetric``: uint8, the range widened to include 0, scale = (max - min) / 255, zp = round(-min / scale).
     """
     low32, high32 = np.float32(min(low, 0.0)), np.float32(max(high, 0.0))
+    amax = float(max(abs(low32), abs(high32)))
     if scheme == "symmetric":
-        amax = np.float32(max(abs(low32), abs(high32)))
-        scale = np.float32(amax / np.float32(127)) if amax > 0 else np.float32(1.0)
-        return TensorScale(name, "activation", "int8", (float(scale),), (0,), None, float(amax), (low, high), method)
+        scale = float(symmetric_scale(amax))
+        return TensorScale(name, "activation", "int8", (scale,), (0,), None, amax, (low, high), method)
     if scheme != "asymmetric":
         raise ConfigError(f"quantization.activations '{scheme}' is unknown; use symmetric or asymmetric")
-    span = np.float32(high32 - low32)
-    scale = np.float32(span / np.float32(255)) if span > 0 else np.float32(1.0)
-    zero = int(np.clip(np.round(-low32 / scale), 0, 255))
-    amax = float(max(abs(low32), abs(high32)))
-    return TensorScale(name, "activation", "uint8", (float(scale),), (zero,), None, amax, (low, high), method)
+    exact = (np.float64(high32) - np.float64(low32)) / 255.0
+    if exact < np.finfo(np.float32).tiny:
+        scale, zero = 1.0, 0
+    else:
+        scale, zero = float(np.float32(exact)), int(np.round(-np.float64(low32) / exact))
+    return TensorScale(name, "activation", "uint8", (scale,), (zero,), None, amax, (low, high), method)
 
 
 def weight_scale(name: str, weight: np.ndarray, axis: int) -> TensorScale:
@@ -179,7 +186,7 @@ def weight_scale(name: str, weight: np.ndarray, axis: int) -> TensorScale:
     axis = axis % weight.ndim
     moved = np.moveaxis(np.asarray(weight, dtype=np.float32), axis, 0).reshape(weight.shape[axis], -1)
     amax = np.abs(moved).max(axis=1).astype(np.float32)
-    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1.0)).astype(np.float32)
+    scale = symmetric_scale(amax)
     return TensorScale(
         name,
         "weight",

@@ -29,7 +29,9 @@ def channel_axis(node: onnx.NodeProto, rank: int) -> int:
     return rank - 1
 
 
-def weight_scales(model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = ()) -> dict[str, TensorScale]:
+def weight_scales(
+    model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = ()
+) -> dict[str, TensorScale]:
     """Per-channel int8 parameters for every weight initializer feeding a quantizable node."""
     inits = {i.name: i for i in model.graph.initializer}
     wanted, skipped = set(op_types), set(exclude)

@@ -1,6 +1,7 @@
 """``python -m deploy_opt``: build, gate and profiles.
 
-Exit codes: 0 success, 1 a gate failed, 2 bad input (one line on stderr naming what, which value and the fix).
+Exit codes: 0 success, 1 a gate failed, 2 bad input (one line on stderr naming what, which value and the fix),
+3 an internal error (a bug; ``-v`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -20,25 +21,37 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m deploy_opt",
         description="Turn a PyTorch or ONNX model into a verified INT8 deployment artifact.",
     )
+    # -v/-q work before or after the command; SUPPRESS keeps a subcommand's default from overwriting.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    build = sub.add_parser("build", help="export, calibrate, quantize, verify, evaluate, benchmark and gate")
+    build = sub.add_parser(
+        "build", parents=[common], help="export, calibrate, quantize, verify, evaluate, benchmark and gate"
+    )
     build.add_argument("config", nargs="?", help="build YAML (default: the digits demo, configs/digits.yaml)")
     build.add_argument("--profile", help="hardware preset from profiles/ (see 'profiles'), or a path to one")
-    build.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override any config field, e.g. --set benchmark.threads=4 (repeatable)")
+    build.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config field, e.g. --set benchmark.threads=4 (repeatable)",
+    )
     build.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
 
-    gate = sub.add_parser("gate", help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
+    gate = sub.add_parser("gate", parents=[common], help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
     gate.add_argument("build_json", type=Path, help="reports/<name>/build.json (or its folder)")
     gate.add_argument("--max-drop", type=float, help="largest allowed metric drop in points (default: the build's)")
     gate.add_argument("--min-speedup", type=float, help="smallest allowed INT8 speedup (default: the build's)")
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
     gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
 
-    sub.add_parser("profiles", help="list the hardware presets")
+    sub.add_parser("profiles", parents=[common], help="list the hardware presets")
     return parser
 
 
@@ -57,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     except DeployOptError as exc:
         print(f"deploy_opt {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug, ours or in user code: never exit 1, which means "gate failed"
+        log.debug("traceback", exc_info=True)
+        print(
+            f"deploy_opt {args.command}: internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return 3
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -66,11 +86,15 @@ def _build(args: argparse.Namespace) -> int:
     config, profile = load_build_config(args.config, args.profile, args.overrides)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet)
     metrics = result.build["metrics"]
-    print(f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
-          f"INT8 {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})")
+    print(
+        f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
+        f"INT8 {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})"
+    )
     for size, row in ((result.build.get("benchmark") or {}).get("batches") or {}).items():
-        print(f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, INT8 {row['ort_int8']['median_ms']:.3f} ms,"
-              f" speedup {row['speedup']:.2f}x")
+        print(
+            f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, INT8 {row['ort_int8']['median_ms']:.3f} ms,"
+            f" speedup {row['speedup']:.2f}x"
+        )
     for line in result.gate.lines():
         print(f"  {line}")
     return 0 if result.gate.passed else 1

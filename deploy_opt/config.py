@@ -61,9 +61,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if (self.factory is None) == (self.onnx is None):
-            raise ConfigError(
-                "model: set exactly one of 'factory' (\"package.module:function\") or 'onnx' (a path)"
-            )
+            raise ConfigError("model: set exactly one of 'factory' (\"package.module:function\") or 'onnx' (a path)")
         if self.checkpoint and not self.factory:
             raise ConfigError("model.checkpoint needs model.factory: a checkpoint is loaded into a torch module")
         if self.factory and not self.inputs:
@@ -182,7 +180,8 @@ class BuildConfig:
     deploy: DeployConfig = field(default_factory=DeployConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     gate: GateConfig = field(default_factory=GateConfig)
-    base_dir: str = "."
+    # Set by the loader (the config file's folder), never by the user.
+    base_dir: str = field(default=".", metadata={"internal": True})
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
@@ -240,7 +239,7 @@ def build_dataclass(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     prefix = f"{where}." if where else ""
     for key in data:
         if key not in fields:
@@ -257,7 +256,7 @@ def build_dataclass(cls: type, data: Any, where: str) -> Any:
     try:
         return cls(**kwargs)
     except ConfigError as exc:
-        if where and not str(exc).startswith(where):
+        if where and not str(exc).startswith(where.split("[")[0]):
             raise ConfigError(f"{where}: {exc}") from exc
         raise
 
@@ -306,21 +305,20 @@ def parse_override(text: str) -> dict[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set '{text}': the value is not valid YAML; quote it") from exc
+    if keys == ["profile"]:
+        raise ConfigError(f"--set '{text}': choose the preset with --profile {value}, not --set")
     nested: dict[str, Any] = {keys[-1]: value}
     for key in reversed(keys[:-1]):
         nested = {key: nested}
     return nested
 
 
-def resolve_config(
-    raw: dict[str, Any], profile: dict[str, Any], overrides: list[str], base_dir: str
-) -> BuildConfig:
+def resolve_config(raw: dict[str, Any], profile: dict[str, Any], overrides: list[str], base_dir: str) -> BuildConfig:
     """Merge profile ← file ← overrides and build the frozen config."""
     data = merge(profile, raw)
     for text in overrides:
         data = merge(data, parse_override(text))
-    data["base_dir"] = base_dir
-    config = build_dataclass(BuildConfig, data, "")
+    config = dataclasses.replace(build_dataclass(BuildConfig, data, ""), base_dir=base_dir)
     return _force_tensorrt_symmetric(config)
 
 

@@ -64,7 +64,9 @@ def evaluate(
 
     means = {name: RunningMean() for name in runners}
     samples = 0
-    for index, batch in enumerate(tqdm(batches, desc="evaluate", unit="batch", disable=None if progress else True, leave=False)):
+    for index, batch in enumerate(
+        tqdm(batches, desc="evaluate", unit="batch", disable=None if progress else True, leave=False)
+    ):
         outputs = {}
         for name, run in runners.items():
             out = np.asarray(run(batch.inputs)[0])

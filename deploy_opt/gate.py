@@ -71,11 +71,12 @@ def apply_gate(
             drop = float(metrics["drop"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
-        criteria.append(Criterion(
-            "max_drop", drop, max_drop, drop <= max_drop,
-            f"{metrics.get('name', 'metric')} drop {drop:.3f} points (FP32 {metrics.get('ort_fp32', float('nan')):.3f}"
-            f" → INT8 {metrics.get('ort_int8', float('nan')):.3f}) <= {max_drop:g}",
-        ))
+        fp32, int8 = metrics.get("ort_fp32", float("nan")), metrics.get("ort_int8", float("nan"))
+        text = (
+            f"{metrics.get('name', 'metric')} drop {drop:.3f} points (FP32 {fp32:.3f} → INT8 {int8:.3f}) "
+            f"<= {max_drop:g}"
+        )
+        criteria.append(Criterion("max_drop", drop, max_drop, drop <= max_drop, text))
     if min_speedup is not None:
         batches = (build.get("benchmark") or {}).get("batches") or {}
         if not batches:
@@ -88,10 +89,15 @@ def apply_gate(
                 f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
             )
         speedup = float(batches[size]["speedup"])
-        criteria.append(Criterion(
-            "min_speedup", speedup, min_speedup, speedup >= min_speedup,
-            f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x",
-        ))
+        criteria.append(
+            Criterion(
+                "min_speedup",
+                speedup,
+                min_speedup,
+                speedup >= min_speedup,
+                f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x",
+            )
+        )
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
 
 
@@ -104,7 +110,7 @@ def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
         cases.append(f"    <testcase classname={quoteattr(suite)} name={quoteattr(c.name)}>{body}</testcase>")
     xml = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<testsuite name={quoteattr('deploy_opt.gate.' + suite)} tests=\"{len(result.criteria)}\" "
+        f'<testsuite name={quoteattr("deploy_opt.gate." + suite)} tests="{len(result.criteria)}" '
         f'failures="{failures}" errors="0">\n' + "\n".join(cases) + "\n</testsuite>\n"
     )
     return write_text(path, xml)

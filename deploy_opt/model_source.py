@@ -39,8 +39,9 @@ def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
             continue
         tensor = value.type.tensor_type
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
-        shape = tuple(d.dim_param or (d.dim_value if d.dim_value > 0 else f"dim{i}")
-                      for i, d in enumerate(tensor.shape.dim))
+        shape = tuple(
+            d.dim_param or (d.dim_value if d.dim_value > 0 else f"dim{i}") for i, d in enumerate(tensor.shape.dim)
+        )
         if dtype not in DTYPES:
             raise InputError(f"ONNX input '{value.name}' has dtype {dtype}; supported: {', '.join(DTYPES)}")
         specs.append(InputSpec(value.name, shape, dtype))
@@ -84,8 +85,8 @@ def prepare_fp32(
             raw,
             input_names=names,
             output_names=out_names,
-            dynamic_axes={s.name: s.dynamic_axes for s in specs} | {o: {0: "batch"} for o in out_names
-                                                                      if specs[0].dynamic_axes.get(0)},
+            dynamic_axes={s.name: s.dynamic_axes for s in specs}
+            | {o: {0: "batch"} for o in out_names if specs[0].dynamic_axes.get(0)},
             exporter=config.export.exporter,
             opset=config.export.resolved_opset,
             external_data_mb=config.export.external_data_mb,
@@ -114,8 +115,12 @@ def prepare_fp32(
             rtol=config.export.parity_rtol,
             threads=config.benchmark.threads,
         )
-        info["parity"] = {"max_abs": parity.max_abs, "max_rel": parity.max_rel,
-                          "tolerance": parity.tolerance, "samples": parity.samples}
+        info["parity"] = {
+            "max_abs": parity.max_abs,
+            "max_rel": parity.max_rel,
+            "tolerance": parity.tolerance,
+            "samples": parity.samples,
+        }
     else:
         info["parity"] = "n/a: no torch model (model.onnx)"
     return Fp32Model(out, inputs, info)

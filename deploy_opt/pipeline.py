@@ -56,12 +56,17 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     base = config.base_dir
 
     with times.stage("load"):
-        torch_model = load_torch_model(config.model.factory, config.model.checkpoint, base) if config.model.factory else None
+        torch_model = (
+            load_torch_model(config.model.factory, config.model.checkpoint, base) if config.model.factory else None
+        )
         specs = config.model.inputs or input_specs_from_onnx(check_onnx(Path(base) / config.model.onnx))
-        calibration = list(iter_batches(config.data.calibration, specs, base, "data.calibration",
-                                        config.calibration.samples))
+        calibration = list(
+            iter_batches(config.data.calibration, specs, base, "data.calibration", config.calibration.samples)
+        )
         if not calibration:
-            raise CalibrationError(f"data.calibration '{config.data.calibration}' yielded no samples; fix the data function")
+            raise CalibrationError(
+                f"data.calibration '{config.data.calibration}' yielded no samples; fix the data function"
+            )
         # Evaluation streams (a user's validation set may not fit in memory); only its head is kept.
         stream = iter_batches(config.data.evaluation, specs, base, "data.evaluation", config.data.eval_samples)
         head = list(itertools.islice(stream, max(1, config.export.parity_batches)))
@@ -78,8 +83,10 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("evaluate"):
         metric = resolve_metric(config.data.metric, base)
         threads = config.benchmark.threads
-        sessions = {"ort_fp32": create_session(fp32.path, threads=threads),
-                    "ort_int8": create_session(quantized.path, threads=threads)}
+        sessions = {
+            "ort_fp32": create_session(fp32.path, threads=threads),
+            "ort_int8": create_session(quantized.path, threads=threads),
+        }
         runners = {name: session_runner(s) for name, s in sessions.items()}
         if torch_model is not None:
             runners = {"torch_fp32": torch_runner(torch_model, [s.name for s in fp32.inputs])} | runners
@@ -90,16 +97,29 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         bench = None
         if config.benchmark.enabled:
             b = config.benchmark
-            bench = {"threads": b.threads, "warmup": b.warmup, "repeats": b.repeats,
-                     "input_shapes": {k: list(v.shape[1:]) for k, v in head[0].inputs.items()},
-                     "batches": benchmark.compare(sessions, head[0], b.batch_sizes, b.warmup, b.repeats)}
+            bench = {
+                "threads": b.threads,
+                "warmup": b.warmup,
+                "repeats": b.repeats,
+                "input_shapes": {k: list(v.shape[1:]) for k, v in head[0].inputs.items()},
+                "batches": benchmark.compare(sessions, head[0], b.batch_sizes, b.warmup, b.repeats),
+            }
 
-    metrics = {"name": metric.name, "higher_is_better": metric.higher_is_better, "samples": scores.samples,
-               "reference": "labels" if head[0].label is not None else f"{reference} output",
-               **scores.values, "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
-               "drop_vs": "ort_fp32"}
-    gate = apply_gate({"metrics": metrics, "benchmark": bench}, config.gate.max_drop,
-                      config.gate.min_speedup if bench else None, config.gate.speedup_batch)
+    metrics = {
+        "name": metric.name,
+        "higher_is_better": metric.higher_is_better,
+        "samples": scores.samples,
+        "reference": "labels" if head[0].label is not None else f"{reference} output",
+        **scores.values,
+        "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
+        "drop_vs": "ort_fp32",
+    }
+    gate = apply_gate(
+        {"metrics": metrics, "benchmark": bench},
+        config.gate.max_drop,
+        config.gate.min_speedup if bench else None,
+        config.gate.speedup_batch,
+    )
     build = report.build_record(
         name=config.name,
         description=config.description,
@@ -137,8 +157,10 @@ class OverlapCounter:
         """The loud warning, or None when the splits are disjoint."""
         if not self.shared:
             return None
-        message = (f"{self.shared} evaluation samples also appear in the calibration data: the measured accuracy "
-                   "is optimistic; fix: give data.calibration and data.evaluation disjoint splits")
+        message = (
+            f"{self.shared} evaluation samples also appear in the calibration data: the measured accuracy "
+            "is optimistic; fix: give data.calibration and data.evaluation disjoint splits"
+        )
         log.warning(message)
         return message
 

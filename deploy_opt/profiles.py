@@ -55,7 +55,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise ConfigError(f"unknown profile '{name_or_path}'; available: {known} (or a path to a .yaml)")
     raw = cfg.read_yaml(path, what="profile")
     description = raw.pop("description", None)
-    if not isinstance(description, str) or not description:
+    if not isinstance(description, str) or not description.strip() or "\n" in description.strip():
         raise ConfigError(f"profile '{path}' needs a one-line 'description'")
     for key, value in raw.items():
         if key not in PROFILE_SECTIONS:

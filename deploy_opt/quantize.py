@@ -111,4 +111,6 @@ def quantize(config: BuildConfig, fp32_path: Path, calibration: list[Batch], sta
 
 def _scale_summary(scales: ScaleFile) -> dict[str, float]:
     values = [s for t in scales.tensors.values() if t.role == "activation" for s in t.scale]
-    return {"min_activation_scale": float(np.min(values)), "max_activation_scale": float(np.max(values))} if values else {}
+    return (
+        {"min_activation_scale": float(np.min(values)), "max_activation_scale": float(np.max(values))} if values else {}
+    )

@@ -75,16 +75,23 @@ def render_summary(build: dict[str, Any]) -> str:
     ]
     parity = build["export"].get("parity")
     if isinstance(parity, dict):
-        lines.append(f"- torch vs ORT FP32 parity: max-abs {parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})")
+        lines.append(
+            f"- torch vs ORT FP32 parity: max-abs {parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})"
+        )
     if build.get("overlap_warning"):
         lines.append(f"- **WARNING**: {build['overlap_warning']}")
     bench = build.get("benchmark") or {}
     if bench.get("batches"):
-        lines += ["", f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of "
-                  f"{bench['repeats']})", "|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of {bench['repeats']})",
+            "|---:|---:|---:|---:|",
+        ]
         for size, row in bench["batches"].items():
-            lines.append(f"| {size} | {row['ort_fp32']['median_ms']:.3f} | {row['ort_int8']['median_ms']:.3f} | "
-                         f"{row['speedup']:.2f}x |")
+            lines.append(
+                f"| {size} | {row['ort_fp32']['median_ms']:.3f} | {row['ort_int8']['median_ms']:.3f} | "
+                f"{row['speedup']:.2f}x |"
+            )
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
     return "\n".join(lines) + "\n"

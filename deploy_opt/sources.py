@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.config import InputSpec
-from dopt_common.errors import CheckpointError, InputError, SourceError
+from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,47 @@ def resolve_callable(ref: str, base_dir: str | Path = ".", what: str = "referenc
         raise SourceError(
             f"{what} '{ref}': cannot import '{module_name}' ({exc}); fix: install the package or check the name"
         ) from exc
+    except Exception as exc:  # the user's module itself is broken (SyntaxError, NameError, ...)
+        raise SourceError(
+            f"{what} '{ref}': importing '{module_name}' failed ({type(exc).__name__}: {exc}); fix that module"
+        ) from exc
     func = getattr(module, func_name, None)
     if not callable(func):
         raise SourceError(f"{what} '{ref}': module '{module_name}' has no callable '{func_name}'")
     return func
 
 
+def call_user(func: Callable[[], Any], what: str) -> Any:
+    """Call a user's function; its own exceptions become a SourceError naming it."""
+    try:
+        return func()
+    except DeployOptError:
+        raise
+    except Exception as exc:
+        raise SourceError(f"{what} raised {type(exc).__name__}: {exc}; fix that function") from exc
+
+
+def _guarded(source: Iterable[Any], what: str) -> Iterator[Any]:
+    iterator = iter(source)
+    index = 0
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except DeployOptError:
+            raise
+        except Exception as exc:
+            raise SourceError(f"{what} raised {type(exc).__name__} at item {index}: {exc}; fix that function") from exc
+        yield item
+        index += 1
+
+
 def load_torch_model(factory: str, checkpoint: str | None, base_dir: str | Path) -> Any:
     """Build the model from its factory, load the checkpoint (weights only) and switch to eval mode."""
     import torch
 
-    model = resolve_callable(factory, base_dir, "model.factory")()
+    model = call_user(resolve_callable(factory, base_dir, "model.factory"), f"model.factory '{factory}'")
     if not isinstance(model, torch.nn.Module):
         raise SourceError(f"model.factory '{factory}' returned {type(model).__name__}, not a torch.nn.Module")
     if checkpoint:
@@ -163,7 +193,7 @@ def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[InputSpec, ...], wh
                 f"with .astype('{spec.dtype}') or change model.inputs"
             )
         ok_rank = array.ndim == len(spec.shape)
-        if not ok_rank or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape)):
+        if not ok_rank or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=True)):
             raise InputError(
                 f"{where}: input '{spec.name}' has shape {list(array.shape)}, declared {list(spec.shape)}; "
                 "fix the data or model.inputs"
@@ -177,11 +207,11 @@ def iter_batches(
     ref: str, specs: tuple[InputSpec, ...], base_dir: str | Path, what: str, limit: int | None = None
 ) -> Iterator[Batch]:
     """Yield validated batches from a data function, stopping after ``limit`` samples."""
-    source = resolve_callable(ref, base_dir, what)()
+    source = call_user(resolve_callable(ref, base_dir, what), f"{what} '{ref}'")
     if not isinstance(source, Iterable):
         raise SourceError(f"{what} '{ref}' returned {type(source).__name__}, not an iterable of (inputs, label)")
     taken = 0
-    for index, item in enumerate(source):
+    for index, item in enumerate(_guarded(source, f"{what} '{ref}'")):
         batch = to_batch(item, specs, f"{what} batch {index}")
         if limit is not None and taken + batch.size > limit:
             batch = batch.head(limit - taken)

@@ -22,9 +22,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     except OSError as exc:
-        raise OutputError(
-            f"cannot write '{final}': {exc.strerror}; fix: choose a writable output folder"
-        ) from exc
+        raise OutputError(f"cannot write '{final}': {exc.strerror}; fix: choose a writable output folder") from exc
     os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp creates 0600; an artifact should get the usual permissions (0666 minus the umask).

@@ -26,7 +26,7 @@ def check_onnx(path: str | Path) -> onnx.ModelProto:
         onnx.checker.check_model(str(path))
         return onnx.load(str(path))
     except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference.InferenceError) as exc:
-        first = str(exc).strip().splitlines()[0][:300]
+        first = " ".join(str(exc).split())[:400]
         raise ModelError(f"ONNX file '{path}' fails onnx.checker: {first}; fix the model or re-export it") from exc
     except Exception as exc:  # a corrupt protobuf raises DecodeError and friends
         raise ModelError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
@@ -88,7 +88,7 @@ def check_parity(
         actual = [np.asarray(a, dtype=np.float64) for a in session.run(None, feed)]
         if len(expected) != len(actual):
             raise ModelError(f"parity: torch returns {len(expected)} outputs, the ONNX model {len(actual)}")
-        for index, (e, a) in enumerate(zip(expected, actual)):
+        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
             if e.shape != a.shape:
                 raise ModelError(f"parity: output {index} has shape {a.shape} in ONNX, {e.shape} in torch")
             if not np.all(np.isfinite(a)):

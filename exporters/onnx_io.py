@@ -18,9 +18,7 @@ def save_onnx(proto: onnx.ModelProto, path: str | Path, external_data_mb: int = 
     stale = path.parent / data_name
     with atomic_path(path) as tmp:
         if external:
-            onnx.save_model(
-                proto, str(tmp), save_as_external_data=True, location=data_name, size_threshold=1024
-            )
+            onnx.save_model(proto, str(tmp), save_as_external_data=True, location=data_name, size_threshold=1024)
         else:
             onnx.save_model(proto, str(tmp))
             if stale.exists():

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 # to <name>_QuantizeLinear_Input, a quantized initializer to <name>_quantized.
 OUTPUT_SUFFIX, INITIALIZER_SUFFIX = "_QuantizeLinear_Input", "_quantized"
 QTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT32: "int32"}
+
+
 def _overrides(scales: ScaleFile) -> dict[str, list[dict]]:
     """TensorQuantOverrides that pin every activation and weight parameter to the scale file."""
     quant_type = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model").QuantType
@@ -36,11 +38,13 @@ def _overrides(scales: ScaleFile) -> dict[str, list[dict]]:
             continue  # ORT derives bias scales itself (input × weight); the read-back proves they match
         dtype = np.int8 if t.dtype == "int8" else np.uint8
         if t.axis is None:
-            overrides[name] = [{
-                "quant_type": qtypes[t.dtype],
-                "scale": np.array(t.scale[0], dtype=np.float32),
-                "zero_point": np.array(t.zero_point[0], dtype=dtype),
-            }]
+            overrides[name] = [
+                {
+                    "quant_type": qtypes[t.dtype],
+                    "scale": np.array(t.scale[0], dtype=np.float32),
+                    "zero_point": np.array(t.zero_point[0], dtype=dtype),
+                }
+            ]
         else:
             overrides[name] = [
                 {
@@ -49,7 +53,7 @@ def _overrides(scales: ScaleFile) -> dict[str, list[dict]]:
                     "scale": np.array(s, dtype=np.float32),
                     "zero_point": np.array(z, dtype=dtype),
                 }
-                for s, z in zip(t.scale, t.zero_point)
+                for s, z in zip(t.scale, t.zero_point, strict=True)
             ]
     return overrides
 
@@ -148,8 +152,9 @@ def _entry_from_node(node: onnx.NodeProto, inits: dict, name: str, role: str) ->
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1) if scale.size > 1 else None
     if axis is not None and axis < 0:
         axis += len(inits[node.input[0]].dims) if node.input[0] in inits else 0
-    return TensorScale(name, role, dtype, tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis,
-                       method="readback")
+    return TensorScale(
+        name, role, dtype, tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis, method="readback"
+    )
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,11 @@ class ScaleDiff:
     def summary(self) -> str:
         """One line naming the first offending tensors."""
         parts = []
-        for label, names in (("drifted", self.drifted), ("missing from artifact", self.missing_in_artifact),
-                             ("missing from scales.json", self.missing_in_file)):
+        for label, names in (
+            ("drifted", self.drifted),
+            ("missing from artifact", self.missing_in_artifact),
+            ("missing from scales.json", self.missing_in_file),
+        ):
             if names:
                 parts.append(f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''} ({len(names)})")
         return "; ".join(parts) or "all equal"

@@ -78,7 +78,15 @@ def _architecture() -> Any:
 
 
 def _recipe_hash() -> str:
-    recipe = {"seed": SEED, "width": WIDTH, "depth": DEPTH, "epochs": EPOCHS, "lr": LR, "batch": BATCH, "splits": SPLITS}
+    recipe = {
+        "seed": SEED,
+        "width": WIDTH,
+        "depth": DEPTH,
+        "epochs": EPOCHS,
+        "lr": LR,
+        "batch": BATCH,
+        "splits": SPLITS,
+    }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -1,0 +1,30 @@
+"""Shared fixtures: a session cache for the demo weights and a tiny ONNX model made without the exporter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import tiny_onnx
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _demo_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Keep trained demo weights out of the user's home; subprocesses inherit the variable.
+    os.environ.setdefault("DEPLOY_OPT_CACHE", str(tmp_path_factory.mktemp("deploy_opt_cache")))
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    """A 2-layer MLP built with onnx.helper (not by torch's exporter)."""
+    return tiny_onnx.make_model(tmp_path / "tiny.onnx")
+
+
+def write_config(tmp_path: Path, text: str, name: str = "build.yaml") -> Path:
+    """Write a YAML config into tmp_path and return its path."""
+    path = tmp_path / name
+    path.write_text(text.replace("@TINY@", str(HERE / "tiny_onnx.py")), encoding="utf-8")
+    return path

@@ -1,0 +1,195 @@
+"""End to end: the demo, a transformer with dynamic batch and sequence axes, and an ONNX file brought as is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import write_config
+
+from calibrators.scale_file import load_scale_file
+from deploy_opt.pipeline import run_build
+from deploy_opt.profiles import REPO_ROOT, load_build_config
+from dopt_common.files import sha256_file
+from exporters.ort_qdq import compare_scales, read_qdq_scales
+
+OUTPUTS = {"model.onnx", "model.int8.onnx", "scales.json", "build.json", "summary.md"}
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy_opt", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def _assert_consistent(out: Path) -> dict:
+    """Every output exists, hashes match build.json, and the Q/DQ model carries scales.json bit for bit."""
+    assert OUTPUTS <= {p.name for p in out.iterdir()}
+    assert not list(out.parent.glob(".*partial*")), "a staging folder was left behind"
+    build = json.loads((out / "build.json").read_text())
+    for name, entry in build["artifacts"].items():
+        assert sha256_file(out / name) == entry["sha256"], name
+    scales = load_scale_file(out / "scales.json")
+    diff = compare_scales(scales.tensors, read_qdq_scales(out / "model.int8.onnx"))
+    assert diff.ok, diff.summary()
+    assert scales.provenance["model_sha256"] == build["artifacts"]["model.onnx"]["sha256"]
+    onnx.checker.check_model(str(out / "model.int8.onnx"))
+    return build
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    root = tmp_path_factory.mktemp("reports")
+    return _cli("build", "--profile", "ci", "--output-dir", str(root), "-q"), root / "digits-mlp"
+
+
+def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
+    result, out = demo
+    assert result.returncode == 0, result.stderr
+    build = _assert_consistent(out)
+    metrics = build["metrics"]
+    assert metrics["name"] == "top1" and metrics["samples"] == 450
+    assert metrics["ort_fp32"] > 90.0
+    assert metrics["drop"] <= 1.0
+    assert abs(metrics["torch_fp32"] - metrics["ort_fp32"]) < 0.5
+    for size in ("1", "32"):
+        row = build["benchmark"]["batches"][size]
+        assert row["speedup"] == pytest.approx(row["ort_fp32"]["median_ms"] / row["ort_int8"]["median_ms"])
+    assert build["benchmark"]["threads"] == 2
+    assert set(build["timings_s"]) >= {"export", "calibrate_quantize", "evaluate", "benchmark"}
+    assert build["versions"]["onnxruntime"] == ort.__version__
+    assert build["gate"]["passed"] is True
+    assert build["quantization"]["activations"] == "asymmetric"
+    assert build["config"]["profile"] == "ci" and build["seed"] == 0
+    assert "speedup" in (out / "summary.md").read_text()
+    assert "gate: PASSED" in result.stdout
+
+
+def test_gate_on_the_demo_build(demo: tuple, tmp_path: Path) -> None:
+    _, out = demo
+    assert _cli("gate", str(out / "build.json"), "--max-drop", "1.0", "--min-speedup", "0.01").returncode == 0
+    assert _cli("gate", str(out / "build.json"), "--min-speedup", "1000").returncode == 1
+    assert _cli("gate", str(out / "missing.json")).returncode == 2
+
+
+def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> None:
+    result = _cli(
+        "build",
+        "--profile",
+        "ci",
+        "--set",
+        "gate.max_drop=-1",
+        "--set",
+        "benchmark.enabled=false",
+        "--output-dir",
+        str(tmp_path),
+        "-q",
+    )
+    assert result.returncode == 1, result.stderr
+    build = _assert_consistent(tmp_path / "digits-mlp")
+    assert build["gate"]["passed"] is False and build["benchmark"] is None
+
+
+def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
+    config, profile = load_build_config(
+        REPO_ROOT / "configs" / "minilm.yaml",
+        "ci",
+        ["calibration.samples=48", "data.eval_samples=32", "benchmark.batch_sizes=[1,2]", "benchmark.repeats=3"],
+    )
+    result = run_build(config, profile, tmp_path, progress=False)
+    build = _assert_consistent(result.out_dir)
+    assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 32
+    assert build["metrics"]["ort_fp32"] == pytest.approx(100.0, abs=1e-3)
+    assert 80.0 < build["metrics"]["ort_int8"] <= 100.0
+    model = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False)
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert dims == {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
+    int8 = ort.InferenceSession(str(result.out_dir / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    for batch, seq in ((1, 5), (3, 40)):
+        ids = np.random.default_rng(0).integers(1000, 2000, (batch, seq), dtype=np.int64)
+        (emb,) = int8.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        assert emb.shape == (batch, 384) and np.all(np.isfinite(emb))
+
+
+@pytest.mark.parametrize("scheme", ["asymmetric", "symmetric"])
+def test_onnx_file_not_made_by_the_exporter_builds(tmp_path: Path, tiny_model: Path, scheme: str) -> None:
+    path = write_config(
+        tmp_path,
+        f"""
+name: tiny
+model:
+  onnx: {tiny_model.name}
+data:
+  calibration: "@TINY@:calibration"
+  evaluation: "@TINY@:evaluation"
+  metric: top1
+quantization:
+  activations: {scheme}
+  op_types: [MatMul]
+benchmark:
+  batch_sizes: [1, 8]
+  repeats: 5
+  warmup: 1
+gate:
+  max_drop: 5.0
+  min_speedup: null
+""",
+    )
+    config, profile = load_build_config(path, "cpu-server", [])
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    build = _assert_consistent(result.out_dir)
+    assert build["export"]["exporter"] == "none (model.onnx)"
+    assert build["export"]["parity"].startswith("n/a")
+    assert "torch_fp32" not in build["metrics"] and build["metrics"]["drop"] <= 5.0
+    scales = load_scale_file(result.out_dir / "scales.json")
+    activations = [t for t in scales.tensors.values() if t.role == "activation"]
+    assert activations and all(t.symmetric == (scheme == "symmetric") for t in activations)
+    assert all(t.dtype == ("int8" if scheme == "symmetric" else "uint8") for t in activations)
+    assert result.gate.passed
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_factory_and_checkpoint_build_with_either_exporter(tmp_path: Path, exporter: str) -> None:
+    import tiny_torch
+    import torch
+
+    model = tiny_torch.build_model()
+    with torch.no_grad():
+        model[0].weight.mul_(1.5)  # the checkpoint differs from the factory's weights, so loading it matters
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    source = Path(tiny_torch.__file__)
+    path = write_config(
+        tmp_path,
+        f"""
+name: tiny-cnn
+model:
+  factory: "{source}:build_model"
+  checkpoint: weights.pt
+  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
+  outputs: [scores]
+data:
+  calibration: "{source}:calibration"
+  evaluation: "{source}:evaluation"
+export:
+  exporter: {exporter}
+benchmark:
+  enabled: false
+gate:
+  max_drop: 100
+""",
+    )
+    config, profile = load_build_config(path, "ci", [])
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    build = _assert_consistent(result.out_dir)
+    assert build["export"]["exporter"] == exporter
+    assert build["export"]["opset"] == (18 if exporter == "dynamo" else 17)
+    assert build["export"]["parity"]["max_abs"] < 1e-4
+    fp32 = ort.InferenceSession(str(result.out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).normal(0, 1, (3, 1, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(fp32.run(None, {"image": x})[0], model(torch.from_numpy(x)).numpy(), atol=1e-4)
+    assert [o.name for o in fp32.get_outputs()] == ["scores"]

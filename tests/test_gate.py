@@ -1,0 +1,97 @@
+"""The gate: exit 0 on pass, 1 on fail, 2 on an unusable report; JUnit output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from deploy_opt.gate import apply_gate
+from dopt_common.errors import ReportError
+
+
+def _build_json(tmp_path: Path, drop: float = 0.4, speedup: float = 1.8, **extra: object) -> Path:
+    build = {
+        "name": "toy",
+        "metrics": {"name": "top1", "ort_fp32": 97.0, "ort_int8": 97.0 - drop, "drop": drop},
+        "benchmark": {"batches": {"1": {"speedup": 1.1}, "32": {"speedup": speedup}}},
+        "config": {"gate": {"max_drop": 1.0, "min_speedup": 1.0, "speedup_batch": None}},
+        **extra,
+    }
+    path = tmp_path / "build.json"
+    path.write_text(json.dumps(build))
+    return path
+
+
+def _gate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy_opt", "gate", *args], capture_output=True, text=True)
+
+
+def test_gate_passes_with_exit_0(tmp_path: Path) -> None:
+    result = _gate(str(_build_json(tmp_path)), "--max-drop", "1.0", "--min-speedup", "1.0")
+    assert result.returncode == 0, result.stderr
+    assert "PASS  top1 drop 0.400 points" in result.stdout
+    assert "PASS  INT8 speedup 1.80x at batch 32" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args,failing",
+    [
+        (["--max-drop", "0.1"], "FAIL  top1 drop 0.400"),
+        (["--min-speedup", "2.5"], "FAIL  INT8 speedup 1.80x"),
+        (["--min-speedup", "1.5", "--speedup-batch", "1"], "FAIL  INT8 speedup 1.10x at batch 1"),
+    ],
+)
+def test_gate_fails_with_exit_1(tmp_path: Path, args: list[str], failing: str) -> None:
+    result = _gate(str(_build_json(tmp_path)), *args)
+    assert result.returncode == 1
+    assert failing in result.stdout
+    assert "gate: FAILED" in result.stdout
+
+
+def test_gate_defaults_to_the_builds_own_thresholds(tmp_path: Path) -> None:
+    assert _gate(str(_build_json(tmp_path, drop=0.5))).returncode == 0
+    assert _gate(str(_build_json(tmp_path, drop=1.5))).returncode == 1
+    assert _gate(str(_build_json(tmp_path, speedup=0.9))).returncode == 1
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "does not exist"),
+        ("{not json", "not readable JSON"),
+        ('{"name": "x"}', "no 'metrics' section"),
+    ],
+)
+def test_gate_unusable_report_exits_2(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "build.json"
+    if content is not None:
+        path.write_text(content)
+    result = _gate(str(path), "--max-drop", "1")
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gate_without_benchmark_cannot_judge_speed(tmp_path: Path) -> None:
+    path = _build_json(tmp_path, benchmark=None)
+    result = _gate(str(path), "--min-speedup", "1")
+    assert result.returncode == 2
+    assert "no benchmark" in result.stderr
+    with pytest.raises(ReportError, match="no speedup at batch 8"):
+        apply_gate(json.loads(_build_json(tmp_path).read_text()), None, 1.0, 8)
+
+
+def test_gate_writes_junit(tmp_path: Path) -> None:
+    junit = tmp_path / "out" / "gate.xml"
+    result = _gate(str(_build_json(tmp_path)), "--max-drop", "0.1", "--min-speedup", "1", "--junit", str(junit))
+    assert result.returncode == 1
+    suite = ET.parse(junit).getroot()
+    assert suite.tag == "testsuite" and suite.get("tests") == "2" and suite.get("failures") == "1"
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["max_drop"].find("failure") is not None
+    assert cases["min_speedup"].find("failure") is None
