@@ -85,7 +85,12 @@ def quantize(config: BuildConfig, fp32_path: Path, calibration: list[Batch], sta
     }
     candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
     int8_path = write_ort_qdq(
-        fp32_path, candidate, stage / "model.int8.onnx", op_types=quant.op_types, exclude_nodes=quant.exclude_nodes
+        fp32_path,
+        candidate,
+        stage / "model.int8.onnx",
+        op_types=quant.op_types,
+        exclude_nodes=quant.exclude_nodes,
+        external_data_mb=config.export.external_data_mb,
     )
     carried = read_qdq_scales(int8_path)
     scales = candidate.restricted_to(carried)

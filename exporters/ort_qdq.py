@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from calibrators.scale_file import ScaleFile, TensorScale
 from dopt_common.deps import require
 from dopt_common.errors import ModelError
-from dopt_common.files import atomic_path
+from exporters.onnx_io import save_onnx
 
 log = logging.getLogger(__name__)
 # ORT's naming (quant_utils.QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX): a quantized graph output is renamed
@@ -65,6 +65,7 @@ def write_ort_qdq(
     *,
     op_types: Iterable[str],
     exclude_nodes: Iterable[str] = (),
+    external_data_mb: int = 1024,
 ) -> Path:
     """Write the Q/DQ model for ORT from ``scales`` with ORT's QDQQuantizer."""
     quant = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model")
@@ -77,10 +78,15 @@ def write_ort_qdq(
     model = load_model_with_shape_infer(Path(fp32_path))
     model = update_opset_version(model, quant.QuantType.QInt8)
     present = _tensor_names(model)
+    # ORT wants a range per activation even when the override pins scale and zero point; a file imported from
+    # another tool may carry only amax, which stands for the symmetric range.
     ranges = {
-        name: TensorData(lowest=np.float32(t.range[0]), highest=np.float32(t.range[1]))
+        name: TensorData(
+            lowest=np.float32(t.range[0] if t.range else -(t.amax or 0.0)),
+            highest=np.float32(t.range[1] if t.range else (t.amax or 0.0)),
+        )
         for name, t in scales.tensors.items()
-        if t.role == "activation" and t.range is not None and name in present
+        if t.role == "activation" and name in present
     }
     overrides = {k: v for k, v in _overrides(scales).items() if k in present}
     quantizer = QDQQuantizer(
@@ -100,11 +106,8 @@ def write_ort_qdq(
         },
     )
     quantizer.quantize_model()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_path) as tmp:
-        quantizer.model.save_model_to_file(str(tmp), False)
-    return out_path
+    quantizer.model.topological_sort()  # ORT appends Q/DQ nodes at the end; ONNX requires graph order
+    return save_onnx(quantizer.model.model, out_path, external_data_mb=external_data_mb)
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:

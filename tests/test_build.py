@@ -193,3 +193,70 @@ gate:
     with torch.no_grad():
         np.testing.assert_allclose(fp32.run(None, {"image": x})[0], model(torch.from_numpy(x)).numpy(), atol=1e-4)
     assert [o.name for o in fp32.get_outputs()] == ["scores"]
+
+
+def _tiny_cnn_config(tmp_path: Path, extra: str = "") -> Path:
+    source = Path(__file__).resolve().parent / "tiny_torch.py"
+    return write_config(
+        tmp_path,
+        f"""
+name: tiny-cnn
+model:
+  factory: "{source}:build_model"
+  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
+data:
+  calibration: "{source}:calibration"
+  evaluation: "{source}:evaluation"
+benchmark: {{enabled: false}}
+gate: {{max_drop: 100}}
+{extra}""",
+    )
+
+
+def test_large_models_use_external_data(tmp_path: Path, tiny_model: Path) -> None:
+    path = write_config(
+        tmp_path,
+        f"""
+name: tiny
+model: {{onnx: {tiny_model.name}}}
+data: {{calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation"}}
+export: {{external_data_mb: 0}}
+benchmark: {{enabled: false}}
+""",
+    )
+    config, profile = load_build_config(path, "ci", [])
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    names = {p.name for p in result.out_dir.iterdir()}
+    assert {"model.onnx.data", "model.int8.onnx.data"} <= names
+    build = _assert_consistent(result.out_dir)
+    assert "model.int8.onnx.data" in build["artifacts"]
+    session = ort.InferenceSession(str(result.out_dir / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.zeros((2, 16), np.float32)})[0].shape == (2, 4)
+
+
+def test_overlapping_calibration_and_evaluation_is_reported_loudly(tmp_path: Path) -> None:
+    (tmp_path / "overlap.py").write_text(
+        "import tiny_torch\n"
+        "def calibration():\n    return tiny_torch.calibration()\n"
+        "def evaluation():\n    return tiny_torch.calibration()[:2] + tiny_torch.evaluation()\n",
+        encoding="utf-8",
+    )
+    source = Path(__file__).resolve().parent / "tiny_torch.py"
+    path = write_config(
+        tmp_path,
+        f"""
+name: overlap
+model:
+  factory: "{source}:build_model"
+  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
+data:
+  calibration: "overlap.py:calibration"
+  evaluation: "overlap.py:evaluation"
+benchmark: {{enabled: false}}
+gate: {{max_drop: 100}}
+""",
+    )
+    config, profile = load_build_config(path, "ci", [])
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    assert result.build["overlap_warning"].startswith("16 evaluation samples also appear in the calibration data")
+    assert "**WARNING**: 16 evaluation samples" in (result.out_dir / "summary.md").read_text()

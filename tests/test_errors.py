@@ -449,3 +449,29 @@ def test_a_data_function_that_raises_is_a_source_error(tmp_path: Path) -> None:
     spec = InputSpec("x", ("batch", 2))
     with pytest.raises(SourceError, match=r"flaky\.py:data' raised RuntimeError at item 1: disk gone"):
         list(iter_batches("flaky.py:data", (spec,), tmp_path, "data.calibration"))
+
+
+def test_parity_failure_names_the_error_and_tolerance(tmp_path: Path) -> None:
+    from deploy_opt.evaluate import torch_runner
+    from exporters.onnx_checks import check_parity
+    from exporters.onnx_export import export_onnx
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    example = torch.zeros(2, 4)
+    path = export_onnx(
+        model,
+        [example],
+        tmp_path / "m.onnx",
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "batch"}},
+        exporter="torchscript",
+        opset=17,
+    )
+    feeds = [{"x": np.random.default_rng(0).normal(0, 1, (5, 4)).astype(np.float32)}]
+    ok = check_parity(torch_runner(model, ["x"]), path, feeds, atol=1e-5, rtol=0)
+    assert ok.ok and ok.max_abs < 1e-5 and ok.samples == 5
+    with torch.no_grad():
+        model[0].bias.add_(0.5)  # torch now disagrees with the exported file
+    with pytest.raises(ModelError, match=r"parity: ONNX Runtime differs from torch by max-abs 0\.5 > tolerance"):
+        check_parity(torch_runner(model, ["x"]), path, feeds, atol=1e-5, rtol=0)
