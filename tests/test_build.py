@@ -195,7 +195,7 @@ gate:
     assert [o.name for o in fp32.get_outputs()] == ["scores"]
 
 
-def _tiny_cnn_config(tmp_path: Path, extra: str = "") -> Path:
+def _tiny_cnn_config(tmp_path: Path, calibration: str, evaluation: str) -> Path:
     source = Path(__file__).resolve().parent / "tiny_torch.py"
     return write_config(
         tmp_path,
@@ -205,11 +205,11 @@ model:
   factory: "{source}:build_model"
   inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
 data:
-  calibration: "{source}:calibration"
-  evaluation: "{source}:evaluation"
+  calibration: "{calibration}"
+  evaluation: "{evaluation}"
 benchmark: {{enabled: false}}
 gate: {{max_drop: 100}}
-{extra}""",
+""",
     )
 
 
@@ -241,21 +241,7 @@ def test_overlapping_calibration_and_evaluation_is_reported_loudly(tmp_path: Pat
         "def evaluation():\n    return tiny_torch.calibration()[:2] + tiny_torch.evaluation()\n",
         encoding="utf-8",
     )
-    source = Path(__file__).resolve().parent / "tiny_torch.py"
-    path = write_config(
-        tmp_path,
-        f"""
-name: overlap
-model:
-  factory: "{source}:build_model"
-  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
-data:
-  calibration: "overlap.py:calibration"
-  evaluation: "overlap.py:evaluation"
-benchmark: {{enabled: false}}
-gate: {{max_drop: 100}}
-""",
-    )
+    path = _tiny_cnn_config(tmp_path, "overlap.py:calibration", "overlap.py:evaluation")
     config, profile = load_build_config(path, "ci", [])
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     assert result.build["overlap_warning"].startswith("16 evaluation samples also appear in the calibration data")
