@@ -181,11 +181,15 @@ def activation_scale(name: str, low: float, high: float, scheme: str, method: st
     return TensorScale(name, "activation", "uint8", (scale,), (zero,), None, amax, (low, high), method)
 
 
-def weight_scale(name: str, weight: np.ndarray, axis: int) -> TensorScale:
-    """Per-channel symmetric int8 parameters from each channel's absmax along ``axis``."""
+def weight_scale(name: str, weight: np.ndarray, axis: int, method: str = "absmax") -> TensorScale:
+    """Per-channel symmetric int8 parameters along ``axis``: each channel's absmax, or its MSE-optimal clip."""
     axis = axis % weight.ndim
     moved = np.moveaxis(np.asarray(weight, dtype=np.float32), axis, 0).reshape(weight.shape[axis], -1)
     amax = np.abs(moved).max(axis=1).astype(np.float32)
+    if method == "mse":
+        amax = mse_clip(moved, amax)
+    elif method != "absmax":
+        raise ConfigError(f"calibration.weights '{method}' is unknown; use absmax or mse")
     scale = symmetric_scale(amax)
     return TensorScale(
         name,
@@ -196,8 +200,20 @@ def weight_scale(name: str, weight: np.ndarray, axis: int) -> TensorScale:
         axis,
         float(amax.max()) if amax.size else 0.0,
         None,
-        "absmax",
+        method,
     )
+
+
+def mse_clip(rows: np.ndarray, amax: np.ndarray, steps: int = 50) -> np.ndarray:
+    """Per row, the clip in [amax/2, amax] whose int8 round trip has the least squared error."""
+    best, best_err = amax.copy(), np.full(amax.shape, np.inf)
+    for fraction in np.linspace(1.0, 0.5, steps + 1):  # from no clipping down: ties keep the larger clip
+        clip = (amax * np.float32(fraction)).astype(np.float32)
+        scale = symmetric_scale(clip)[:, None]
+        err = ((rows - np.clip(np.round(rows / scale), -127, 127) * scale) ** 2).sum(axis=1)
+        better = err < best_err
+        best[better], best_err[better] = clip[better], err[better]
+    return best
 
 
 def bias_scale(name: str, activation: TensorScale, weight: TensorScale, beta: float = 1.0) -> TensorScale:

@@ -30,9 +30,9 @@ def channel_axis(node: onnx.NodeProto, rank: int) -> int:
 
 
 def weight_scales(
-    model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = ()
+    model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = (), method: str = "absmax"
 ) -> dict[str, TensorScale]:
-    """Per-channel int8 parameters for every weight initializer feeding a quantizable node."""
+    """Per-channel int8 parameters (``absmax`` or ``mse``) for every weight feeding a quantizable node."""
     inits = {i.name: i for i in model.graph.initializer}
     wanted, skipped = set(op_types), set(exclude)
     out: dict[str, TensorScale] = {}
@@ -44,7 +44,7 @@ def weight_scales(
         if name in inits and name not in out:
             array = numpy_helper.to_array(inits[name])
             if array.dtype.kind == "f" and array.ndim >= 2:
-                out[name] = weight_scale(name, array, channel_axis(node, array.ndim))
+                out[name] = weight_scale(name, array, channel_axis(node, array.ndim), method)
     return out
 
 

@@ -6,6 +6,7 @@ Precedence, lowest first: dataclass defaults, the profile, the config file, ``--
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import types
 import typing
@@ -109,16 +110,49 @@ class ExportConfig:
         return self.opset or (18 if self.exporter == "dynamo" else 17)
 
 
+Method = Literal["minmax", "percentile", "entropy", "mse"]
+
+
+@dataclass(frozen=True)
+class MethodOverride:
+    """Use another range method for the tensors whose name matches a glob pattern."""
+
+    pattern: str
+    method: Method
+
+
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """How activation ranges are computed."""
+    """How calibration samples are chosen and how activation ranges are computed."""
 
-    method: Literal["minmax"] = "minmax"
+    method: Method = "minmax"
     samples: int = 512
+    stratify: str = "auto"
+    mode: Literal["balanced", "proportional"] = "balanced"
+    min_per_stratum: int = 1
+    seed: int = 0
+    percentile: float = 99.99
+    bins: int = 2048
+    weights: Literal["absmax", "mse"] = "absmax"
+    overrides: tuple[MethodOverride, ...] = ()
 
     def __post_init__(self) -> None:
         if self.samples <= 0:
             raise ConfigError(f"calibration.samples must be positive, got {self.samples}")
+        if not 0 < self.percentile <= 100:
+            raise ConfigError(f"calibration.percentile must be in (0, 100], got {self.percentile}")
+        if self.bins < 256:
+            raise ConfigError(f"calibration.bins must be at least 256 (entropy needs 128 levels), got {self.bins}")
+        if self.min_per_stratum < 0:
+            raise ConfigError(f"calibration.min_per_stratum must be >= 0, got {self.min_per_stratum}")
+        if self.stratify not in ("auto", "label", "none") and ":" not in self.stratify:
+            raise ConfigError(
+                f"calibration.stratify '{self.stratify}' is unknown; use auto, label, none or 'module:function'"
+            )
+
+    def method_for(self, tensor: str) -> str:
+        """The range method of one tensor: the first matching override, else ``method``."""
+        return next((o.method for o in self.overrides if fnmatch.fnmatchcase(tensor, o.pattern)), self.method)
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy_opt import benchmark, report
+from deploy_opt.calibration_set import choose_calibration, evaluation_ids, refuse_overlap
 from deploy_opt.config import BuildConfig
 from deploy_opt.evaluate import evaluate, session_runner, torch_runner
 from deploy_opt.gate import GateResult, apply_gate
@@ -20,8 +20,8 @@ from deploy_opt.metrics import resolve_metric
 from deploy_opt.model_source import input_specs_from_onnx, prepare_fp32
 from deploy_opt.profiles import Profile
 from deploy_opt.quantize import quantize
-from deploy_opt.sources import Batch, iter_batches, load_torch_model, sample_hashes
-from dopt_common.errors import CalibrationError, InputError
+from deploy_opt.sources import iter_batches, load_torch_model
+from dopt_common.errors import InputError
 from dopt_common.files import ensure_writable_dir
 from dopt_common.ort import create_session
 from exporters.onnx_checks import check_onnx
@@ -60,22 +60,16 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
             load_torch_model(config.model.factory, config.model.checkpoint, base) if config.model.factory else None
         )
         specs = config.model.inputs or input_specs_from_onnx(check_onnx(Path(base) / config.model.onnx))
-        calibration = list(
-            iter_batches(config.data.calibration, specs, base, "data.calibration", config.calibration.samples)
-        )
-        if not calibration:
-            raise CalibrationError(
-                f"data.calibration '{config.data.calibration}' yielded no samples; fix the data function"
-            )
+        calibration = choose_calibration(config, specs)
+        refuse_overlap(calibration, evaluation_ids(config, specs))
         # Evaluation streams (a user's validation set may not fit in memory); only its head is kept.
         stream = iter_batches(config.data.evaluation, specs, base, "data.evaluation", config.data.eval_samples)
         head = list(itertools.islice(stream, max(1, config.export.parity_batches)))
         if not head:
             raise InputError(f"data.evaluation '{config.data.evaluation}' yielded no samples; fix the data function")
-        overlap = OverlapCounter(calibration)
 
     with times.stage("export"):
-        fp32 = prepare_fp32(config, torch_model, calibration[0], head[: config.export.parity_batches], stage)
+        fp32 = prepare_fp32(config, torch_model, calibration.batches[0], head[: config.export.parity_batches], stage)
 
     with times.stage("calibrate_quantize"):
         quantized = quantize(config, fp32.path, calibration, stage)
@@ -91,7 +85,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         if torch_model is not None:
             runners = {"torch_fp32": torch_runner(torch_model, [s.name for s in fp32.inputs])} | runners
         reference = "torch_fp32" if torch_model is not None else "ort_fp32"
-        scores = evaluate(runners, overlap.watch(itertools.chain(head, stream)), metric, reference, progress)
+        scores = evaluate(runners, itertools.chain(head, stream), metric, reference, progress)
 
     with times.stage("benchmark"):
         bench = None
@@ -131,38 +125,13 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         benchmark=bench,
         gate=gate.to_json(),
         targets=_targets(config),
-        overlap_warning=overlap.warning(),
+        calibration=calibration.to_json(),
         timings_s=times.seconds,
         versions=report.versions(),
         config=config.to_dict(),
     )
     report.write_reports(stage, build)
     return BuildResult(stage, build, gate)
-
-
-class OverlapCounter:
-    """Counts evaluation samples that also appear in the calibration data, as evaluation streams past."""
-
-    def __init__(self, calibration: list[Batch]) -> None:
-        self.seen = {h for b in calibration for h in sample_hashes(b)}
-        self.shared = 0
-
-    def watch(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """Pass batches through, counting shared samples."""
-        for batch in batches:
-            self.shared += sum(h in self.seen for h in sample_hashes(batch))
-            yield batch
-
-    def warning(self) -> str | None:
-        """The loud warning, or None when the splits are disjoint."""
-        if not self.shared:
-            return None
-        message = (
-            f"{self.shared} evaluation samples also appear in the calibration data: the measured accuracy "
-            "is optimistic; fix: give data.calibration and data.evaluation disjoint splits"
-        )
-        log.warning(message)
-        return message
 
 
 def _targets(config: BuildConfig) -> dict[str, str]:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from calibrators.collect import collect, select_tensors
-from calibrators.minmax import MinMaxObserver
 from calibrators.scale_file import (
     ScaleFile,
     TensorScale,
@@ -24,8 +20,10 @@ from calibrators.scale_file import (
 )
 from calibrators.weights import bias_scales, weight_scales
 from deploy_opt import __version__
+from deploy_opt.calibrate import calibrate_activations
+from deploy_opt.calibration_report import plot_histograms, tensor_summary
+from deploy_opt.calibration_set import CalibrationSet
 from deploy_opt.config import BuildConfig
-from deploy_opt.sources import Batch, sample_hashes
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
 from exporters.ort_qdq import compare_scales, read_qdq_scales, write_ort_qdq
@@ -59,28 +57,28 @@ def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[
     return out
 
 
-def quantize(config: BuildConfig, fp32_path: Path, calibration: list[Batch], stage: Path) -> QuantizedModel:
-    """Calibrate on ``calibration`` and write ``scales.json`` and ``model.int8.onnx`` into ``stage``."""
-    from tqdm import tqdm
-
-    quant = config.quantization
+def quantize(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path) -> QuantizedModel:
+    """Calibrate on ``calibration`` and write ``scales.json``, ``model.int8.onnx`` and the plot into ``stage``."""
+    quant, cal = config.quantization, config.calibration
     model = onnx.load(str(fp32_path))
-    names = select_tensors(model, quant.op_types)
-    observer = MinMaxObserver()
-    feeds = (b.inputs for b in tqdm(calibration, desc="calibrate", unit="batch", leave=False, disable=None))
-    samples = collect(fp32_path, feeds, names, observer, threads=config.benchmark.threads)
+    ranges = calibrate_activations(config, fp32_path, calibration)
     tensors: dict[str, TensorScale] = {
-        name: activation_scale(name, low, high, quant.activations, observer.method)
-        for name, (low, high) in observer.ranges().items()
+        name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
+        for name, (low, high) in ranges.chosen.items()
     }
-    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes)
+    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, cal.weights)
     tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
-    digest = hashlib.sha256("".join(h for b in calibration for h in sample_hashes(b)).encode()).hexdigest()
     provenance = {
         "model_sha256": sha256_file(fp32_path),
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
-        "calibration": {"method": observer.method, "samples": samples, "sample_hash": digest},
+        "calibration": {
+            "method": cal.method,
+            "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],
+            "weights": cal.weights,
+            "samples": ranges.samples,
+            "sample_hash": calibration.selection.sample_hash,
+        },
         "deploy_opt_version": __version__,
     }
     candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
@@ -100,22 +98,27 @@ def quantize(config: BuildConfig, fp32_path: Path, calibration: list[Batch], sta
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
     roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
     log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
+    plotted = {name: ranges.absolute[name] for name in ranges.plotted}
+    plot_histograms(plotted, ranges.chosen, ranges.methods, stage / "calibration.png")
     info = {
-        "method": observer.method,
-        "samples": samples,
-        "sample_hash": digest,
-        "tensors_calibrated": len(names),
+        "method": cal.method,
+        "weights": cal.weights,
+        "samples": ranges.samples,
         "activations": quant.activations,
         "op_types": list(quant.op_types),
         "quantized_tensors": roles,
         "scale_check": "pass: every Q/DQ scale and zero point equals scales.json bit for bit",
-        "scale_range": _scale_summary(scales),
+        "tensors": {
+            name: tensor_summary(
+                name,
+                ranges.methods[name],
+                ranges.observed[name],
+                ranges.chosen[name],
+                ranges.signed.get(name) or ranges.absolute.get(name),
+            )
+            for name in ranges.chosen
+            if name in scales.tensors
+        },
+        "plotted": ranges.plotted,
     }
     return QuantizedModel(int8_path, scales_path, scales, info)
-
-
-def _scale_summary(scales: ScaleFile) -> dict[str, float]:
-    values = [s for t in scales.tensors.values() if t.role == "activation" for s in t.scale]
-    return (
-        {"min_activation_scale": float(np.min(values)), "max_activation_scale": float(np.max(values))} if values else {}
-    )

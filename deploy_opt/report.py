@@ -78,8 +78,14 @@ def render_summary(build: dict[str, Any]) -> str:
         lines.append(
             f"- torch vs ORT FP32 parity: max-abs {parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})"
         )
-    if build.get("overlap_warning"):
-        lines.append(f"- **WARNING**: {build['overlap_warning']}")
+    calibration = build.get("calibration") or {}
+    if calibration:
+        lines.append(
+            f"- calibration samples: {calibration['chosen']} of {calibration['candidates']}, stratified by "
+            f"{calibration['stratify']}: {calibration['per_stratum']}"
+        )
+    for warning in calibration.get("warnings", []):
+        lines.append(f"- **WARNING**: {warning}")
     bench = build.get("benchmark") or {}
     if bench.get("batches"):
         lines += [

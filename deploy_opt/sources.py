@@ -3,7 +3,8 @@
 Data contract: a data function returns an iterable of ``(inputs, label)`` items. Each item is a batch:
 ``inputs`` is a dict ``{input_name: ndarray}`` (or one ndarray when the model has one input) whose leading
 axis is the batch axis, and ``label`` is an array of that batch length, or None when the metric compares
-against the FP32 model's own output.
+against the FP32 model's own output. An item may be ``(inputs, label, ids)`` with one stable id per sample
+(a file name, a row number); without ids a sample's id is a hash of its content.
 """
 
 from __future__ import annotations
@@ -32,16 +33,23 @@ class Batch:
 
     inputs: dict[str, np.ndarray]
     label: np.ndarray | None
+    ids: tuple[str, ...] | None = None
 
     @property
     def size(self) -> int:
         """The number of samples in the batch."""
         return int(next(iter(self.inputs.values())).shape[0])
 
+    def take(self, rows: list[int] | range) -> Batch:
+        """The samples at ``rows``, in that order."""
+        rows = list(rows)
+        label = None if self.label is None else self.label[rows]
+        ids = None if self.ids is None else tuple(self.ids[r] for r in rows)
+        return Batch({k: v[rows] for k, v in self.inputs.items()}, label, ids)
+
     def head(self, n: int) -> Batch:
         """The first ``n`` samples."""
-        label = None if self.label is None else self.label[:n]
-        return Batch({k: v[:n] for k, v in self.inputs.items()}, label)
+        return self.take(range(min(n, self.size)))
 
 
 def resolve_callable(ref: str, base_dir: str | Path = ".", what: str = "reference") -> Callable[..., Any]:
@@ -158,10 +166,10 @@ def load_checkpoint(model: Any, path: Path) -> None:
 
 
 def to_batch(item: Any, specs: tuple[InputSpec, ...], where: str) -> Batch:
-    """Validate one ``(inputs, label)`` item against the declared inputs."""
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
+    """Validate one ``(inputs, label)`` or ``(inputs, label, ids)`` item against the declared inputs."""
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
         raise InputError(f"{where}: expected an (inputs, label) pair, got {type(item).__name__}")
-    inputs, label = item
+    inputs, label = item[0], item[1]
     if not isinstance(inputs, dict):
         if len(specs) != 1:
             raise InputError(f"{where}: the model has {len(specs)} inputs; pass a dict {{name: array}}")
@@ -173,7 +181,12 @@ def to_batch(item: Any, specs: tuple[InputSpec, ...], where: str) -> Batch:
         size = next(iter(arrays.values())).shape[0]
         if label.shape[:1] != (size,):
             raise InputError(f"{where}: label has shape {label.shape}, expected a leading batch axis of {size}")
-    return Batch(arrays, label)
+    ids = None
+    if len(item) == 3 and item[2] is not None:
+        ids = tuple(str(i) for i in item[2])
+        if len(ids) != next(iter(arrays.values())).shape[0]:
+            raise InputError(f"{where}: {len(ids)} ids for a batch of {next(iter(arrays.values())).shape[0]}")
+    return Batch(arrays, label, ids)
 
 
 def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[InputSpec, ...], where: str) -> None:
@@ -222,8 +235,10 @@ def iter_batches(
             return
 
 
-def sample_hashes(batch: Batch) -> list[str]:
-    """A short hash per sample, to detect the same sample in calibration and evaluation."""
+def sample_ids(batch: Batch) -> list[str]:
+    """Each sample's id: the one the data function gave, else a short hash of its content."""
+    if batch.ids is not None:
+        return list(batch.ids)
     hashes = []
     for i in range(batch.size):
         digest = hashlib.sha1()

@@ -75,9 +75,10 @@ def test_calibration_and_evaluation_are_disjoint() -> None:
 def test_batches_have_documented_layout(factory, limit: int, batch_size: int) -> None:
     batches = factory(batch_size=batch_size, limit=limit)
     assert isinstance(batches, list)
-    assert sum(inputs["input_ids"].shape[0] for inputs, _ in batches) == limit
+    assert sum(inputs["input_ids"].shape[0] for inputs, *_ in batches) == limit
     seq_lens = set()
-    for inputs, label in batches:
+    for inputs, label, sample_ids in batches:
+        assert len(sample_ids) == inputs["input_ids"].shape[0]
         assert label is None
         assert set(inputs) == {"input_ids", "attention_mask"}
         ids, mask = inputs["input_ids"], inputs["attention_mask"]

@@ -15,6 +15,7 @@ sentences (0, 2, 4, ...) and evaluation the odd-indexed ones (1, 3, 5, ...), so 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import json
 import logging
@@ -190,14 +191,28 @@ def load_sentences() -> list[str]:
     return list(_sentences())
 
 
-def _batches(sentences: list[str], batch_size: int) -> list[tuple[dict[str, np.ndarray], None]]:
+Item = tuple[dict[str, np.ndarray], None, list[str]]
+
+
+def _batches(sentences: list[str], batch_size: int) -> list[Item]:
+    """``(inputs, None, ids)`` batches; a sample's id is a hash of its sentence, stable across batchings."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return [(tokenize(sentences[i : i + batch_size]), None) for i in range(0, len(sentences), batch_size)]
+    return [
+        (tokenize(chunk), None, [hashlib.sha1(s.encode()).hexdigest()[:16] for s in chunk])
+        for chunk in (sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size))
+    ]
 
 
-def calibration_sentences(limit: int = 512) -> list[str]:
-    """Return up to ``limit`` even-indexed sentences (the calibration split)."""
+def length_stratum(inputs: dict[str, np.ndarray], label: None) -> str:
+    """A calibration stratum for a sentence: its token-length bucket (short and long text both get sampled)."""
+    from calibrators.sampling import length_bucket
+
+    return length_bucket(int(inputs["attention_mask"].sum()), edges=(16, 24, 32, 48))
+
+
+def calibration_sentences(limit: int | None = None) -> list[str]:
+    """Return up to ``limit`` even-indexed sentences (the calibration split; all of them by default)."""
     return load_sentences()[0::2][:limit]
 
 
@@ -206,11 +221,11 @@ def evaluation_sentences(limit: int = 256) -> list[str]:
     return load_sentences()[1::2][:limit]
 
 
-def calibration_data(batch_size: int = 16, limit: int = 512) -> list[tuple[dict[str, np.ndarray], None]]:
-    """Return ``(inputs, None)`` batches of the even-indexed sentences for calibration."""
+def calibration_data(batch_size: int = 16, limit: int | None = None) -> list[Item]:
+    """Return ``(inputs, None, ids)`` batches of the even-indexed sentences for calibration."""
     return _batches(calibration_sentences(limit), batch_size)
 
 
-def evaluation_data(batch_size: int = 16, limit: int = 256) -> list[tuple[dict[str, np.ndarray], None]]:
-    """Return ``(inputs, None)`` batches of the odd-indexed sentences; labels are None (compare to FP32)."""
+def evaluation_data(batch_size: int = 16, limit: int = 256) -> list[Item]:
+    """Return ``(inputs, None, ids)`` batches of the odd-indexed sentences; labels are None (compare to FP32)."""
     return _batches(evaluation_sentences(limit), batch_size)

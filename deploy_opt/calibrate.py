@@ -1,0 +1,70 @@
+"""Stage: activation ranges in two streaming passes over the chosen calibration samples.
+
+Pass 1 records each tensor's min and max. Pass 2, needed by histogram methods and by the report's plot, builds
+fixed-range histograms over those bounds, so memory is bins × tensors whatever the sample count, and the
+histogram equals the one-shot histogram ONNX Runtime's calibrators build from all activations at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from calibrators.collect import collect, select_tensors
+from calibrators.histogram import Histogram, HistogramObserver
+from calibrators.minmax import MinMaxObserver
+from calibrators.ranges import histogram_kind, range_for
+from deploy_opt.calibration_report import widest
+from deploy_opt.calibration_set import CalibrationSet
+from deploy_opt.config import BuildConfig
+
+log = logging.getLogger(__name__)
+PLOTTED = 8
+
+
+@dataclass(frozen=True)
+class ActivationRanges:
+    """Per tensor: the observed and the chosen range, the method that chose it, and its histograms."""
+
+    observed: dict[str, tuple[float, float]]
+    chosen: dict[str, tuple[float, float]]
+    methods: dict[str, str]
+    signed: dict[str, Histogram]
+    absolute: dict[str, Histogram]
+    samples: int
+    plotted: list[str]
+
+
+def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
+    """Observe every quantizable activation and choose its range with its configured method."""
+    from tqdm import tqdm
+
+    cal = config.calibration
+    names = select_tensors(onnx.load(str(fp32_path), load_external_data=False), config.quantization.op_types)
+
+    def feeds(label: str):  # noqa: ANN202 - a generator of feed dicts
+        bar = tqdm(calibration.batches, desc=label, unit="batch", leave=False, disable=None)
+        return (b.inputs for b in bar)
+
+    minmax = MinMaxObserver()
+    threads = config.benchmark.threads
+    samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
+    observed = minmax.ranges()
+    methods = {name: cal.method_for(name) for name in observed}
+    plotted = widest(observed, PLOTTED)
+    kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name]))}
+    for name in plotted:
+        kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
+    histograms = HistogramObserver(observed, kinds, cal.bins)
+    collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
+    signed, absolute = histograms.signed_histograms(), histograms.abs_histograms()
+    chosen = {}
+    for name, (low, high) in observed.items():
+        kind = histogram_kind(methods[name])
+        hist = signed.get(name) if kind == "signed" else absolute.get(name)
+        chosen[name] = range_for(methods[name], low, high, histogram=hist, percentile=cal.percentile)
+    log.info("calibration: %d tensors over %d samples (%s)", len(chosen), samples, cal.method)
+    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted)
