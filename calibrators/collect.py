@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import onnx
 
+from dopt_common.errors import NumericsError
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,12 @@ def expose_tensors(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return exposed
 
 
+def _first_bad_row(value: np.ndarray) -> int:
+    """The first index along the batch axis holding a NaN or Inf."""
+    rows = value.reshape(value.shape[0], -1) if value.ndim else value.reshape(1, 1)
+    return int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+
+
 def collect(
     onnx_path: str | Path,
     batches: Iterable[dict[str, np.ndarray]],
@@ -71,13 +78,20 @@ def collect(
         onnx.save_model(exposed, str(path), save_as_external_data=True, location="exposed.onnx.data")
         # Optimisations off: fusions would remove the very tensors we need to see.
         session = create_session(path, threads=threads, optimize=False)
-    outputs = [o.name for o in session.get_outputs() if o.name in set(names)]
+    available = {o.name for o in session.get_outputs()}
+    outputs = [name for name in names if name in available]  # graph order: the first bad tensor is reported
     samples = 0
     for index, feed in enumerate(batches):
         values = session.run(outputs, feed)
         for name, value in zip(outputs, values, strict=True):
-            if value.dtype.kind == "f":
-                observer.update(name, value, where=f"in calibration batch {index}")
+            if value.dtype.kind != "f":
+                continue
+            if not np.isfinite(value.min()) or not np.isfinite(value.max()):
+                raise NumericsError(
+                    f"calibration: tensor '{name}' is NaN or Inf for sample {samples + _first_bad_row(value)} "
+                    f"(batch {index}); fix the model or that input"
+                )
+            observer.update(name, value, where=f"in calibration batch {index}")
         samples += int(next(iter(feed.values())).shape[0])
     log.info("calibration: %d samples, %d tensors observed", samples, len(outputs))
     return samples

@@ -117,7 +117,13 @@ class HistogramObserver:
 
     method = "histogram"
 
-    def __init__(self, ranges: Mapping[str, tuple[float, float]], kinds: Mapping[str, str], bins: int = 2048) -> None:
+    def __init__(
+        self,
+        ranges: Mapping[str, tuple[float, float]],
+        kinds: Mapping[str, str],
+        bins: int = 2048,
+        abs_floors: Mapping[str, float] | None = None,
+    ) -> None:
         if not isinstance(bins, int) or bins < 1:
             raise ConfigError(f"histogram bins must be a positive integer, got {bins!r}")
         self.bins = bins
@@ -138,7 +144,8 @@ class HistogramObserver:
             if kind in ("signed", "both"):
                 self._signed[name] = (np.zeros(bins, np.int64), histogram_edges(-threshold, threshold, bins))
             if kind in ("abs", "both"):
-                self._abs[name] = (np.zeros(bins, np.int64), histogram_edges(0.0, threshold, bins))
+                floor = (abs_floors or {}).get(name, 0.0)  # ORT's symmetric percentile starts at min |x|
+                self._abs[name] = (np.zeros(bins, np.int64), histogram_edges(floor, threshold, bins))
 
     def update(self, name: str, values: np.ndarray, where: str = "") -> None:
         """Add one batch of a tensor to its histograms; NaN or Inf is an error naming the tensor.

@@ -12,9 +12,12 @@ class MinMaxObserver:
 
     method = "minmax"
 
-    def __init__(self) -> None:
+    def __init__(self, magnitude: set[str] | frozenset[str] = frozenset()) -> None:
         self._low: dict[str, float] = {}
         self._high: dict[str, float] = {}
+        # min |x| of these tensors: ORT's symmetric percentile bins |x| over [min |x|, max |x|].
+        self._magnitude = set(magnitude)
+        self._floor: dict[str, float] = {}
 
     def update(self, name: str, values: np.ndarray, where: str = "") -> None:
         """Fold one batch of a tensor into its range; NaN or Inf is an error naming the tensor."""
@@ -25,6 +28,13 @@ class MinMaxObserver:
             raise NumericsError(f"calibration: tensor '{name}' has NaN or Inf {where}; fix the model or the input data")
         self._low[name] = min(low, self._low.get(name, low))
         self._high[name] = max(high, self._high.get(name, high))
+        if name in self._magnitude:
+            floor = float(np.min(np.abs(values)))
+            self._floor[name] = min(floor, self._floor.get(name, floor))
+
+    def magnitude_floors(self) -> dict[str, float]:
+        """min |x| of each tensor named at construction."""
+        return dict(self._floor)
 
     def ranges(self) -> dict[str, tuple[float, float]]:
         """The (min, max) of every tensor seen."""

@@ -19,10 +19,16 @@ METHODS = ("minmax", "percentile", "entropy", "mse")
 HISTOGRAM_KIND: dict[str, str | None] = {"minmax": None, "percentile": "signed", "entropy": "abs", "mse": "abs"}
 
 
-def histogram_kind(method: str) -> str | None:
-    """``signed``, ``abs`` or None (minmax): the histogram ``method`` needs; an unknown method is an error."""
+def histogram_kind(method: str, symmetric: bool = False) -> str | None:
+    """``signed``, ``abs`` or None (minmax): the histogram ``method`` needs; an unknown method is an error.
+
+    Percentile follows the activation scheme, as ORT's two modes do: symmetric takes the p-th percentile of
+    |x| (one threshold), asymmetric cuts (100 - p)/2 % off each tail of the signed values.
+    """
     if method not in HISTOGRAM_KIND:
         raise ConfigError(f"calibration method '{method}' is unknown; use one of {', '.join(METHODS)}")
+    if method == "percentile" and symmetric:
+        return "abs"
     return HISTOGRAM_KIND[method]
 
 
@@ -40,6 +46,21 @@ def percentile_range(hist: Histogram, percentile: float = 99.99) -> tuple[float,
     right = hist.edges[np.searchsorted(cdf, 1.0 - cut)]
     # ORT clamps each side separately, comparing the float32 edge with the float32 min/max.
     return (float(max(left, np.float32(hist.low))), float(min(right, np.float32(hist.high))))
+
+
+def symmetric_percentile_range(hist_abs: Histogram, percentile: float = 99.99) -> tuple[float, float]:
+    """ORT's ``compute_percentile`` with symmetric=True (its default): the p-th percentile of |x| as ±amax.
+
+    The |x| histogram must span [min |x|, max |x|] as ORT's does; the result is clamped to the observed range.
+    """
+    if not 0.0 < percentile <= 100.0:
+        raise ConfigError(f"percentile {percentile!r} is invalid; it must be in (0, 100]")
+    total = hist_abs.counts.sum()
+    if total <= 0:
+        raise CalibrationError("percentile: the histogram is empty")
+    cdf = np.cumsum(hist_abs.counts / total)
+    amax = hist_abs.edges[np.searchsorted(cdf, percentile / 100.0)]
+    return (float(max(-amax, np.float32(hist_abs.low))), float(min(amax, np.float32(hist_abs.high))))
 
 
 def entropy_amax(hist_abs: Histogram, num_quantized_bins: int = 128, start_bin: int = 128) -> float:
@@ -154,16 +175,23 @@ def amax_range(amax: float, low: float, high: float) -> tuple[float, float]:
 
 
 def range_for(
-    method: str, low: float, high: float, histogram: Histogram | None = None, percentile: float = 99.99
+    method: str,
+    low: float,
+    high: float,
+    histogram: Histogram | None = None,
+    percentile: float = 99.99,
+    symmetric: bool = False,
 ) -> tuple[float, float]:
     """The range of one tensor by ``method``; ``histogram`` is of the kind :func:`histogram_kind` names."""
-    kind = histogram_kind(method)
+    kind = histogram_kind(method, symmetric)
     if kind is None:
         return (low, high)
     if histogram is None:
         raise CalibrationError(f"calibration method '{method}' needs the '{kind}' histogram of the tensor; none given")
     if method == "percentile":
-        return percentile_range(histogram, percentile)
+        return (
+            symmetric_percentile_range(histogram, percentile) if symmetric else percentile_range(histogram, percentile)
+        )
     amax = entropy_amax(histogram) if method == "entropy" else mse_amax(histogram)
     return amax_range(amax, low, high)
 

@@ -49,22 +49,25 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
         bar = tqdm(calibration.batches, desc=label, unit="batch", leave=False, disable=None)
         return (b.inputs for b in bar)
 
-    minmax = MinMaxObserver()
+    symmetric = config.quantization.activations == "symmetric"
+    methods = {name: cal.method_for(name) for name in names}
+    magnitude = {n for n in names if symmetric and methods[n] == "percentile"}
+    minmax = MinMaxObserver(magnitude)
     threads = config.benchmark.threads
     samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
     observed = minmax.ranges()
-    methods = {name: cal.method_for(name) for name in observed}
+    methods = {name: methods[name] for name in observed}
     plotted = widest(observed, PLOTTED)
-    kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name]))}
+    kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name], symmetric))}
     for name in plotted:
         kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
-    histograms = HistogramObserver(observed, kinds, cal.bins)
+    histograms = HistogramObserver(observed, kinds, cal.bins, abs_floors=minmax.magnitude_floors())
     collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
     signed, absolute = histograms.signed_histograms(), histograms.abs_histograms()
     chosen = {}
     for name, (low, high) in observed.items():
-        kind = histogram_kind(methods[name])
+        kind = histogram_kind(methods[name], symmetric)
         hist = signed.get(name) if kind == "signed" else absolute.get(name)
-        chosen[name] = range_for(methods[name], low, high, histogram=hist, percentile=cal.percentile)
+        chosen[name] = range_for(methods[name], low, high, hist, cal.percentile, symmetric)
     log.info("calibration: %d tensors over %d samples (%s)", len(chosen), samples, cal.method)
     return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted)

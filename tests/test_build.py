@@ -16,10 +16,11 @@ from conftest import write_config
 from calibrators.scale_file import load_scale_file
 from deploy_opt.pipeline import run_build
 from deploy_opt.profiles import REPO_ROOT, load_build_config
+from dopt_common.errors import CalibrationError
 from dopt_common.files import sha256_file
 from exporters.ort_qdq import compare_scales, read_qdq_scales
 
-OUTPUTS = {"model.onnx", "model.int8.onnx", "scales.json", "build.json", "summary.md"}
+OUTPUTS = {"model.onnx", "model.int8.onnx", "scales.json", "build.json", "summary.md", "calibration.png"}
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -53,6 +54,7 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
     build = _assert_consistent(out)
     metrics = build["metrics"]
     assert metrics["name"] == "top1" and metrics["samples"] == 450
+    assert build["calibration"]["stratify"] == "label" and len(build["calibration"]["per_stratum"]) == 10
     assert metrics["ort_fp32"] > 90.0
     assert metrics["drop"] <= 1.0
     assert abs(metrics["torch_fp32"] - metrics["ort_fp32"]) < 0.5
@@ -103,6 +105,8 @@ def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     result = run_build(config, profile, tmp_path, progress=False)
     build = _assert_consistent(result.out_dir)
     assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 32
+    assert build["calibration"]["stratify"] == "deploy_opt.demo.minilm:length_stratum"
+    assert build["calibration"]["chosen"] == 48 and len(build["calibration"]["per_stratum"]) >= 3
     assert build["metrics"]["ort_fp32"] == pytest.approx(100.0, abs=1e-3)
     assert 80.0 < build["metrics"]["ort_int8"] <= 100.0
     model = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False)
@@ -234,7 +238,7 @@ benchmark: {{enabled: false}}
     assert session.run(None, {"x": np.zeros((2, 16), np.float32)})[0].shape == (2, 4)
 
 
-def test_overlapping_calibration_and_evaluation_is_reported_loudly(tmp_path: Path) -> None:
+def test_overlapping_calibration_and_evaluation_is_refused(tmp_path: Path) -> None:
     (tmp_path / "overlap.py").write_text(
         "import tiny_torch\n"
         "def calibration():\n    return tiny_torch.calibration()\n"
@@ -243,6 +247,7 @@ def test_overlapping_calibration_and_evaluation_is_reported_loudly(tmp_path: Pat
     )
     path = _tiny_cnn_config(tmp_path, "overlap.py:calibration", "overlap.py:evaluation")
     config, profile = load_build_config(path, "ci", [])
-    result = run_build(config, profile, tmp_path / "reports", progress=False)
-    assert result.build["overlap_warning"].startswith("16 evaluation samples also appear in the calibration data")
-    assert "**WARNING**: 16 evaluation samples" in (result.out_dir / "summary.md").read_text()
+    with pytest.raises(CalibrationError, match="16 calibration samples also appear in the evaluation data"):
+        run_build(config, profile, tmp_path / "reports", progress=False)
+    assert not (tmp_path / "reports" / "tiny-cnn").exists()
+    assert list((tmp_path / "reports").iterdir()) == []

@@ -425,7 +425,7 @@ def test_cli_empty_calibration_exits_2(data_dir: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
-    assert last.startswith("deploy_opt build: error: data.calibration 'mydata.py:calib' yielded no samples")
+    assert last.startswith("deploy_opt build: error: calibration data is empty: data.calibration 'mydata.py:calib'")
     assert_nothing_left(output, "demo")
 
 
