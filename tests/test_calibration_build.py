@@ -18,7 +18,7 @@ from deploy_opt.calibrate import calibrate_activations
 from deploy_opt.calibration_set import choose_calibration
 from deploy_opt.pipeline import run_build
 from deploy_opt.profiles import load_build_config
-from dopt_common.errors import CalibrationError, NumericsError
+from dopt_common.errors import CalibrationError, InputError, NumericsError
 
 TINY = """
 name: tiny
@@ -224,6 +224,31 @@ benchmark: {{enabled: false}}
     config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
     with pytest.raises(NumericsError, match=r"tensor 'root' is NaN or Inf for sample 5 \(batch 1\)"):
         run_build(config, profile, tmp_path / "reports", progress=False)
+    assert list((tmp_path / "reports").iterdir()) == []  # no partial artifact
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("{'y': x}", r"input names \['y'\] do not match model.inputs \['x'\]"),
+        ("{'x': x[:, :8]}", r"input 'x' has shape \[16, 8\], declared \['batch', 16\]"),
+        ("{'x': x.astype('float64')}", r"input 'x' has dtype float64, declared float32"),
+    ],
+)
+def test_bad_calibration_inputs_fail_the_build_cleanly(tmp_path: Path, tiny_model: Path, bad: str, message: str):
+    (tmp_path / "bad.py").write_text(
+        "import tiny_onnx\n"
+        "def calibration():\n"
+        f"    return [({bad}, y) for (inputs, y) in tiny_onnx.calibration() for x in [inputs['x']]]\n",
+        encoding="utf-8",
+    )
+    text = TINY.format(model=tiny_model.name, calibration="  method: minmax").replace(
+        '"@TINY@:calibration"', '"bad.py:calibration"'
+    )
+    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
+    with pytest.raises(InputError, match=message):
+        run_build(config, profile, tmp_path / "reports", progress=False)
+    assert list((tmp_path / "reports").iterdir()) == []
 
 
 def test_build_json_records_the_calibration(tmp_path: Path, tiny_model: Path) -> None:
