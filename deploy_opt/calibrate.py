@@ -1,8 +1,9 @@
-"""Stage: activation ranges in two streaming passes over the chosen calibration samples.
+"""Stage: activation ranges from streaming passes over the chosen calibration samples.
 
-Pass 1 records each tensor's min and max. Pass 2, needed by histogram methods and by the report's plot, builds
-fixed-range histograms over those bounds, so memory is bins × tensors whatever the sample count, and the
-histogram equals the one-shot histogram ONNX Runtime's calibrators build from all activations at once.
+minmax, entropy and mse need one inference pass: min/max plus an |x| histogram whose range grows by exact
+doubling (``calibrators.streaming``). percentile needs two: min/max, then histograms over those fixed bounds,
+which equal the one-shot histogram ONNX Runtime's calibrators build from all activations at once, so its
+ranges match ORT's exactly. Either way memory is bins × tensors, whatever the sample count.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from calibrators.collect import collect, select_tensors
 from calibrators.histogram import Histogram, HistogramObserver
 from calibrators.minmax import MinMaxObserver
 from calibrators.ranges import histogram_kind, range_for
+from calibrators.streaming import StreamingObserver
 from deploy_opt.calibration_report import widest
 from deploy_opt.calibration_set import CalibrationSet
 from deploy_opt.config import BuildConfig
@@ -51,19 +53,27 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
 
     symmetric = config.quantization.activations == "symmetric"
     methods = {name: cal.method_for(name) for name in names}
-    magnitude = {n for n in names if symmetric and methods[n] == "percentile"}
-    minmax = MinMaxObserver(magnitude)
     threads = config.benchmark.threads
-    samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
-    observed = minmax.ranges()
+    if "percentile" in methods.values():
+        # Percentile reproduces ORT's exact histogram edges, which need the global bounds first: two passes.
+        magnitude = {n for n in names if symmetric and methods[n] == "percentile"}
+        minmax = MinMaxObserver(magnitude)
+        samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
+        observed = minmax.ranges()
+        plotted = widest(observed, PLOTTED)
+        kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name], symmetric))}
+        for name in plotted:
+            kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
+        histograms = HistogramObserver(observed, kinds, cal.bins, abs_floors=minmax.magnitude_floors())
+        collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
+        signed, absolute = histograms.signed_histograms(), histograms.abs_histograms()
+    else:
+        # minmax, entropy and mse: ranges and growing |x| histograms in one inference pass.
+        streaming = StreamingObserver(set(names), cal.bins)
+        samples = collect(fp32_path, feeds("calibrate"), names, streaming, threads=threads)
+        observed, signed, absolute = streaming.ranges(), {}, streaming.abs_histograms()
+        plotted = widest(observed, PLOTTED)
     methods = {name: methods[name] for name in observed}
-    plotted = widest(observed, PLOTTED)
-    kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name], symmetric))}
-    for name in plotted:
-        kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
-    histograms = HistogramObserver(observed, kinds, cal.bins, abs_floors=minmax.magnitude_floors())
-    collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
-    signed, absolute = histograms.signed_histograms(), histograms.abs_histograms()
     chosen = {}
     for name, (low, high) in observed.items():
         kind = histogram_kind(methods[name], symmetric)
