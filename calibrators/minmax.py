@@ -17,6 +17,7 @@ class MinMaxObserver:
         self._high: dict[str, float] = {}
         # min |x| of these tensors: ORT's symmetric percentile bins |x| over [min |x|, max |x|].
         self._magnitude = set(magnitude)
+        self.last = (0.0, 0.0)
         self._floor: dict[str, float] = {}
 
     def update(self, name: str, values: np.ndarray, where: str = "") -> None:
@@ -24,6 +25,7 @@ class MinMaxObserver:
         if values.size == 0:
             return
         low, high = float(np.min(values)), float(np.max(values))
+        self.last = (low, high)  # this batch's bounds, for subclasses that bin the same values
         if not (np.isfinite(low) and np.isfinite(high)):
             raise NumericsError(f"calibration: tensor '{name}' has NaN or Inf {where}; fix the model or the input data")
         self._low[name] = min(low, self._low.get(name, low))

@@ -37,8 +37,8 @@ class StreamingObserver(MinMaxObserver):
         super().update(name, values, where)
         if name not in self._wanted or values.size == 0:
             return
-        magnitude = np.abs(values.astype(np.float32, copy=False)).ravel()
-        amax = float(magnitude.max())
+        amax = max(-self.last[0], self.last[1])  # this batch's min and max, already computed above
+        magnitude = np.abs(values, dtype=np.float32).ravel()
         if amax == 0.0 and name not in self._top:
             self._counts.setdefault(name, np.zeros(self._slots, np.int64))[0] += magnitude.size
             return
@@ -47,7 +47,9 @@ class StreamingObserver(MinMaxObserver):
         while amax > top:
             counts = np.concatenate([counts.reshape(-1, 2).sum(axis=1), np.zeros(self._slots // 2, np.int64)])
             top *= 2.0
-        index = np.minimum((magnitude * np.float32(self._slots / top)).astype(np.int64), self._slots - 1)
+        np.multiply(magnitude, np.float32(self._slots / top), out=magnitude)
+        index = magnitude.astype(np.intp)
+        np.minimum(index, self._slots - 1, out=index)
         counts += np.bincount(index, minlength=self._slots)
         self._counts[name], self._top[name] = counts, top
 
