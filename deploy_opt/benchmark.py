@@ -58,7 +58,8 @@ def compare(
     for size in sizes:
         stats = measure(sessions, feed_of_size(batch, size), warmup, repeats)
         row: dict[str, object] = {name: latency.to_json() for name, latency in stats.items()}
-        if "ort_fp32" in stats and "ort_int8" in stats:
-            row["speedup"] = stats["ort_fp32"].median_ms / stats["ort_int8"].median_ms
+        for name in stats:
+            if name.startswith("ort_int8") and "ort_fp32" in stats:
+                row[name.replace("ort_int8", "speedup")] = stats["ort_fp32"].median_ms / stats[name].median_ms
         results[str(size)] = row
     return results

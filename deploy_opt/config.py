@@ -157,11 +157,38 @@ class CalibrationConfig:
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """What is quantized and with which activation scheme."""
+    """What is quantized, with which activation scheme, and what stays in high precision."""
 
     activations: Activation = "asymmetric"
     op_types: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
     exclude_nodes: tuple[str, ...] = ()
+    # none | auto | a list of node names or glob patterns kept in high precision
+    fallback: str | tuple[str, ...] = "none"
+    fallback_by: Literal["node", "op_type"] = "node"
+    # Conservative default: the classifier / LM head stays in high precision unless you opt in.
+    keep_head: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fallback, str) and self.fallback not in ("none", "auto"):
+            raise ConfigError(
+                f"quantization.fallback '{self.fallback}' is unknown; use none, auto or a list of node patterns"
+            )
+
+
+@dataclass(frozen=True)
+class SensitivityConfig:
+    """Per-node sensitivity analysis (also run by fallback: auto)."""
+
+    enabled: bool = False
+    mode: Literal["exhaustive", "proxy", "proxy+topk"] = "proxy+topk"
+    top_k: int = 8
+    subset: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.subset <= 1:
+            raise ConfigError(f"sensitivity.subset must be in (0, 1], got {self.subset}")
+        if self.top_k < 1:
+            raise ConfigError(f"sensitivity.top_k must be at least 1, got {self.top_k}")
 
 
 @dataclass(frozen=True)
@@ -211,6 +238,7 @@ class BuildConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     gate: GateConfig = field(default_factory=GateConfig)

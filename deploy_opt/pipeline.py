@@ -17,6 +17,7 @@ from deploy_opt.config import BuildConfig
 from deploy_opt.evaluate import evaluate, session_runner, torch_runner
 from deploy_opt.gate import GateResult, apply_gate
 from deploy_opt.metrics import resolve_metric
+from deploy_opt.mixed_precision import auto_fallback, run_sensitivity, static_fallback, with_excluded
 from deploy_opt.model_source import input_specs_from_onnx, prepare_fp32
 from deploy_opt.profiles import Profile
 from deploy_opt.quantize import quantize
@@ -71,21 +72,42 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("export"):
         fp32 = prepare_fp32(config, torch_model, calibration.batches[0], head[: config.export.parity_batches], stage)
 
+    quant = config.quantization
+    auto = quant.fallback == "auto"
+    analyze = config.sensitivity.enabled or auto
     with times.stage("calibrate_quantize"):
-        quantized = quantize(config, fp32.path, calibration, stage)
+        static = static_fallback(config, fp32.path)
+        mixed = bool(static) or auto
+        # With fallback, the fully quantized model is the reference point (and what sensitivity analyzes).
+        full = quantize(with_excluded(config, ()), fp32.path, calibration, stage / ".full" if mixed else stage)
+
+    metric = resolve_metric(config.data.metric, base)
+    # Sensitivity and auto fallback revisit the evaluation set, so it is held; otherwise it streams.
+    evaluation = head + list(stream) if analyze else itertools.chain(head, stream)
+    fallback: dict = {"static": list(static), "nodes": list(static)}
+    with times.stage("sensitivity_fallback"):
+        record = run_sensitivity(config, fp32.path, full.path, evaluation, metric, stage) if analyze else None
+        if auto:
+            fallback["auto"] = auto_fallback(config, fp32.path, full.path, evaluation, metric, record)
+            fallback["nodes"] = list(static) + [n for n in fallback["auto"]["nodes"] if n not in static]
+        quantized = full
+        if mixed:
+            excluded = with_excluded(config, tuple(fallback["nodes"]))
+            quantized = quantize(excluded, fp32.path, calibration, stage, ranges=full.ranges)
 
     with times.stage("evaluate"):
-        metric = resolve_metric(config.data.metric, base)
         threads = config.benchmark.threads
         sessions = {
             "ort_fp32": create_session(fp32.path, threads=threads),
             "ort_int8": create_session(quantized.path, threads=threads),
         }
+        if mixed:
+            sessions["ort_int8_no_fallback"] = create_session(full.path, threads=threads)
         runners = {name: session_runner(s) for name, s in sessions.items()}
         if torch_model is not None:
             runners = {"torch_fp32": torch_runner(torch_model, [s.name for s in fp32.inputs])} | runners
         reference = "torch_fp32" if torch_model is not None else "ort_fp32"
-        scores = evaluate(runners, itertools.chain(head, stream), metric, reference, progress)
+        scores = evaluate(runners, evaluation, metric, reference, progress)
 
     with times.stage("benchmark"):
         bench = None
@@ -108,6 +130,8 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
         "drop_vs": "ort_fp32",
     }
+    if "ort_int8_no_fallback" in scores.values:
+        metrics["drop_no_fallback"] = metric.drop(scores.values["ort_fp32"], scores.values["ort_int8_no_fallback"])
     gate = apply_gate(
         {"metrics": metrics, "benchmark": bench},
         config.gate.max_drop,
@@ -126,12 +150,28 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         gate=gate.to_json(),
         targets=_targets(config),
         calibration=calibration.to_json(),
+        fallback=fallback,
+        sensitivity=_sensitivity_summary(record),
         timings_s=times.seconds,
         versions=report.versions(),
         config=config.to_dict(),
     )
     report.write_reports(stage, build)
     return BuildResult(stage, build, gate)
+
+
+def _sensitivity_summary(record: dict | None) -> dict | None:
+    """The top of the ranking for build.json; the whole analysis is in sensitivity.json."""
+    if record is None:
+        return None
+    top = sorted(record["nodes"], key=lambda n: n["rank"])[:10]
+    return {
+        "mode": record["mode"],
+        "metric": record["metric"],
+        "timings_s": record["timings_s"],
+        "files": ["sensitivity.json", "sensitivity.png", "sensitivity.html"],
+        "top": [{k: n[k] for k in ("rank", "name", "op_type", "drop_both", "proxy")} for n in top],
+    }
 
 
 def _targets(config: BuildConfig) -> dict[str, str]:

@@ -16,6 +16,7 @@ PROFILE_SECTIONS = {
     "export": cfg.ExportConfig,
     "calibration": cfg.CalibrationConfig,
     "quantization": cfg.QuantizationConfig,
+    "sensitivity": cfg.SensitivityConfig,
     "deploy": cfg.DeployConfig,
     "benchmark": cfg.BenchmarkConfig,
     "gate": cfg.GateConfig,

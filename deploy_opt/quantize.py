@@ -20,7 +20,7 @@ from calibrators.scale_file import (
 )
 from calibrators.weights import bias_scales, weight_scales
 from deploy_opt import __version__
-from deploy_opt.calibrate import calibrate_activations
+from deploy_opt.calibrate import ActivationRanges, calibrate_activations
 from deploy_opt.calibration_report import plot_histograms, tensor_summary
 from deploy_opt.calibration_set import CalibrationSet
 from deploy_opt.config import BuildConfig
@@ -39,6 +39,7 @@ class QuantizedModel:
     scales_path: Path
     scales: ScaleFile
     info: dict[str, Any]
+    ranges: ActivationRanges
 
 
 def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str) -> dict:
@@ -57,11 +58,17 @@ def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[
     return out
 
 
-def quantize(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path) -> QuantizedModel:
-    """Calibrate on ``calibration`` and write ``scales.json``, ``model.int8.onnx`` and the plot into ``stage``."""
+def quantize(
+    config: BuildConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    stage: Path,
+    ranges: ActivationRanges | None = None,
+) -> QuantizedModel:
+    """Calibrate (unless ``ranges`` are given) and write ``scales.json``, ``model.int8.onnx`` and the plot."""
     quant, cal = config.quantization, config.calibration
     model = onnx.load(str(fp32_path))
-    ranges = calibrate_activations(config, fp32_path, calibration)
+    ranges = ranges or calibrate_activations(config, fp32_path, calibration)
     tensors: dict[str, TensorScale] = {
         name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
         for name, (low, high) in ranges.chosen.items()
@@ -121,4 +128,4 @@ def quantize(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, 
         },
         "plotted": ranges.plotted,
     }
-    return QuantizedModel(int8_path, scales_path, scales, info)
+    return QuantizedModel(int8_path, scales_path, scales, info, ranges)

@@ -98,6 +98,27 @@ def render_summary(build: dict[str, Any]) -> str:
                 f"| {size} | {row['ort_fp32']['median_ms']:.3f} | {row['ort_int8']['median_ms']:.3f} | "
                 f"{row['speedup']:.2f}x |"
             )
+    fallback = build.get("fallback") or {}
+    if fallback.get("nodes"):
+        m = build["metrics"]
+        lines += [
+            "",
+            "## Mixed precision",
+            "",
+            f"- {len(fallback['nodes'])} node(s) kept in high precision: "
+            + ", ".join(f"`{n}`" for n in fallback["nodes"][:12])
+            + (" …" if len(fallback["nodes"]) > 12 else ""),
+        ]
+        if "ort_int8_no_fallback" in m:
+            lines.append(f"- accuracy: INT8 without fallback {m['ort_int8_no_fallback']:.3f}, with {m['ort_int8']:.3f}")
+        for size, row in (bench.get("batches") or {}).items():
+            if "speedup_no_fallback" in row:
+                lines.append(
+                    f"- speed cost at batch {size}: {row['speedup_no_fallback']:.2f}x without fallback → "
+                    f"{row['speedup']:.2f}x with it"
+                )
+        if fallback.get("auto"):
+            lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
     return "\n".join(lines) + "\n"
@@ -135,5 +156,7 @@ def publish(stage: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "build.json").unlink(missing_ok=True)  # the folder is never "complete" with mixed files
     for path in sorted(stage.iterdir(), key=lambda p: p.name == "build.json"):
+        if path.name.startswith("."):
+            continue  # working files (e.g. the fully quantized reference model) are not artifacts
         os.replace(path, out_dir / path.name)  # build.json last: its presence marks a complete build
-    stage.rmdir()
+    shutil.rmtree(stage, ignore_errors=True)
