@@ -167,6 +167,10 @@ class QuantizationConfig:
     fallback_by: Literal["node", "op_type"] = "node"
     # Conservative default: the classifier / LM head stays in high precision unless you opt in.
     keep_head: bool = True
+    # Also quantize the outputs of the quantized ops (ORT's default: Conv/Gemm chains fuse into integer kernels).
+    # Off, a tensor is quantized only as the input of a quantized node: what transformers with outlier-heavy
+    # residual streams need, and what makes a fallback node's inputs really float.
+    quantize_outputs: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.fallback, str) and self.fallback not in ("none", "auto"):

@@ -96,6 +96,7 @@ def quantize(
         op_types=quant.op_types,
         exclude_nodes=quant.exclude_nodes,
         external_data_mb=config.export.external_data_mb,
+        quantize_outputs=quant.quantize_outputs,
     )
     carried = read_qdq_scales(int8_path)
     scales = candidate.restricted_to(carried)

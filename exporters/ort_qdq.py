@@ -66,6 +66,7 @@ def write_ort_qdq(
     op_types: Iterable[str],
     exclude_nodes: Iterable[str] = (),
     external_data_mb: int = 1024,
+    quantize_outputs: bool = True,
 ) -> Path:
     """Write the Q/DQ model for ORT from ``scales`` with ORT's QDQQuantizer."""
     quant = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model")
@@ -103,6 +104,10 @@ def write_ort_qdq(
             "ActivationSymmetric": symmetric,
             "WeightSymmetric": True,
             "TensorQuantOverrides": overrides,
+            # Off: a tensor is quantized only as the input of a quantized node, so excluding a node really keeps
+            # its inputs float, and MatMul/Gemm outputs feeding float ops (MiniLM's residual stream, ranges up to
+            # ~200) keep their precision.
+            "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
         },
     )
     quantizer.quantize_model()

@@ -1,0 +1,115 @@
+"""Sensitivity ranking, exact variants, and mixed-precision fallback (auto, patterns, head)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fragile_onnx
+import numpy as np
+import onnx
+import pytest
+from conftest import write_config
+
+from deploy_opt.fallback import head_nodes
+from deploy_opt.pipeline import run_build
+from deploy_opt.profiles import load_build_config
+from deploy_opt.qdq_variants import all_roles, make_variant, quantized_nodes
+from dopt_common.errors import ConfigError
+from dopt_common.ort import create_session
+
+HERE = Path(__file__).resolve().parent
+
+
+def _config(tmp_path: Path, quantization: str, extra: str = "", max_drop: float = 100.0):
+    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
+    source = HERE / "fragile_onnx.py"
+    text = f"""
+name: fragile
+model: {{onnx: {model.name}}}
+data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
+quantization: {{op_types: [MatMul], quantize_outputs: false, {quantization}}}
+benchmark: {{enabled: false}}
+gate: {{max_drop: {max_drop}}}
+{extra}
+"""
+    return load_build_config(write_config(tmp_path, text), "ci", [])
+
+
+def test_the_fragile_layer_ranks_first(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "keep_head: false", "sensitivity: {enabled: true, mode: exhaustive}")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    record = json.loads((result.out_dir / "sensitivity.json").read_text())
+    nodes = {n["name"]: n for n in record["nodes"]}
+    assert set(nodes) == {"fc1", "fc2", "fc3"} and all(n["exact"] for n in nodes.values())
+    assert nodes["fc2"]["rank"] == 1
+    fc2 = nodes["fc2"]
+    assert fc2["drop_both"] > 5 * max(nodes["fc1"]["drop_both"], nodes["fc3"]["drop_both"])
+    # The damage is in fc2's input activation (the crushed channels), not in its weights.
+    assert fc2["drop_activation_only"] > 10 * fc2["drop_weight_only"]
+    assert fc2["recovered_all_but"] > 0
+    assert fc2["proxy"]["local_sqnr_db"] < min(
+        nodes["fc1"]["proxy"]["local_sqnr_db"], nodes["fc3"]["proxy"]["local_sqnr_db"]
+    )
+    assert {"sensitivity.png", "sensitivity.html"} <= {p.name for p in result.out_dir.iterdir()}
+    assert result.build["sensitivity"]["top"][0]["name"] == "fc2"
+
+
+def test_variants_reproduce_the_full_and_the_float_model(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "keep_head: false")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    fp32, qdq = onnx.load(str(result.out_dir / "model.onnx")), onnx.load(str(result.out_dir / "model.int8.onnx"))
+    feed = fragile_onnx.evaluation()[0][0]
+    run = lambda m: create_session(m.SerializeToString()).run(None, feed)[0]  # noqa: E731
+    nodes = quantized_nodes(qdq)
+    np.testing.assert_array_equal(run(make_variant(qdq, fp32, all_roles(nodes))), run(qdq))
+    np.testing.assert_array_equal(run(make_variant(qdq, fp32, {})), run(fp32))
+
+
+def test_auto_fallback_stops_once_the_gate_holds(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=1.0)
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    auto = result.build["fallback"]["auto"]
+    assert auto["met"] and auto["nodes"] == ["fc2"], auto
+    assert [s["fallback"] for s in auto["steps"]] == [[], ["fc2"]]
+    assert auto["steps"][0]["drop"] > 1.0 >= auto["steps"][-1]["drop"]
+    assert result.build["metrics"]["drop"] <= 1.0 < result.build["metrics"]["drop_no_fallback"]
+    assert result.gate.passed
+    scales = json.loads((result.out_dir / "scales.json").read_text())
+    assert scales["excluded"] == ["fc2"]
+    qdq = onnx.load(str(result.out_dir / "model.int8.onnx"))
+    assert "fc2" not in {n.name for n in quantized_nodes(qdq)}
+
+
+def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=-1.0)
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    auto = result.build["fallback"]["auto"]
+    assert not auto["met"] and "cannot meet max_drop -1" in auto["verdict"]
+    assert len(auto["steps"]) == 4 and sorted(auto["steps"][-1]["fallback"]) == ["fc1", "fc2", "fc3"]
+    assert auto["steps"][1]["fallback"] == ["fc2"]  # most sensitive first
+    assert not result.gate.passed
+    assert "cannot meet" in (result.out_dir / "summary.md").read_text()
+
+
+def test_fallback_patterns(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "fallback: ['fc[23]'], keep_head: false")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    assert result.build["fallback"]["nodes"] == ["fc2", "fc3"]
+    qdq = onnx.load(str(result.out_dir / "model.int8.onnx"))
+    assert {n.name for n in quantized_nodes(qdq)} == {"fc1"}
+
+
+def test_a_pattern_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "fallback: ['attention*']")
+    with pytest.raises(ConfigError, match="quantization.fallback pattern 'attention\\*' matches no quantizable node"):
+        run_build(config, profile, tmp_path / "reports", progress=False)
+    assert list((tmp_path / "reports").iterdir()) == []
+
+
+def test_the_head_stays_in_high_precision_by_default(tmp_path: Path) -> None:
+    model = onnx.load(str(fragile_onnx.make_model(tmp_path / "m.onnx")))
+    assert head_nodes(model, ["MatMul"]) == ["fc3"]
+    config, profile = _config(tmp_path, "fallback: none")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    assert result.build["fallback"]["nodes"] == ["fc3"]
