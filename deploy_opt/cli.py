@@ -1,4 +1,4 @@
-"""``python -m deploy_opt``: build, gate and profiles.
+"""``python -m deploy_opt``: build, sensitivity, gate and profiles.
 
 Exit codes: 0 success, 1 a gate failed, 2 bad input (one line on stderr naming what, which value and the fix),
 3 an internal error (a bug; ``-v`` shows the traceback).
@@ -44,6 +44,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
 
+    sens = sub.add_parser(
+        "sensitivity", parents=[common], help="rank every quantized node by the accuracy its INT8 costs (heatmap)"
+    )
+    sens.add_argument("config_flag", nargs="?", metavar="CONFIG", help="build YAML (default: the demo)")
+    sens.add_argument("--config", dest="config", help="build YAML (same as the positional argument)")
+    sens.add_argument("--profile", help="hardware preset from profiles/, or a path to one")
+    sens.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    sens.add_argument("--mode", choices=["exhaustive", "proxy", "proxy+topk"], help="default: the config's")
+    sens.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
+
     gate = sub.add_parser("gate", parents=[common], help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
     gate.add_argument("build_json", type=Path, help="reports/<name>/build.json (or its folder)")
     gate.add_argument("--max-drop", type=float, help="largest allowed metric drop in points (default: the build's)")
@@ -66,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 2
     try:
-        return {"build": _build, "gate": _gate, "profiles": _profiles}[args.command](args)
+        commands = {"build": _build, "sensitivity": _sensitivity, "gate": _gate, "profiles": _profiles}
+        return commands[args.command](args)
     except DeployOptError as exc:
         print(f"deploy_opt {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +109,31 @@ def _build(args: argparse.Namespace) -> int:
     for line in result.gate.lines():
         print(f"  {line}")
     return 0 if result.gate.passed else 1
+
+
+def _sensitivity(args: argparse.Namespace) -> int:
+    from deploy_opt.pipeline import run_build
+    from deploy_opt.profiles import load_build_config
+
+    overrides = ["sensitivity.enabled=true", "benchmark.enabled=false", *args.overrides]
+    if args.mode:
+        overrides.append(f"sensitivity.mode={args.mode}")
+    config, profile = load_build_config(args.config or args.config_flag, args.profile, overrides)
+    result = run_build(config, profile, args.output_dir, progress=not args.quiet)
+    summary = result.build["sensitivity"]
+    metric = summary["metric"]
+    print(
+        f"sensitivity of {config.name} ({summary['mode']}, {metric['subset_samples']} samples): {metric['name']} "
+        f"FP32 {metric['fp32']:.3f}, INT8 {metric['int8']:.3f}"
+    )
+    for node in summary["top"]:
+        drop = "n/a" if node["drop_both"] is None else f"{node['drop_both']:.3f}"
+        print(
+            f"  {node['rank']:>3}. {node['name']} ({node['op_type']}): drop {drop}, "
+            f"local SQNR {node['proxy']['local_sqnr_db']:.1f} dB"
+        )
+    print(f"report: {result.out_dir}/sensitivity.html")
+    return 0
 
 
 def _gate(args: argparse.Namespace) -> int:

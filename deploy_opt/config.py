@@ -171,8 +171,13 @@ class QuantizationConfig:
     # Off, a tensor is quantized only as the input of a quantized node: what transformers with outlier-heavy
     # residual streams need, and what makes a fallback node's inputs really float.
     quantize_outputs: bool = True
+    # SmoothQuant: move activation outlier channels into the following MatMul/Gemm weights before calibration.
+    smoothing: Literal["none", "smoothquant"] = "none"
+    smoothing_alpha: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.smoothing_alpha <= 1.0:
+            raise ConfigError(f"quantization.smoothing_alpha must be in [0, 1], got {self.smoothing_alpha}")
         if isinstance(self.fallback, str) and self.fallback not in ("none", "auto"):
             raise ConfigError(
                 f"quantization.fallback '{self.fallback}' is unknown; use none, auto or a list of node patterns"

@@ -21,6 +21,7 @@ from deploy_opt.mixed_precision import auto_fallback, run_sensitivity, static_fa
 from deploy_opt.model_source import input_specs_from_onnx, prepare_fp32
 from deploy_opt.profiles import Profile
 from deploy_opt.quantize import quantize
+from deploy_opt.smoothing import smooth_model
 from deploy_opt.sources import iter_batches, load_torch_model
 from dopt_common.errors import InputError
 from dopt_common.files import ensure_writable_dir
@@ -76,24 +77,30 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     auto = quant.fallback == "auto"
     analyze = config.sensitivity.enabled or auto
     with times.stage("calibrate_quantize"):
-        static = static_fallback(config, fp32.path)
+        # The graph that is calibrated and quantized: the FP32 model, or its SmoothQuant-ed twin.
+        source, smoothing = fp32.path, None
+        if quant.smoothing == "smoothquant":
+            source, smoothing = smooth_model(config, fp32.path, calibration, stage / ".smoothed.onnx")
+        static = static_fallback(config, source)
         mixed = bool(static) or auto
         # With fallback, the fully quantized model is the reference point (and what sensitivity analyzes).
-        full = quantize(with_excluded(config, ()), fp32.path, calibration, stage / ".full" if mixed else stage)
+        full = quantize(
+            with_excluded(config, ()), source, calibration, stage / ".full" if mixed else stage, smoothing=smoothing
+        )
 
     metric = resolve_metric(config.data.metric, base)
     # Sensitivity and auto fallback revisit the evaluation set, so it is held; otherwise it streams.
     evaluation = head + list(stream) if analyze else itertools.chain(head, stream)
     fallback: dict = {"static": list(static), "nodes": list(static)}
     with times.stage("sensitivity_fallback"):
-        record = run_sensitivity(config, fp32.path, full.path, evaluation, metric, stage) if analyze else None
+        record = run_sensitivity(config, source, full.path, evaluation, metric, stage) if analyze else None
         if auto:
-            fallback["auto"] = auto_fallback(config, fp32.path, full.path, evaluation, metric, record)
+            fallback["auto"] = auto_fallback(config, source, full.path, evaluation, metric, record)
             fallback["nodes"] = list(static) + [n for n in fallback["auto"]["nodes"] if n not in static]
         quantized = full
         if mixed:
             excluded = with_excluded(config, tuple(fallback["nodes"]))
-            quantized = quantize(excluded, fp32.path, calibration, stage, ranges=full.ranges)
+            quantized = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
 
     with times.stage("evaluate"):
         threads = config.benchmark.threads

@@ -64,6 +64,7 @@ def quantize(
     calibration: CalibrationSet,
     stage: Path,
     ranges: ActivationRanges | None = None,
+    smoothing: dict[str, Any] | None = None,
 ) -> QuantizedModel:
     """Calibrate (unless ``ranges`` are given) and write ``scales.json``, ``model.int8.onnx`` and the plot."""
     quant, cal = config.quantization, config.calibration
@@ -88,6 +89,8 @@ def quantize(
         },
         "deploy_opt_version": __version__,
     }
+    if smoothing:
+        provenance["smoothing"] = smoothing
     candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
     int8_path = write_ort_qdq(
         fp32_path,

@@ -113,3 +113,44 @@ def test_the_head_stays_in_high_precision_by_default(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: none")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     assert result.build["fallback"]["nodes"] == ["fc3"]
+
+
+def test_smoothquant_in_the_build_is_recorded_and_keeps_the_model(tmp_path: Path) -> None:
+    config, profile = _config(tmp_path, "smoothing: smoothquant, smoothing_alpha: 0.8, keep_head: false")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    scales = json.loads((result.out_dir / "scales.json").read_text())
+    smoothing = scales["provenance"]["smoothing"]
+    assert smoothing["method"] == "smoothquant" and smoothing["alpha"] == 0.8 and smoothing["targets"]
+    # model.onnx stays the original graph; the smoothed twin is what was quantized.
+    assert smoothing["source_sha256"] == result.build["artifacts"]["model.onnx"]["sha256"]
+    assert smoothing["smoothed_sha256"] == scales["provenance"]["model_sha256"]
+    assert result.build["metrics"]["drop"] < result.build["metrics"]["ort_fp32"]
+
+
+def test_the_sensitivity_command_prints_the_ranking(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _config(tmp_path, "keep_head: false")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deploy_opt",
+            "sensitivity",
+            "--config",
+            str(tmp_path / "build.yaml"),
+            "--profile",
+            "ci",
+            "--mode",
+            "exhaustive",
+            "--output-dir",
+            str(tmp_path / "reports"),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1. fc2 (MatMul)" in result.stdout
+    assert (tmp_path / "reports" / "fragile" / "sensitivity.html").is_file()
