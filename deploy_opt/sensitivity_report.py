@@ -55,7 +55,7 @@ def graph_order(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def cell_matrix(nodes: list[dict[str, Any]]) -> np.ndarray:
     """Rows x 5 floats: the four drop/recovered columns and proxy SQNR; NaN where not evaluated."""
-    rows = [[number(n.get(k)) for k in DROP_KEYS] + [number((n.get("proxy") or {}).get("sqnr_db"))] for n in nodes]
+    rows = [[number(n.get(k)) for k in DROP_KEYS] + [number(_proxy_sqnr(n))] for n in nodes]
     return np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=float).reshape(len(nodes), 5)
 
 
@@ -223,6 +223,7 @@ def _row(node: Mapping[str, Any]) -> str:
         _cell(size, text="×".join(f"{d:g}" for d in dims if d is not None)),
         _cell(None if share is None else share * 100, ".2f"),
         *(_cell(number(node.get(key))) for key in DROP_KEYS),
+        _cell(number(proxy.get("local_sqnr_db")), ".1f"),
         _cell(number(proxy.get("sqnr_db")), ".1f"),
         _cell(number(proxy.get("cosine")), ".4f"),
     ]
@@ -239,9 +240,16 @@ _HEADERS = (
     ("weight-only", "num", "drop_weight_only"),
     ("activation-only", "num", "drop_activation_only"),
     ("recovered (all-but)", "num", "recovered_all_but"),
-    ("proxy SQNR dB", "num", "sqnr_db"),
-    ("proxy cosine", "num", "cosine"),
+    ("local SQNR dB (proxy)", "num", "local_sqnr_db"),
+    ("output SQNR dB", "num", "sqnr_db"),
+    ("output cosine", "num", "cosine"),
 )
+
+
+def _proxy_sqnr(node: Mapping[str, Any]) -> Any:
+    """The ranking proxy: the local SQNR of the node's quantized inputs (else its output SQNR)."""
+    proxy = node.get("proxy") or {}
+    return proxy.get("local_sqnr_db", proxy.get("sqnr_db"))
 
 
 def write_html(result: Mapping[str, Any], png: Path, path: Path) -> Path:
