@@ -100,7 +100,9 @@ def proxy_scores(
         fp32_acts = collect_activations(str(fp32_aug), Reader())
     matching = create_activation_matching(qdq_acts, fp32_acts)
     local = compute_activation_error(matching, _sqnr)
-    weights = compute_weight_error(create_weight_matching(str(fp32_path), str(qdq_path)), _sqnr)
+    weight_match = create_weight_matching(str(fp32_path), str(qdq_path))
+    weights = compute_weight_error(weight_match, _sqnr)
+    graph = {n.name: n for n in onnx.load(str(fp32_path), load_external_data=False).graph.node}
     scores = {}
     for node in nodes:
         noise = [
@@ -115,8 +117,31 @@ def proxy_scores(
             entry["sqnr_db"] = _sqnr(fp32_acts[output], qdq_acts[output])
             entry["cosine"] = _cosine(fp32_acts[output], qdq_acts[output])
         entry["macs"] = _macs(node, fp32_acts)
+        entry["node_sqnr_db"] = _node_output_sqnr(node, graph.get(node.name), matching, weight_match)
         scores[node.name] = entry
     return scores
+
+
+def _node_output_sqnr(node: QuantizedNode, proto: onnx.NodeProto | None, matching: dict, weights: dict) -> float | None:
+    """The node's own output SQNR: float input × float weight vs quantized input × dequantized weight.
+
+    Both sides take the quantized model's pre-Q input, so only this node's quantization is in it: the noise the
+    node adds, as its weights shape it. For MatMul/Gemm with a weight (``qdq_loss_debug`` saves tensors
+    flattened, so the input is reshaped to rows of the weight's input width); None otherwise.
+    """
+    if proto is None or node.op_type not in ("MatMul", "Gemm") or node.weight not in weights:
+        return None
+    activation = next((q for q in node.inputs if q.role == "activation"), None)
+    if activation is None or activation.float_name not in matching:
+        return None
+    trans_b = proto.op_type == "Gemm" and any(a.name == "transB" and a.i for a in proto.attribute)
+    w_float, w_deq = weights[node.weight]["float"], weights[node.weight]["dequantized"]
+    if trans_b:
+        w_float, w_deq = w_float.T, w_deq.T
+    width = w_float.shape[0]
+    pre = [np.reshape(a, (-1, width)) for a in matching[activation.float_name]["pre_qdq"]]
+    post = [np.reshape(a, (-1, width)) for a in matching[activation.float_name]["post_qdq"]]
+    return _sqnr([a @ w_float for a in pre], [a @ w_deq for a in post])
 
 
 def _flat(arrays: Any) -> np.ndarray:
@@ -209,7 +234,7 @@ def analyze(
                 "weight_shape": fp32_shapes.get(n.weight) if n.weight else None,
                 "macs": proxies[n.name]["macs"],
                 "mac_share": proxies[n.name]["macs"] / total_macs,
-                "proxy": {k: proxies[n.name].get(k) for k in ("local_sqnr_db", "sqnr_db", "cosine")},
+                "proxy": {k: proxies[n.name].get(k) for k in ("local_sqnr_db", "node_sqnr_db", "sqnr_db", "cosine")},
                 "drop_both": results.get(n.name, {}).get("drop_both"),
                 "drop_weight_only": results.get(n.name, {}).get("drop_weight_only"),
                 "drop_activation_only": results.get(n.name, {}).get("drop_activation_only"),
