@@ -18,7 +18,7 @@ import numpy as np
 
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
 from deploy_opt.config import BuildConfig, InputSpec
-from deploy_opt.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids
+from deploy_opt.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,10 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     selection = stratified_sample(
         keys, cal.samples, ids=ids, mode=cal.mode, min_per_stratum=cal.min_per_stratum, seed=cal.seed
     )
-    batches = _take(kept, selection.indices) if kept is not None else _second_pass(config, specs, selection, ids)
+    if kept is not None:
+        batches = select_rows(kept, set(selection.indices))
+    else:
+        batches = _second_pass(config, specs, selection, ids)
     log.info(
         "calibration: %d of %d samples, stratified by %s: %s",
         len(selection.indices),
@@ -117,33 +120,18 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     return CalibrationSet(batches, selection, stratify, len(ids))
 
 
-def _take(batches: list[Batch], indices: tuple[int, ...]) -> list[Batch]:
-    """Keep the chosen rows of each batch (batches keep their shapes; no re-padding)."""
-    chosen, out, start = set(indices), [], 0
-    for batch in batches:
-        rows = [i for i in range(batch.size) if start + i in chosen]
-        if rows:
-            out.append(batch.take(rows))
-        start += batch.size
-    return out
-
-
 def _second_pass(
     config: BuildConfig, specs: tuple[InputSpec, ...], selection: Selection, ids: list[str]
 ) -> list[Batch]:
-    chosen, out, start = set(selection.indices), [], 0
-    for batch in iter_batches(config.data.calibration, specs, config.base_dir, "data.calibration"):
-        rows = [i for i in range(batch.size) if start + i in chosen]
-        if rows:
-            picked = batch.take(rows)
-            if sample_ids(picked) != [ids[start + i] for i in rows]:
-                raise CalibrationError(
-                    f"data.calibration '{config.data.calibration}' yielded different samples when called again; "
-                    "fix: make it deterministic (fixed order, no random augmentation)"
-                )
-            out.append(picked)
-        start += batch.size
-    return out
+    """Read the source again, keeping the chosen rows; they must be the samples the first pass saw."""
+    source = iter_batches(config.data.calibration, specs, config.base_dir, "data.calibration")
+    batches = select_rows(source, set(selection.indices))
+    if [i for b in batches for i in sample_ids(b)] != [ids[i] for i in selection.indices]:
+        raise CalibrationError(
+            f"data.calibration '{config.data.calibration}' yielded different samples when called again; "
+            "fix: make it deterministic (fixed order, no random augmentation)"
+        )
+    return batches
 
 
 def evaluation_ids(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[str]:

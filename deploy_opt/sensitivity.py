@@ -25,7 +25,7 @@ import onnx
 
 from deploy_opt.metrics import Metric, RunningMean
 from deploy_opt.qdq_variants import QuantizedNode, all_roles, make_variant, quantized_nodes
-from deploy_opt.sources import Batch
+from deploy_opt.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,7 @@ def pick_subset(batches: list[Batch], fraction: float, seed: int) -> list[Batch]
     """A seeded ``fraction`` of the evaluation samples (at least one), keeping each batch's shapes."""
     total = sum(b.size for b in batches)
     count = max(1, round(total * fraction))
-    chosen = set(np.random.default_rng(seed).choice(total, size=count, replace=False).tolist())
-    out, start = [], 0
-    for batch in batches:
-        rows = [i for i in range(batch.size) if start + i in chosen]
-        if rows:
-            out.append(batch.take(rows))
-        start += batch.size
-    return out
+    return select_rows(batches, set(np.random.default_rng(seed).choice(total, size=count, replace=False).tolist()))
 
 
 def analyzed_nodes(qdq: onnx.ModelProto, op_types: tuple[str, ...]) -> list[QuantizedNode]:

@@ -235,6 +235,17 @@ def iter_batches(
             return
 
 
+def select_rows(batches: Iterable[Batch], chosen: set[int]) -> list[Batch]:
+    """The samples whose position in the whole stream is in ``chosen``, batch by batch (shapes kept)."""
+    out, start = [], 0
+    for batch in batches:
+        rows = [i for i in range(batch.size) if start + i in chosen]
+        if rows:
+            out.append(batch.take(rows))
+        start += batch.size
+    return out
+
+
 def sample_ids(batch: Batch) -> list[str]:
     """Each sample's id: the one the data function gave, else a short hash of its content."""
     if batch.ids is not None:

@@ -18,7 +18,6 @@ _EXTRA_FOR = {
     "tokenizers": "examples",
     "safetensors": "examples",
     "sentence_transformers": "dev",
-    "matplotlib": "report",
 }
 
 
