@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy_opt.qdq_variants import QuantizedNode, all_roles, make_variant, quantized_nodes
+from deploy_opt.qdq_variants import all_roles, make_variant, quantized_nodes
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -146,14 +146,3 @@ def median_latency_ms(session_factory: Callable[[onnx.ModelProto], Any], feed: d
         return float(np.median(times))
 
     return measure
-
-
-__all__ = [
-    "FallbackSearch",
-    "QuantizedNode",
-    "greedy_fallback",
-    "head_nodes",
-    "match_patterns",
-    "median_latency_ms",
-    "sensitivity_order",
-]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,6 @@ from dopt_common.files import write_json
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """Nodes kept in high precision and why."""
-
-    static: tuple[str, ...]
-    auto: tuple[str, ...] = ()
-    record: dict[str, Any] | None = None
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """Every node in high precision."""
-        return self.static + tuple(n for n in self.auto if n not in self.static)
 
 
 def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:

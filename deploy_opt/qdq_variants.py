@@ -15,7 +15,6 @@ import onnx
 
 from exporters.ort_qdq import INITIALIZER_SUFFIX, OUTPUT_SUFFIX
 
-ROLES = ("activation", "weight", "bias")
 FLOAT_SUFFIX = "__fp32"
 
 
