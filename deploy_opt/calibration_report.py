@@ -19,7 +19,7 @@ def widest(ranges: Mapping[str, tuple[float, float]], count: int = 8) -> list[st
 
 
 def tensor_summary(
-    name: str, method: str, observed: tuple[float, float], chosen: tuple[float, float], hist: Histogram | None
+    method: str, observed: tuple[float, float], chosen: tuple[float, float], hist: Histogram | None
 ) -> dict[str, Any]:
     """One tensor's calibration facts: observed and chosen range, and the share of values the choice clips."""
     entry: dict[str, Any] = {"method": method, "observed": list(observed), "range": list(chosen)}

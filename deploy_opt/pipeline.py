@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt import benchmark, report
+from deploy_opt.calibration_report import plot_histograms
 from deploy_opt.calibration_set import choose_calibration, evaluation_ids, refuse_overlap
 from deploy_opt.config import BuildConfig
 from deploy_opt.evaluate import evaluate, session_runner, torch_runner
@@ -101,6 +102,10 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         if mixed:
             excluded = with_excluded(config, tuple(fallback["nodes"]))
             quantized = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
+        ranges = quantized.ranges
+        plot_histograms(
+            {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
+        )
 
     with times.stage("evaluate"):
         threads = config.benchmark.threads

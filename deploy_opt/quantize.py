@@ -21,7 +21,7 @@ from calibrators.scale_file import (
 from calibrators.weights import bias_scales, weight_scales
 from deploy_opt import __version__
 from deploy_opt.calibrate import ActivationRanges, calibrate_activations
-from deploy_opt.calibration_report import plot_histograms, tensor_summary
+from deploy_opt.calibration_report import tensor_summary
 from deploy_opt.calibration_set import CalibrationSet
 from deploy_opt.config import BuildConfig
 from dopt_common.errors import ScaleMismatchError
@@ -66,7 +66,7 @@ def quantize(
     ranges: ActivationRanges | None = None,
     smoothing: dict[str, Any] | None = None,
 ) -> QuantizedModel:
-    """Calibrate (unless ``ranges`` are given) and write ``scales.json``, ``model.int8.onnx`` and the plot."""
+    """Calibrate (unless ``ranges`` are given) and write ``scales.json`` and ``model.int8.onnx``."""
     quant, cal = config.quantization, config.calibration
     model = onnx.load(str(fp32_path))
     ranges = ranges or calibrate_activations(config, fp32_path, calibration)
@@ -109,8 +109,6 @@ def quantize(
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
     roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
     log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
-    plotted = {name: ranges.absolute[name] for name in ranges.plotted}
-    plot_histograms(plotted, ranges.chosen, ranges.methods, stage / "calibration.png")
     info = {
         "method": cal.method,
         "weights": cal.weights,
@@ -121,7 +119,6 @@ def quantize(
         "scale_check": "pass: every Q/DQ scale and zero point equals scales.json bit for bit",
         "tensors": {
             name: tensor_summary(
-                name,
                 ranges.methods[name],
                 ranges.observed[name],
                 ranges.chosen[name],
