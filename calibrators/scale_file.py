@@ -15,12 +15,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from calibrators.scale_schema import QDTYPES, validate_scale_data
 from dopt_common.errors import ConfigError, ScaleMismatchError
 from dopt_common.files import write_json
 
 FORMAT = "deploy_opt.scales/1"
 Role = Literal["activation", "weight", "bias"]
-QDTYPES = {"int8": (-127, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
 
 
 def float32_hex(value: float) -> str:
@@ -137,7 +137,7 @@ def save_scale_file(scales: ScaleFile, path: str | Path) -> Path:
 
 
 def load_scale_file(path: str | Path) -> ScaleFile:
-    """Read scales.json, refusing another format version."""
+    """Read scales.json, refusing another format version and any entry the schema or its consistency rules reject."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -145,6 +145,7 @@ def load_scale_file(path: str | Path) -> ScaleFile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ConfigError(f"scale file '{path}' has format {found!r}; this deploy_opt reads '{FORMAT}'")
+    validate_scale_data(data, str(path))
     tensors = {name: TensorScale.from_json(name, entry) for name, entry in data.get("tensors", {}).items()}
     return ScaleFile(
         activations=data.get("activations", "symmetric"),

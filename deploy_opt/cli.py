@@ -1,4 +1,4 @@
-"""``python -m deploy_opt``: build, sensitivity, gate and profiles.
+"""``python -m deploy_opt``: build, sensitivity, gate, align, scales, compat and profiles.
 
 Exit codes: 0 success, 1 a gate failed, 2 bad input (one line on stderr naming what, which value and the fix),
 3 an internal error (a bug; ``-v`` shows the traceback).
@@ -61,6 +61,33 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
     gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
 
+    align = sub.add_parser("align", parents=[common], help="prove every artifact of a build carries scales.json")
+    align_sub = align.add_subparsers(dest="align_command", metavar="ACTION", required=True)
+    verify = align_sub.add_parser("verify", parents=[common], help="read the scales back out of each artifact")
+    verify.add_argument("build_dir", type=Path, help="reports/<name>/ (the folder holding scales.json)")
+    verify.add_argument("--json", type=Path, help="also write the verdict as JSON here")
+
+    scales = sub.add_parser("scales", parents=[common], help="convert scale files: TensorRT cache, AIMET, ORT")
+    scales_sub = scales.add_subparsers(dest="scales_command", metavar="ACTION", required=True)
+    imp = scales_sub.add_parser(
+        "import", parents=[common], help="a TensorRT cache, AIMET encodings or ORT overrides → scales.json"
+    )
+    imp.add_argument("file", type=Path, help="the file another tool wrote")
+    imp.add_argument("--to", type=Path, required=True, help="the scales.json to write")
+    imp.add_argument("--format", choices=["trt-cache", "aimet", "ort-overrides"], help="default: detected")
+    exp = scales_sub.add_parser("export", parents=[common], help="scales.json → another tool's format")
+    exp.add_argument("file", type=Path, help="a deploy_opt scales.json")
+    exp.add_argument("--format", choices=["trt-cache", "aimet", "ort-overrides"], required=True)
+    exp.add_argument("--out", type=Path, help="output path (default: next to the input)")
+    exp.add_argument("--trt-version", default="10.0.1", help="TensorRT version for the cache header")
+
+    compat = sub.add_parser("compat", parents=[common], help="per-node support on ORT CPU/CUDA and TensorRT")
+    compat.add_argument("model", type=Path, help="an ONNX model")
+    compat.add_argument(
+        "--targets", default="ort-cpu,ort-cuda,tensorrt", help="comma-separated: ort-cpu, ort-cuda, tensorrt"
+    )
+    compat.add_argument("--output-dir", type=Path, default=Path("."), help="where compat.json and compat.md go")
+
     sub.add_parser("profiles", parents=[common], help="list the hardware presets")
     return parser
 
@@ -76,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 2
     try:
-        commands = {"build": _build, "sensitivity": _sensitivity, "gate": _gate, "profiles": _profiles}
+        commands = {
+            "build": _build,
+            "sensitivity": _sensitivity,
+            "gate": _gate,
+            "align": _align,
+            "scales": _scales,
+            "compat": _compat,
+            "profiles": _profiles,
+        }
         return commands[args.command](args)
     except DeployOptError as exc:
         print(f"deploy_opt {args.command}: error: {exc}", file=sys.stderr)
@@ -152,6 +187,49 @@ def _gate(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(result, args.junit, build.get("name", "build"))
     return 0 if result.passed else 1
+
+
+def _align(args: argparse.Namespace) -> int:
+    from deploy_opt.align import verify_alignment
+    from dopt_common.files import write_json
+
+    report = verify_alignment(args.build_dir)
+    for check in report.checks:
+        print(check.line())
+    print(f"align: {report.verdict}")
+    if args.json:
+        write_json(args.json, report.to_json())
+    return 0 if report.ok else 1
+
+
+def _scales(args: argparse.Namespace) -> int:
+    from calibrators.scale_file import save_scale_file
+    from deploy_opt.scale_interop import export_scales, import_scales
+
+    if args.scales_command == "import":
+        scales = import_scales(args.file, args.format)
+        path = save_scale_file(scales, args.to)
+        roles = sorted({t.role for t in scales.tensors.values()})
+        print(f"imported {len(scales.tensors)} tensors ({', '.join(roles)}) from {args.file} → {path}")
+        return 0
+    path = export_scales(args.file, args.format, args.out, trt_version=args.trt_version)
+    print(f"exported {args.file} as {args.format} → {path}")
+    return 0
+
+
+def _compat(args: argparse.Namespace) -> int:
+    from deploy_opt.compat import check_compat, write_compat
+
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    unknown = sorted(set(targets) - {"ort-cpu", "ort-cuda", "tensorrt"})
+    if unknown:
+        raise DeployOptError(f"compat --targets: unknown {unknown}; use ort-cpu, ort-cuda, tensorrt")
+    report = check_compat(args.model, targets)
+    json_path, md_path = write_compat(report, args.output_dir)
+    for target, counts in (report.get("summary") or {}).items():
+        print(f"{target}: {counts}")
+    print(f"report: {md_path} ({json_path.name})")
+    return 0
 
 
 def _profiles(args: argparse.Namespace) -> int:

@@ -235,6 +235,39 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class CompareConfig:
+    """Cross-backend comparison on fixed samples (compare.json): how many, and what each backend must meet."""
+
+    enabled: bool = True
+    samples: int = 32
+    seed: int | None = None  # None: the build's seed
+    batch_size: int = 8
+    # FP32 backends (torch, ORT) against the reference: only float rounding may differ.
+    fp32_min_sqnr_db: float = 60.0
+    fp32_min_cosine: float = 0.9999
+    # INT8 backends: quantization noise is expected; these catch a broken artifact, not a small accuracy loss.
+    int8_min_sqnr_db: float = 10.0
+    int8_min_cosine: float = 0.95
+    min_top1_agreement: float = 0.8
+    # Per layer: a tensor's own Q/DQ SQNR below this, or a node SQNR drop beyond this, is the first divergence
+    # (healthy: >= 18.7 dB and <= 2.3 dB on MiniLM, >= 39.7 dB and <= 0.5 dB on the digits demo).
+    min_quant_sqnr_db: float = 10.0
+    max_drop_db: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0 or self.batch_size <= 0:
+            raise ConfigError(
+                f"compare.samples and compare.batch_size must be positive, got {self.samples}, {self.batch_size}"
+            )
+        for key in ("fp32_min_cosine", "int8_min_cosine", "min_top1_agreement"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"compare.{key} must be in [0, 1], got {getattr(self, key)}")
+        for key in ("fp32_min_sqnr_db", "int8_min_sqnr_db", "min_quant_sqnr_db", "max_drop_db"):
+            if not 0.0 <= getattr(self, key) <= 200.0:
+                raise ConfigError(f"compare.{key} must be in [0, 200] dB, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     """A whole build, as resolved from defaults, profile, file and overrides."""
 
@@ -251,6 +284,7 @@ class BuildConfig:
     deploy: DeployConfig = field(default_factory=DeployConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     # Set by the loader (the config file's folder), never by the user.
     base_dir: str = field(default=".", metadata={"internal": True})
 

@@ -1,5 +1,6 @@
-"""The build pipeline, top to bottom: source → FP32 ONNX → calibrate → scales.json → Q/DQ → evaluate →
-benchmark → gate → reports. Each stage is a plain function; this module only composes them.
+"""The build pipeline, top to bottom: source → FP32 ONNX → calibrate → scales.json → Q/DQ → other backends'
+artifacts (AIMET, TensorRT cache and engine) and the compat report → evaluate → benchmark → cross-backend
+comparison → align verify → gate → reports. Each stage is a plain function; this module only composes them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt import benchmark, report
+from deploy_opt.align import verify_alignment
+from deploy_opt.backends import write_backend_artifacts
 from deploy_opt.calibration_report import plot_histograms
 from deploy_opt.calibration_set import choose_calibration, evaluation_ids, refuse_overlap
+from deploy_opt.compare import compare_backends, fixed_samples
+from deploy_opt.compat import check_compat, write_compat
 from deploy_opt.config import BuildConfig
 from deploy_opt.evaluate import evaluate, session_runner, torch_runner
 from deploy_opt.gate import GateResult, apply_gate
@@ -107,6 +112,15 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
             {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
         )
 
+    with times.stage("backends"):
+        backends = write_backend_artifacts(config, quantized, head[0], stage)
+        compat = {}
+        for name, model in (("compat", fp32.path), ("compat.int8", quantized.path)):
+            compat_report = check_compat(model, config.deploy.targets)
+            write_compat(compat_report, stage, name=name)
+            compat[name] = {"summary": compat_report.get("summary"), "flagged": len(compat_report.get("flagged") or [])}
+        backends["compat"] = compat
+
     with times.stage("evaluate"):
         threads = config.benchmark.threads
         sessions = {
@@ -132,6 +146,30 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
                 "input_shapes": {k: list(v.shape[1:]) for k, v in head[0].inputs.items()},
                 "batches": benchmark.compare(sessions, head[0], b.batch_sizes, b.warmup, b.repeats),
             }
+
+    with times.stage("compare_align"):
+        comparison = None
+        if config.compare.enabled:
+            seed = config.seed if config.compare.seed is None else config.compare.seed
+            extra = {}
+            if (stage / "model.engine").is_file():
+                from exporters.tensorrt_engine import engine_runner
+
+                extra["tensorrt_int8"] = engine_runner(stage / "model.engine")
+            comparison = compare_backends(
+                fp32.path,
+                quantized.path,
+                fixed_samples(evaluation if isinstance(evaluation, list) else head, config.compare.samples, seed),
+                stage,
+                config=config.compare,
+                seed=seed,
+                torch_model=torch_model,
+                extra_runners=extra,
+                threads=config.benchmark.threads,
+                judge_top1=metric.name == "top1",
+            )
+        alignment = verify_alignment(stage)
+        (log.info if alignment.ok else log.error)("align verify: %s", alignment.verdict)
 
     metrics = {
         "name": metric.name,
@@ -160,9 +198,12 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         metrics=metrics,
         benchmark=bench,
         gate=gate.to_json(),
-        targets=_targets(config),
+        targets=_targets(config, backends),
         calibration=calibration.to_json(),
         fallback=fallback,
+        backends=backends,
+        alignment={"verdict": alignment.verdict, "artifacts": [c.to_json() for c in alignment.checks]},
+        comparison=_comparison_summary(comparison),
         sensitivity=_sensitivity_summary(record),
         timings_s=times.seconds,
         versions=report.versions(),
@@ -170,6 +211,18 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     )
     report.write_reports(stage, build)
     return BuildResult(stage, build, gate)
+
+
+def _comparison_summary(record: dict | None) -> dict | None:
+    """The verdict and first divergence for build.json; the whole comparison is in compare.json."""
+    if record is None:
+        return None
+    return {
+        "file": "compare.json",
+        "verdict": record.get("verdict"),
+        "first_divergence": record.get("first_divergence"),
+        "backends": {name: b.get("status") for name, b in (record.get("backends") or {}).items()},
+    }
 
 
 def _sensitivity_summary(record: dict | None) -> dict | None:
@@ -186,13 +239,15 @@ def _sensitivity_summary(record: dict | None) -> dict | None:
     }
 
 
-def _targets(config: BuildConfig) -> dict[str, str]:
+def _targets(config: BuildConfig, backends: dict[str, Any]) -> dict[str, str]:
     status = {}
     for target in config.deploy.targets:
         if target == "ort-cpu":
             status[target] = "built: model.int8.onnx (ONNX Runtime CPU, Q/DQ)"
+        elif target == "ort-cuda":
+            status[target] = "built: model.int8.onnx runs on ORT CUDA as is (compare.json says whether it ran here)"
         else:
-            status[target] = "not built: this deploy_opt builds ORT CPU only; the same scales.json is the input"
+            status[target] = (backends.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
     return status
 
 

@@ -119,6 +119,15 @@ def render_summary(build: dict[str, Any]) -> str:
                 )
         if fallback.get("auto"):
             lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
+    lines += ["", "## Scale alignment", "", f"- {(build.get('alignment') or {}).get('verdict', 'not checked')}"]
+    for check in (build.get("alignment") or {}).get("artifacts", []):
+        lines.append(f"  - {check['artifact']}: {check['status']}" + (f" ({check['note']})" if check["note"] else ""))
+    comparison = build.get("comparison") or {}
+    if comparison:
+        lines.append(
+            f"- cross-backend comparison (compare.json): {comparison['verdict']}; first diverging layer: "
+            f"{(comparison.get('first_divergence') or {}).get('tensor', 'none')}"
+        )
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
     return "\n".join(lines) + "\n"
@@ -155,6 +164,10 @@ def publish(stage: Path, out_dir: Path) -> None:
     """Move every finished file into ``out_dir`` (each by an atomic rename), then drop the stage."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "build.json").unlink(missing_ok=True)  # the folder is never "complete" with mixed files
+    fresh = {p.name for p in stage.iterdir()}
+    for old in out_dir.iterdir():  # a file the previous build wrote and this one did not would mislead align verify
+        if old.is_file() and old.name not in fresh and not old.name.startswith("."):
+            old.unlink()
     for path in sorted(stage.iterdir(), key=lambda p: p.name == "build.json"):
         if path.name.startswith("."):
             continue  # working files (e.g. the fully quantized reference model) are not artifacts

@@ -20,6 +20,7 @@ from calibrators.scale_file import ScaleFile, TensorScale
 from dopt_common.deps import require
 from dopt_common.errors import ModelError
 from exporters.onnx_io import save_onnx
+from exporters.ort_overrides import ort_quant_overrides, overrides_data
 
 log = logging.getLogger(__name__)
 # ORT's naming (quant_utils.QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX): a quantized graph output is renamed
@@ -30,32 +31,8 @@ QTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", o
 
 def _overrides(scales: ScaleFile) -> dict[str, list[dict]]:
     """TensorQuantOverrides that pin every activation and weight parameter to the scale file."""
-    quant_type = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model").QuantType
-    qtypes = {"int8": quant_type.QInt8, "uint8": quant_type.QUInt8}
-    overrides: dict[str, list[dict]] = {}
-    for name, t in scales.tensors.items():
-        if t.role == "bias":
-            continue  # ORT derives bias scales itself (input × weight); the read-back proves they match
-        dtype = np.int8 if t.dtype == "int8" else np.uint8
-        if t.axis is None:
-            overrides[name] = [
-                {
-                    "quant_type": qtypes[t.dtype],
-                    "scale": np.array(t.scale[0], dtype=np.float32),
-                    "zero_point": np.array(t.zero_point[0], dtype=dtype),
-                }
-            ]
-        else:
-            overrides[name] = [
-                {
-                    "quant_type": qtypes[t.dtype],
-                    "axis": t.axis,
-                    "scale": np.array(s, dtype=np.float32),
-                    "zero_point": np.array(z, dtype=dtype),
-                }
-                for s, z in zip(t.scale, t.zero_point, strict=True)
-            ]
-    return overrides
+    # ORT derives bias scales itself (input × weight); the read-back proves they match.
+    return ort_quant_overrides(overrides_data(scales))
 
 
 def write_ort_qdq(

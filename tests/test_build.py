@@ -14,13 +14,26 @@ import pytest
 from conftest import write_config
 
 from calibrators.scale_file import load_scale_file
+from deploy_opt.align import verify_alignment
 from deploy_opt.pipeline import run_build
 from deploy_opt.profiles import REPO_ROOT, load_build_config
 from dopt_common.errors import CalibrationError
 from dopt_common.files import sha256_file
 from exporters.ort_qdq import compare_scales, read_qdq_scales
 
-OUTPUTS = {"model.onnx", "model.int8.onnx", "scales.json", "build.json", "summary.md", "calibration.png"}
+OUTPUTS = {
+    "model.onnx",
+    "model.int8.onnx",
+    "scales.json",
+    "build.json",
+    "summary.md",
+    "calibration.png",
+    "encodings.json",
+    "compat.json",
+    "compat.md",
+    "compare.json",
+    "compare_samples.npz",
+}
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -39,6 +52,13 @@ def _assert_consistent(out: Path) -> dict:
     assert diff.ok, diff.summary()
     assert scales.provenance["model_sha256"] == build["artifacts"]["model.onnx"]["sha256"]
     onnx.checker.check_model(str(out / "model.int8.onnx"))
+    # align verify passes on the published folder, as build.json says, and compare.json names no divergence.
+    assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
+    assert verify_alignment(out).ok
+    assert build["comparison"]["first_divergence"] is None
+    compat = json.loads((out / "compat.json").read_text())
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    assert len(compat["nodes"]) == len(graph.node)
     return build
 
 

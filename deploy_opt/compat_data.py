@@ -1,0 +1,413 @@
+"""The facts behind the compatibility report: ORT kernel registries, TensorRT's operator table, ORT's opset table.
+
+Sources (see deploy_opt/data/README.md): the CPU kernels come from the installed onnxruntime's own registry;
+the CUDA kernels from that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json``
+(ORT's published docs/OperatorKernels.md); TensorRT from ``data/tensorrt_*.csv`` (onnx-tensorrt's operator
+tables); ORT release -> opset from ``data/ort_opset_support.csv``. Every loader is cached: a build calls the
+report twice and the files never change while it runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from onnx import helper, numpy_helper
+
+from dopt_common.deps import require
+from dopt_common.errors import ConfigError, MissingDependency, ReportError
+
+log = logging.getLogger(__name__)
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+_OPEN_END = 2**31 - 1  # ORT's "and every later opset"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One registered kernel: op, domain ('' is ai.onnx), opset range, and allowed types per type parameter."""
+
+    op: str
+    domain: str
+    since: int
+    until: int | None
+    types: Mapping[str, tuple[str, ...]]
+
+    def covers(self, version: int) -> bool:
+        """Whether an op at ``version`` (its resolved since_version) is served by this kernel."""
+        return self.since <= version and (self.until is None or version <= self.until)
+
+    @property
+    def span(self) -> str:
+        """'13+' or '[6, 12]', as ORT's kernel table writes it."""
+        return f"{self.since}+" if self.until is None else f"[{self.since}, {self.until}]"
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """The kernels of one execution provider, indexed by (op, domain), and where they were read from."""
+
+    provider: str
+    source: str
+    ort_version: str
+    kernels: Mapping[tuple[str, str], tuple[Kernel, ...]]
+
+    def find(self, op: str, domain: str) -> tuple[Kernel, ...]:
+        """Every kernel registered for ``op`` in ``domain`` ('' or 'ai.onnx' for the default domain)."""
+        return self.kernels.get((op, normal_domain(domain)), ())
+
+    def has_op(self, op: str, domain: str) -> bool:
+        """Whether any kernel exists for ``op`` in ``domain``."""
+        return bool(self.find(op, domain))
+
+
+@dataclass(frozen=True)
+class TensorRTVersion:
+    """One TensorRT release of the operator table, its onnx-tensorrt branch and the opsets its parser takes."""
+
+    version: str
+    branch: str
+    min_opset: int | None
+    max_opset: int
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """Sortable form of the version."""
+        return _version_key(self.version)
+
+
+@dataclass(frozen=True)
+class TensorRTOp:
+    """One row of onnx-tensorrt's operator table."""
+
+    version: str
+    operator: str
+    supported: bool
+    types: tuple[str, ...]
+    restrictions: str
+
+
+@dataclass(frozen=True)
+class OrtRelease:
+    """An ONNX Runtime release and the ONNX opsets it implements."""
+
+    version: str
+    onnx_version: str
+    opset: int
+    ml_opset: int
+    source: str
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """Sortable form of the version."""
+        return _version_key(self.version)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+
+def normal_domain(domain: str) -> str:
+    """'' for the default domain however it is spelled; ORT's registry spells it ''."""
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def shown_domain(domain: str) -> str:
+    """'ai.onnx' for the default domain, for people."""
+    return normal_domain(domain) or "ai.onnx"
+
+
+def _data_text(name: str) -> str:
+    try:
+        return resources.files("deploy_opt").joinpath("data", name).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError) as exc:
+        raise ReportError(
+            f"deploy_opt's data file 'data/{name}' is missing ({exc}); fix: reinstall deploy_opt, or regenerate it "
+            "with the script named in deploy_opt/data/README.md"
+        ) from exc
+
+
+def _csv_rows(name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(_data_text(name).splitlines()))
+
+
+def _index(kernels: list[Kernel]) -> dict[tuple[str, str], tuple[Kernel, ...]]:
+    found: dict[tuple[str, str], list[Kernel]] = {}
+    for kernel in kernels:
+        found.setdefault((kernel.op, kernel.domain), []).append(kernel)
+    return {key: tuple(value) for key, value in found.items()}
+
+
+@functools.cache
+def _registry() -> tuple[str, tuple[Any, ...]]:
+    import onnxruntime
+    from onnxruntime.capi import _pybind_state
+
+    return onnxruntime.__version__, tuple(_pybind_state.get_all_opkernel_def())
+
+
+@functools.cache
+def runtime_kernels(provider: str) -> KernelTable | None:
+    """The installed onnxruntime's registered kernels of ``provider``; None when it registers none."""
+    version, defs = _registry()
+    kernels = [
+        Kernel(
+            d.op_name,
+            normal_domain(d.domain),
+            int(d.version_range[0]),
+            None if d.version_range[1] >= _OPEN_END else int(d.version_range[1]),
+            {name: tuple(types) for name, types in d.type_constraints.items()},
+        )
+        for d in defs
+        if d.provider == provider
+    ]
+    if not kernels:
+        return None
+    return KernelTable(provider, f"the installed onnxruntime {version}'s kernel registry", version, _index(kernels))
+
+
+@functools.cache
+def cuda_kernels() -> KernelTable:
+    """CUDA kernels: the runtime registry when onnxruntime-gpu is installed, else ORT's published table."""
+    table = runtime_kernels(CUDA_PROVIDER)
+    if table is not None:
+        return table
+    data = json.loads(_data_text("ort_cuda_kernels.json"))
+    kernels = [
+        Kernel(op, normal_domain(domain), since, until, {k: tuple(v) for k, v in types.items()})
+        for op, domain, since, until, types in data["kernels"]
+    ]
+    installed, _ = _registry()
+    source = (
+        f"deploy_opt/data/ort_cuda_kernels.json: ONNX Runtime {data['ort_version']}'s docs/OperatorKernels.md "
+        f"({data['source']}); the installed onnxruntime {installed} has no CUDA execution provider"
+    )
+    return KernelTable(CUDA_PROVIDER, source, data["ort_version"], _index(kernels))
+
+
+@functools.cache
+def tensorrt_versions() -> tuple[TensorRTVersion, ...]:
+    """The TensorRT versions of the table, oldest first."""
+    found = [
+        TensorRTVersion(
+            r["tensorrt"], r["branch"], int(r["min_opset"]) if r["min_opset"] else None, int(r["max_opset"])
+        )
+        for r in _csv_rows("tensorrt_versions.csv")
+    ]
+    return tuple(sorted(found, key=lambda v: v.key))
+
+
+@functools.cache
+def tensorrt_operators() -> Mapping[tuple[str, str], TensorRTOp]:
+    """(TensorRT version, ONNX operator) -> its row of onnx-tensorrt's operator table."""
+    rows = {}
+    for r in _csv_rows("tensorrt_operators.csv"):
+        types = tuple(t.strip() for t in r["types"].split(",") if t.strip())
+        rows[(r["tensorrt"], r["operator"])] = TensorRTOp(
+            r["tensorrt"], r["operator"], r["supported"] == "Y", types, r["restrictions"]
+        )
+    return rows
+
+
+@functools.cache
+def ort_releases() -> tuple[OrtRelease, ...]:
+    """ONNX Runtime releases and the opsets they implement, oldest first."""
+    found = [
+        OrtRelease(r["ort_version"], r["onnx_version"], int(r["onnx_opset"]), int(r["onnx_ml_opset"]), r["source"])
+        for r in _csv_rows("ort_opset_support.csv")
+    ]
+    return tuple(sorted(found, key=lambda r: r.key))
+
+
+def first_ort_release(domain: str, since_version: int | None) -> str | None:
+    """The earliest ORT release implementing ``since_version`` of ``domain`` (ai.onnx / ai.onnx.ml), else None."""
+    domain = normal_domain(domain)
+    if since_version is None or domain not in ("", "ai.onnx.ml"):
+        return None
+    for release in ort_releases():
+        if (release.opset if domain == "" else release.ml_opset) >= since_version:
+            return release.version
+    return None
+
+
+def tensorrt_target(requested: str | None) -> tuple[TensorRTVersion, str]:
+    """The table version the "tensorrt" target is judged against, and why that one."""
+    versions = tensorrt_versions()
+    if requested is not None:
+        chosen = next((v for v in versions if v.version == requested), None)
+        if chosen is None:
+            known = ", ".join(v.version for v in versions)
+            raise ConfigError(f"TensorRT version '{requested}' is not in the operator table; use one of {known}")
+        return chosen, "requested"
+    installed = installed_tensorrt()
+    if installed is None:
+        return versions[-1], f"tensorrt is not installed: the newest version in the table ({versions[-1].version})"
+    older = [v for v in versions if v.key <= _version_key(installed)]
+    return (older or versions)[-1 if older else 0], f"the newest table version not above the installed {installed}"
+
+
+def installed_tensorrt() -> str | None:
+    """The installed tensorrt's version; None when absent or broken (then the table alone is the judge)."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return None
+    try:
+        return str(require("tensorrt", purpose="reading TensorRT's version", extra="tensorrt").__version__)
+    except MissingDependency:  # present but its CUDA libraries do not load
+        return None
+
+
+def tensorrt_parser_verdict(model: bytes, path: Path | None) -> dict[str, Any]:
+    """TensorRT's own ONNX parser on the model: top-level node indices it rejects, or why it did not run."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return {"ran": False, "reason": "tensorrt is not installed: the TensorRT column comes from the table only"}
+    try:
+        trt = require("tensorrt", purpose="confirming TensorRT support with its ONNX parser", extra="tensorrt")
+        logger = trt.Logger(trt.Logger.ERROR)
+        builder = trt.Builder(logger)
+        if builder is None:
+            return {"ran": False, "reason": "TensorRT could not create a builder (no usable NVIDIA GPU)"}
+        major = int(str(trt.__version__).split(".")[0])
+        flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+        parser = trt.OnnxParser(builder.create_network(flags), logger)
+        where = str(path) if path is not None else ""  # lets the parser find external weights
+        rejected: set[int] = set()
+        if hasattr(parser, "supports_model_v2"):  # TensorRT >= 10.1; supports_model is deprecated there
+            supported = bool(parser.supports_model_v2(model, where))
+            for i in range(parser.num_subgraphs):
+                if not parser.is_subgraph_supported(i):
+                    rejected.update(int(n) for n in parser.get_subgraph_nodes(i))
+        else:
+            supported, subgraphs = parser.supports_model(model, where) if where else parser.supports_model(model)
+            for node_indices, ok in subgraphs:
+                if not ok:
+                    rejected.update(int(n) for n in node_indices)
+        errors = [parser.get_error(i) for i in range(parser.num_errors)]
+        messages = [{"node": int(e.node()), "message": str(e.desc())} for e in errors]
+    except Exception as exc:  # a confirmation only: its failure leaves the table's verdict standing
+        log.warning("TensorRT's ONNX parser could not check the model: %s: %s", type(exc).__name__, exc)
+        return {"ran": False, "reason": f"TensorRT's parser failed: {type(exc).__name__}: {exc}"}
+    return {"ran": True, "tensorrt": str(trt.__version__), "supported": supported, "rejected": sorted(rejected)} | {
+        "errors": messages
+    }
+
+
+# TensorRT's restrictions: what each clause of the table's "restrictions" column means for one node.
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a restriction check may look at: the node, its schema, the graph's constants and tensor ranks."""
+
+    node: Any  # onnx.NodeProto
+    schema: Any  # onnx.defs.OpSchema or None
+    constants: Mapping[str, Any]  # tensor name -> onnx.TensorProto (initializers and Constant outputs)
+    ranks: Mapping[str, int]
+
+    def attribute(self, name: str, default: Any = None) -> Any:
+        """The node's attribute value, else the schema's default, else ``default``."""
+        for attr in self.node.attribute:
+            if attr.name == name:
+                value = helper.get_attribute_value(attr)
+                return value.decode() if isinstance(value, bytes) else value
+        if self.schema is not None and name in self.schema.attributes:
+            proto = self.schema.attributes[name].default_value
+            if proto.type:
+                value = helper.get_attribute_value(proto)
+                return value.decode() if isinstance(value, bytes) else value
+        return default
+
+    def _tensor(self, formal: str, outputs: bool = False) -> str | None:
+        params = (self.schema.outputs if outputs else self.schema.inputs) if self.schema is not None else []
+        names = self.node.output if outputs else self.node.input
+        for index, param in enumerate(params):
+            if param.name == formal:
+                return names[index] if index < len(names) and names[index] else None
+        return None
+
+    def input_is_constant(self, formal: str) -> bool | None:
+        """True when input ``formal`` is absent or a constant, False when computed, None when unknown."""
+        if self.schema is None:
+            return None
+        name = self._tensor(formal)
+        return name is None or name in self.constants
+
+    def input_all_zero(self, formal: str) -> bool | None:
+        """True when input ``formal`` is absent or a constant of zeros; None when not a constant."""
+        name = self._tensor(formal)
+        if name is None:
+            return True if self.schema is not None else None
+        if name not in self.constants:
+            return None
+        return not numpy_helper.to_array(self.constants[name]).any()
+
+    def output_used(self, formal: str) -> bool:
+        """Whether the node produces output ``formal``."""
+        return self._tensor(formal, outputs=True) is not None
+
+    def input_rank(self) -> int | None:
+        """Rank of the first input, where shape inference knows it."""
+        return self.ranks.get(self.node.input[0]) if self.node.input else None
+
+
+_CHOICES = {  # "Supported <phrase>: `a`, `b`" -> (attribute, ONNX default)
+    "resize transformation modes": ("coordinate_transformation_mode", "half_pixel"),
+    "resize modes": ("mode", "nearest"),
+    "nearest modes": ("nearest_mode", "round_prefer_floor"),
+    "aspect ratio policy": ("keep_aspect_ratio_policy", "stretch"),
+}
+
+
+def _check_clause(clause: str, facts: NodeFacts) -> bool | None:
+    """True: satisfied; False: the restriction applies to this node; None: not checked."""
+    if re.fullmatch(r"`\w+` value is ignored by TensorRT", clause):
+        return True  # informational, not a limit
+    if m := re.fullmatch(r"`(\w*zero_point)` must be (?:zero|0)", clause):
+        return facts.input_all_zero(m[1])
+    if m := re.fullmatch(r"`(\w+)` must be (?:an initializer|a constant tensor|a build-time constant)", clause):
+        return facts.input_is_constant(m[1])
+    if clause == "`dilations` must be empty or all ones":
+        return all(d == 1 for d in facts.attribute("dilations", []) or [])
+    if re.fullmatch(r"2D or 3D [Pp]ooling only", clause):
+        rank = facts.input_rank()
+        return None if rank is None else rank in (4, 5)
+    if clause == "Input must be 4D input":
+        rank = facts.input_rank()
+        return None if rank is None else rank == 4
+    if clause == "Antialiasing is not supported":
+        return not facts.attribute("antialias", 0)
+    if m := re.fullmatch(r"`(\w+)`(?: attribute)? must be (\d+)", clause):
+        value = facts.attribute(m[1])
+        return None if value is None or not isinstance(value, int) else value == int(m[2])
+    if m := re.fullmatch(r"`(\w+)` is not supported", clause):
+        return facts.attribute(m[1], "none") in ("none", "", 0)
+    if m := re.fullmatch(r"`(\w+)` output tensor unsupported", clause):
+        return not facts.output_used(m[1])
+    if m := re.fullmatch(r"Only the first output `\w+` is supported", clause):
+        return sum(1 for o in facts.node.output if o) <= 1
+    if (m := re.fullmatch(r"Supported ([\w ]+): (.*)", clause)) and m[1] in _CHOICES:
+        attribute, default = _CHOICES[m[1]]
+        return facts.attribute(attribute, default) in re.findall(r"`(\w+)`", m[2])
+    return None
+
+
+def check_restrictions(text: str, facts: NodeFacts) -> tuple[str, list[str]]:
+    """'none', 'satisfied', 'applies' or 'unchecked', with the clauses that apply (or, if none, went unchecked)."""
+    clauses = [c.strip().rstrip(".") for c in re.split(r"<br\s*/?>|(?<=\.)\s+", text or "") if c.strip()]
+    if not clauses:
+        return "none", []
+    verdicts = [(clause, _check_clause(clause, facts)) for clause in clauses]
+    applies = [c for c, v in verdicts if v is False]
+    if applies:
+        return "applies", applies
+    unchecked = [c for c, v in verdicts if v is None]
+    return ("unchecked", unchecked) if unchecked else ("satisfied", [])
