@@ -29,6 +29,8 @@ data:
   calibration: "@TINY@:calibration"
   evaluation: "@TINY@:evaluation"
   metric: top1
+deploy:
+  targets: {targets}
 quantization:
   activations: {scheme}
   op_types: [MatMul]
@@ -41,7 +43,8 @@ gate:
 
 
 def _build(tmp: Path, tiny_model: Path, scheme: str) -> Path:
-    path = write_config(tmp, CONFIG.format(model=tiny_model.name, scheme=scheme))
+    targets = "[ort-cpu, tensorrt]" if scheme == "symmetric" else "[ort-cpu]"
+    path = write_config(tmp, CONFIG.format(model=tiny_model.name, scheme=scheme, targets=targets))
     config, profile = load_build_config(path, "cpu-server", [])
     return run_build(config, profile, tmp / "reports", progress=False).out_dir
 
@@ -110,6 +113,20 @@ def test_every_artifact_of_a_symmetric_build_carries_scales_json(symmetric_build
     assert build["alignment"]["verdict"].startswith("pass")
     assert "calibration.cache" in build["alignment"]["verdict"]
     assert "pass" in (symmetric_build / "summary.md").read_text().split("## Scale alignment")[1]
+
+
+def test_without_tensorrt_the_build_records_why_and_carries_on(symmetric_build: Path) -> None:
+    from exporters.tensorrt_engine import tensorrt_status
+
+    if tensorrt_status().startswith("available"):
+        pytest.skip("tensorrt runs here: the engine is built instead")
+    build = json.loads((symmetric_build / "build.json").read_text())
+    assert build["targets"]["tensorrt"].startswith("tensorrt: not available")
+    assert build["comparison"]["backends"]["tensorrt_int8"].startswith("not available")
+    # Every step up to the builder call ran: the cache, the compat report with its TensorRT column.
+    assert (symmetric_build / "calibration.cache").read_text().startswith("TRT-")
+    compat = json.loads((symmetric_build / "compat.int8.json").read_text())
+    assert "tensorrt" in compat["summary"]
 
 
 @pytest.mark.parametrize(

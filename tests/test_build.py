@@ -58,7 +58,8 @@ def _assert_consistent(out: Path) -> dict:
     assert build["comparison"]["first_divergence"] is None
     compat = json.loads((out / "compat.json").read_text())
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
-    assert len(compat["nodes"]) == len(graph.node)
+    assert [n["name"] for n in compat["nodes"]] == [n.name for n in graph.node]
+    assert all({"ort_cpu", "ort_cuda", "tensorrt", "min_opset", "min_tensorrt"} <= set(n) for n in compat["nodes"])
     return build
 
 
