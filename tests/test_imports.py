@@ -48,6 +48,18 @@ CORE = [
     "exporters.ort_qdq",
     "exporters.onnx_checks",
     "exporters.onnx_export",
+    "exporters.trt_cache",
+    "exporters.aimet_encodings",
+    "exporters.ort_overrides",
+    "exporters.tensorrt_engine",
+    "exporters.tensorrt_legacy",
+    "deploy_opt.align",
+    "deploy_opt.compat",
+    "deploy_opt.compare",
+    "deploy_opt.scale_interop",
+    "deploy_opt.backends",
+    "deploy_opt.llm.config",
+    "deploy_opt.llm.serve",
 ]
 
 

