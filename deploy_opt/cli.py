@@ -80,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--profile", help="hardware preset whose serve: section applies (port, tp, backend)")
     serve.add_argument("--port", type=int, help="server port (default: the profile's, else 23333)")
     serve.add_argument("--tp", type=int, help="tensor-parallel GPUs (default: the profile's, else 1)")
-    serve.add_argument("--backend", choices=["turbomind", "pytorch"], help="lmdeploy backend")
+    serve.add_argument(
+        "--backend", choices=["auto", "turbomind", "pytorch"], help="lmdeploy engine (auto: TurboMind if it accepts)"
+    )
     serve.add_argument("--session-len", type=int, help="max context length (default: lmdeploy's)")
     serve.add_argument("--lmdeploy", default="lmdeploy", help="the lmdeploy executable (its own venv)")
     serve.add_argument("--dry-run", action="store_true", help="print the command and exit")
@@ -301,11 +303,11 @@ def _serve(args: argparse.Namespace) -> int:
     serve = build_dataclass(ServeConfig, section, "serve")
     given = {k: getattr(args, k) for k in ("port", "tp", "backend", "session_len") if getattr(args, k) is not None}
     serve = dataclasses.replace(serve, **given)
-    command = serve_command(args.checkpoint, serve, args.lmdeploy)
     if args.dry_run:
-        print(" ".join(command))
+        print(" ".join(serve_command(args.checkpoint, serve, args.lmdeploy)))
         return 0
-    command[0] = check_host(args.lmdeploy, serve.tp)
+    executable = check_host(args.lmdeploy, serve.tp)  # first: without a GPU nothing else matters
+    command = serve_command(args.checkpoint, serve, executable)
     process = launch(command, serve.port, serve.ready_timeout_s)
     print(f"serving {args.checkpoint} at http://127.0.0.1:{serve.port}/v1 (OpenAI API); Ctrl-C stops it")
     try:

@@ -20,25 +20,48 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deploy_opt", *args], capture_output=True, text=True)
 
 
-def _checkpoint(tmp_path: Path, method: str | None) -> Path:
-    folder = tmp_path / f"ckpt-{method}"
+def _checkpoint(tmp_path: Path, method: str | None, group_size: int = 64) -> Path:
+    folder = tmp_path / f"ckpt-{method}-{group_size}"
     folder.mkdir()
     config = {"architectures": ["LlamaForCausalLM"]}
     if method:
-        config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 64}
+        config["quantization_config"] = {
+            "quant_method": method,
+            "bits": 4,
+            "group_size": group_size,
+            "desc_act": False,
+            "sym": True,
+        }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
-@pytest.mark.parametrize(("method", "fmt"), [("gptq", "gptq"), ("awq", "awq"), (None, "hf")])
-def test_dry_run_prints_the_lmdeploy_command(tmp_path: Path, method: str | None, fmt: str) -> None:
-    ckpt = _checkpoint(tmp_path, method)
+@pytest.mark.parametrize(
+    ("method", "group", "fmt", "backend"),
+    [
+        ("gptq", 128, "gptq", "turbomind"),
+        ("awq", 128, "awq", "turbomind"),
+        ("gptq", 64, "gptq", "pytorch"),  # TurboMind serves group 128 only: auto picks the PyTorch engine
+        ("awq", 64, "awq", "pytorch"),
+        (None, 0, "hf", "turbomind"),
+    ],
+)
+def test_dry_run_prints_the_lmdeploy_command(
+    tmp_path: Path, method: str | None, group: int, fmt: str, backend: str
+) -> None:
+    ckpt = _checkpoint(tmp_path, method, group)
     result = _cli("serve", str(ckpt), "--dry-run", "--port", "8011", "--tp", "2")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.strip())
     assert argv[:4] == ["lmdeploy", "serve", "api_server", str(ckpt.resolve())]
     options = dict(zip(argv[4::2], argv[5::2], strict=True))
-    assert options == {"--model-format": fmt, "--backend": "turbomind", "--server-port": "8011", "--tp": "2"}
+    assert options == {"--model-format": fmt, "--backend": backend, "--server-port": "8011", "--tp": "2"}
+
+
+def test_forcing_turbomind_on_a_checkpoint_it_refuses_is_an_error(tmp_path: Path) -> None:
+    result = _cli("serve", str(_checkpoint(tmp_path, "gptq", 64)), "--dry-run", "--backend", "turbomind")
+    assert result.returncode == 2
+    assert "group_size 64" in result.stderr and "--backend pytorch" in result.stderr
 
 
 def test_profile_serve_section_sets_the_defaults(tmp_path: Path) -> None:

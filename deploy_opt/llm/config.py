@@ -82,7 +82,8 @@ class ServeConfig:
 
     port: int = 23333
     tp: int = 1
-    backend: Literal["turbomind", "pytorch"] = "turbomind"
+    # auto: TurboMind when it accepts the checkpoint (group 128, no act-order), else lmdeploy's PyTorch engine.
+    backend: Literal["auto", "turbomind", "pytorch"] = "auto"
     session_len: int | None = None
     ready_timeout_s: int = 600
 

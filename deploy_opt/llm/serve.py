@@ -32,15 +32,41 @@ class ServeError(DeployOptError):
     """The serving host cannot run lmdeploy, or the server did not come up."""
 
 
-def model_format(checkpoint: Path) -> str:
-    """lmdeploy's ``--model-format`` for a checkpoint folder, from its config.json."""
+def quantization_config(checkpoint: Path) -> dict:
+    """The checkpoint's ``quantization_config`` ({} for a float model)."""
     config_path = Path(checkpoint) / "config.json"
     if not config_path.is_file():
         raise InputError(f"'{checkpoint}' is not a checkpoint folder (no config.json); pass quantize-llm's output")
     try:
-        quant = json.loads(config_path.read_text(encoding="utf-8")).get("quantization_config") or {}
+        return json.loads(config_path.read_text(encoding="utf-8")).get("quantization_config") or {}
     except json.JSONDecodeError as exc:
         raise InputError(f"'{config_path}' is not valid JSON: {exc}") from exc
+
+
+def choose_backend(checkpoint: Path, backend: str) -> str:
+    """'auto' → turbomind when it accepts the checkpoint, else pytorch; an explicit turbomind it would refuse is
+    an error naming why."""
+    from exporters.llm_checkpoint import lmdeploy_problems
+
+    quant = quantization_config(checkpoint)
+    problems = lmdeploy_problems(quant) if quant else []
+    if backend == "turbomind" and problems:
+        raise ConfigError(
+            f"TurboMind refuses '{checkpoint}': {'; '.join(problems)}; serve with --backend pytorch "
+            "or requantize with group_size 128 and desc_act false"
+        )
+    if backend == "auto":
+        if problems:
+            log.warning(
+                "TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine", "; ".join(problems)
+            )
+        return "pytorch" if problems else "turbomind"
+    return backend
+
+
+def model_format(checkpoint: Path) -> str:
+    """lmdeploy's ``--model-format`` for a checkpoint folder, from its config.json."""
+    quant = quantization_config(checkpoint)
     method = str(quant.get("quant_method", "")).lower()
     if not method:
         return "hf"
@@ -62,7 +88,7 @@ def serve_command(checkpoint: Path, serve: ServeConfig, lmdeploy: str = "lmdeplo
         "--model-format",
         model_format(checkpoint),
         "--backend",
-        serve.backend,
+        choose_backend(checkpoint, serve.backend),
         "--server-port",
         str(serve.port),
         "--tp",

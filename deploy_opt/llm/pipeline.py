@@ -1,0 +1,253 @@
+"""``quantize-llm``, top to bottom: model → stratified calibration text → perplexity (original) → W4A16
+(GPTQ/AWQ/RTN, or torchao) → perplexity (quantized) and the stability run → checkpoint (reloaded and checked)
+→ quantize_report.json → gate. Each stage is a plain function; this module only composes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt import __version__
+from deploy_opt.gate import GateResult, apply_ppl_gate
+from deploy_opt.llm.config import LLMConfig
+from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
+from dopt_common.errors import InputError, OutputError
+from dopt_common.files import ensure_writable_dir, write_json
+
+log = logging.getLogger(__name__)
+REPORT_FORMAT = "deploy_opt.llm_quantize/1"
+PACKAGES = ("deploy_opt", "torch", "transformers", "torchao", "gguf", "tokenizers", "safetensors")
+CHECK_PROMPT = "What is the capital of France? Answer in one word."
+
+
+@dataclass(frozen=True)
+class LLMResult:
+    """Where the run landed, its report and its gate verdict."""
+
+    out_dir: Path
+    report: dict[str, Any]
+    gate: GateResult
+
+
+def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True) -> LLMResult:
+    """Quantize, check and gate one LLM; everything lands in ``output_root/<name>/`` (checkpoint/ inside)."""
+    out_dir = ensure_writable_dir(output_root) / config.name
+    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        report, gate = _run(config, stage, out_dir, progress)
+        _publish(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return LLMResult(out_dir, report, gate)
+
+
+def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple[dict[str, Any], GateResult]:
+    import torch
+
+    from deploy_opt.llm.checks import perplexity, stability_run
+    from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
+    from deploy_opt.llm.text_data import stratified_text_samples
+
+    _seed(config.seed)
+    torch.set_grad_enabled(False)
+    times: dict[str, float] = {}
+    cal, quant, checks = config.calibration, config.quantization, config.checks
+
+    start = time.perf_counter()
+    source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
+    model, tokenizer = load_model_folder(source)
+    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
+    _refuse_overlap(calibration_docs, evaluation_docs)
+    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+    for warning in selection.warnings:
+        log.warning("calibration text: %s", warning)
+    times["load"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    ppl_kwargs = {"max_seq_len": cal.max_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
+    original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
+    times["perplexity_original"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    checkpoint = stage / "checkpoint"
+    engine, fmt = _quantize(config, model, tokenizer, selection.tensors(), checkpoint, progress)
+    times["quantize"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
+    stability = stability_run(
+        model,
+        tokenizer,
+        pydoc_texts("prompts"),
+        generations=checks.generations,
+        max_new_tokens=checks.max_new_tokens,
+        max_seq_len=cal.max_seq_len,
+        seed=config.seed,
+        progress=progress,
+    )
+    times["checks"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    reload = _check_reload(model, tokenizer, checkpoint, fmt)
+    times["reload"] = time.perf_counter() - start
+
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "name": config.name,
+        "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
+        "method": quant.method,
+        "checkpoint": {"folder": "checkpoint", "format": fmt, "reload": reload},
+        "calibration": selection.to_report(),
+        "quantization": engine,
+        "perplexity": {
+            "original": original,
+            "quantized": quantized,
+            "increase": quantized["ppl"] / original["ppl"] - 1,
+            "text": "held-out pydoc_data.topics (disjoint from calibration)"
+            if checks.eval_texts == ("pydoc",)
+            else list(checks.eval_texts),
+        },
+        "stability": stability,
+        "timings_s": {k: round(v, 2) for k, v in times.items()},
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "versions": _versions(),
+    }
+    if fmt in ("gptq", "awq"):
+        from deploy_opt.llm.serve import serve_command
+
+        command = serve_command(checkpoint, config.serve)
+        command[3] = str(out_dir / "checkpoint")  # where it will live once published
+        report["serve_command"] = command
+    limit = config.gate.max_ppl_increase
+    gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
+    report["gate"] = gate.to_json()
+    write_json(stage / "quantize_report.json", report)
+    return report, gate
+
+
+def _quantize(
+    config: LLMConfig, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool
+) -> tuple[dict[str, Any], str]:
+    """Run the configured method and write its checkpoint; (the report's quantization section, format)."""
+    quant = config.quantization
+    if quant.method.startswith("torchao"):
+        from deploy_opt.llm.torchao_path import quantize_torchao, save_torchao_checkpoint
+
+        summary = quantize_torchao(model, quant.method, group_size=quant.group_size, keep=quant.keep)
+        save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
+        return summary, "torchao"
+    from deploy_opt.llm.quantize_engine import quantize_model
+    from exporters.llm_checkpoint import write_quantized_checkpoint
+
+    result = quantize_model(
+        model,
+        samples,
+        method=quant.method,
+        bits=quant.bits,
+        group_size=quant.group_size,
+        desc_act=quant.desc_act and quant.method == "gptq",
+        sym=quant.symmetric if quant.method != "awq" else None,
+        keep=quant.keep,
+        progress=progress,
+    )
+    fmt = "awq" if quant.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
+    write_quantized_checkpoint(model, result.weights, checkpoint, fmt=fmt, tokenizer=tokenizer)
+    return result.as_dict(), fmt
+
+
+def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dict[str, Any]:
+    """Reload the written checkpoint, compare its logits with the in-memory model, and answer one prompt."""
+    import torch
+
+    if fmt == "torchao":
+        from deploy_opt.llm.torchao_path import load_torchao_checkpoint
+
+        reloaded, _ = load_torchao_checkpoint(checkpoint)
+    else:
+        from exporters.llm_checkpoint import load_quantized_checkpoint
+
+        reloaded, _ = load_quantized_checkpoint(checkpoint)
+    ids = tokenizer(CHECK_PROMPT, return_tensors="pt").input_ids
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": CHECK_PROMPT}], add_generation_prompt=True, return_tensors="pt"
+        )
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    live, back = model(ids).logits.float(), reloaded(ids).logits.float()
+    max_diff = float((live - back).abs().max())
+    out = reloaded.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    log.info("reloaded checkpoint answers %r (max |logit diff| %.3g vs the in-memory model)", answer, max_diff)
+    return {"prompt": CHECK_PROMPT, "answer": answer, "max_logit_diff": max_diff}
+
+
+def _docs(texts: tuple[str, ...], part: str, base_dir: str) -> list[TextDoc]:
+    """'pydoc' stands for Python's own docs (its calibration or evaluation split); anything else is a path."""
+    docs: list[TextDoc] = []
+    paths = [_resolve(t, base_dir) for t in texts if t != "pydoc"]
+    if "pydoc" in texts:
+        docs += pydoc_texts(part)  # type: ignore[arg-type]
+    if paths:
+        docs += load_texts(paths)
+    return docs
+
+
+def _refuse_overlap(calibration: list[TextDoc], evaluation: list[TextDoc]) -> None:
+    shared = {d.text for d in calibration} & {d.text for d in evaluation}
+    if shared:
+        raise InputError(
+            f"{len(shared)} evaluation text(s) are also calibration text; perplexity must be measured on held-out "
+            "text: give checks.eval_texts files that calibration.texts does not contain"
+        )
+
+
+def _resolve(path: str, base_dir: str) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else Path(base_dir) / candidate
+
+
+def _publish(stage: Path, out_dir: Path) -> None:
+    """Swap the finished folder in; the previous run's folder is removed only after the rename."""
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}") if out_dir.exists() else None
+    try:
+        if old is not None:
+            os.rename(out_dir, old)
+        os.rename(stage, out_dir)
+    except OSError as exc:
+        raise OutputError(f"cannot publish '{out_dir}': {exc.strerror}; fix: choose a writable --output-dir") from exc
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    found["deploy_opt"] = __version__
+    return found
+
+
+def _seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,95 @@
+"""``quantize-llm`` end to end on a tiny random Llama: every method writes a checkpoint that reloads and answers,
+a report with perplexity, stability and per-layer errors, and a gate verdict; ``serve --dry-run`` on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiny_llama
+
+from deploy_opt.llm.config import load_llm_config
+from deploy_opt.llm.pipeline import run_quantize_llm
+from dopt_common.errors import ConfigError, InputError
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama.make_tiny_llama(tmp_path_factory.mktemp("tiny_llama") / "model")
+
+
+def _config(folder: Path, method: str, **quant):
+    flags = {
+        "name": f"tiny-{method}",
+        "model": {"path": str(folder)},
+        "quantization": {"method": method, "group_size": 32, **quant},
+        "calibration": {"samples": 32, "max_seq_len": 64},
+        "checks": {"eval_tokens": 256, "generations": 2, "max_new_tokens": 16},
+        "gate": {"max_ppl_increase": "50%"},
+    }
+    return load_llm_config(None, flags)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "rtn"])
+def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Path, method: str) -> None:
+    result = run_quantize_llm(_config(tiny_folder, method), tmp_path, progress=False)
+    report = json.loads((result.out_dir / "quantize_report.json").read_text())
+    assert report == json.loads(json.dumps(result.report))
+    assert report["format"] == "deploy_opt.llm_quantize/1" and report["method"] == method
+    # Per-layer errors for the 7 Linears of each of the 2 layers; embeddings and lm_head kept.
+    layers = report["quantization"]["layers"]
+    assert len(layers) == 14 and all(0 < layer["weight_error"] < 1 for layer in layers)
+    assert not any("embed_tokens" in layer["name"] or "lm_head" in layer["name"] for layer in layers)
+    assert report["calibration"]["counts"] and report["calibration"]["sample_hash"]
+    ppl = report["perplexity"]
+    assert ppl["original"]["ppl"] > 1 and ppl["quantized"]["ppl"] > 1
+    assert ppl["increase"] == pytest.approx(ppl["quantized"]["ppl"] / ppl["original"]["ppl"] - 1)
+    assert report["stability"]["generations"] == 2 and "ok" in report["stability"]
+    # The written checkpoint reloads and its logits match the in-memory quantized model (fp16 scales).
+    assert report["checkpoint"]["reload"]["max_logit_diff"] < 0.05
+    assert report["checkpoint"]["format"] == ("awq" if method == "awq" else "gptq")
+    assert report["config"]["quantization"]["method"] == method and report["versions"]["torch"]
+    assert result.gate.passed == report["gate"]["passed"]
+    # serve --dry-run prints the lmdeploy command for the checkpoint written.
+    out = subprocess.run(
+        [sys.executable, "-m", "deploy_opt", "serve", str(result.out_dir / "checkpoint"), "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:4] == ["lmdeploy", "serve", "api_server", str((result.out_dir / "checkpoint"))]
+    assert f"--model-format {report['checkpoint']['format']}" in out.stdout
+    assert report["serve_command"][3] == str(result.out_dir / "checkpoint")
+
+
+def test_group_size_that_does_not_divide_is_an_error_naming_the_layer(tiny_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"group_size 128 does not divide .*q_proj \(in_features 64\)"):
+        run_quantize_llm(_config(tiny_folder, "gptq", group_size=128), tmp_path, progress=False)
+    assert not any(tmp_path.iterdir()), "a failed run left files behind"
+
+
+def test_evaluation_text_that_is_also_calibration_text_is_refused(tiny_folder: Path, tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("The same words for both. " * 200)
+    config = load_llm_config(
+        None,
+        {
+            "model": {"path": str(tiny_folder)},
+            "calibration": {"texts": [str(text)], "samples": 4, "max_seq_len": 64},
+            "checks": {"eval_texts": [str(text)]},
+        },
+    )
+    with pytest.raises(InputError, match="held-out"):
+        run_quantize_llm(config, tmp_path / "out", progress=False)
+
+
+def test_torchao_int8_weight_only_runs_with_the_same_checks(tiny_folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    result = run_quantize_llm(_config(tiny_folder, "torchao-int8-wo"), tmp_path, progress=False)
+    report = result.report
+    assert report["checkpoint"]["format"] == "torchao" and "serve_command" not in report
+    assert report["perplexity"]["increase"] < 0.05  # int8 weight-only barely moves a model
+    assert report["checkpoint"]["reload"]["max_logit_diff"] < 1e-3
