@@ -27,7 +27,7 @@ def _config(folder: Path, method: str, **quant):
         "model": {"path": str(folder)},
         "quantization": {"method": method, "group_size": 32, **quant},
         "calibration": {"samples": 32, "max_seq_len": 64},
-        "checks": {"eval_tokens": 256, "generations": 2, "max_new_tokens": 16},
+        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16},
         "gate": {"max_ppl_increase": "50%"},
     }
     return load_llm_config(None, flags)
@@ -60,7 +60,7 @@ def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Pa
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[:4] == ["lmdeploy", "serve", "api_server", str((result.out_dir / "checkpoint"))]
+    assert out.stdout.split()[:4] == ["lmdeploy", "serve", "api_server", str(result.out_dir / "checkpoint")]
     assert f"--model-format {report['checkpoint']['format']}" in out.stdout
     assert report["serve_command"][3] == str(result.out_dir / "checkpoint")
 

@@ -74,7 +74,7 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
     times["load"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    ppl_kwargs = {"max_seq_len": cal.max_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
+    ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
     original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
     times["perplexity_original"] = time.perf_counter() - start
 

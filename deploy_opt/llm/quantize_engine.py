@@ -1,0 +1,359 @@
+"""The one swappable W4A16 engine: GPTQ, AWQ or RTN over a Hugging Face decoder model, layer by layer.
+
+Why our own engine: it is deploy_opt's implementation of the published algorithms in plain torch
+(``calibrators/gptq.py``, ``calibrators/awq.py``, ``calibrators/weight_quant.py``), so it installs with nothing
+extra and runs on a CPU. llm-compressor pins transformers 5.17 and its AWQ fails on CPU in ``pin_memory``;
+auto-gptq is archived and AutoAWQ deprecated; gptqmodel installs only with ``--no-deps``. Everything the rest
+of deploy_opt needs goes through ``quantize_model`` and ``EngineResult``, so a library engine can replace this
+module alone. ``benchmarks/llm_gptq_crosscheck.py`` checks the GPTQ core against llm-compressor's on a real layer.
+
+The walk is GPTQ's sequential one (llm-compressor's "sequential pipeline"): catch the inputs of layer 0 with the
+keyword arguments the model passes it (position embeddings, attention mask, ...); then for each decoder layer
+run the float layer over every sample with hooks that accumulate each Linear's input Gram matrix H, quantize
+the layer's Linears from H, write the dequantized weights back in place, and run the now-quantized layer again
+to make the next layer's inputs, so later layers calibrate on the errors of earlier ones.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from calibrators.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
+from calibrators.gptq import HessianAccumulator, gptq_quantize
+from calibrators.weight_quant import (
+    QuantizedWeight,
+    check_bits,
+    check_group_size,
+    output_error,
+    rtn_quantize,
+    weight_error,
+)
+from dopt_common.errors import ConfigError, InputError, ModelError
+
+log = logging.getLogger(__name__)
+METHODS = ("gptq", "awq", "rtn")
+# AWQ's scaling groups in a Llama-family layer: (producer to fold 1/s into, its kind, the Linears reading it).
+AWQ_GROUPS = (
+    ("input_layernorm", "norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("self_attn.v_proj", "linear", ("self_attn.o_proj",)),
+    ("post_attention_layernorm", "norm", ("mlp.gate_proj", "mlp.up_proj")),
+    ("mlp.up_proj", "linear", ("mlp.down_proj",)),
+)
+AWQ_NO_CLIP = ("q_proj", "k_proj")  # AutoAWQ skips the clip search where attention scores amplify errors
+
+
+@dataclass(frozen=True)
+class LinearRecord:
+    """What quantizing one Linear did: relative errors on its weight and on its calibration outputs."""
+
+    name: str
+    shape: tuple[int, int]
+    method: str
+    weight_error: float  # ||W - Wq|| / ||W||
+    output_error: float  # ||X(W - Wq)ᵀ||² / ||XWᵀ||² over the calibration tokens
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Per-Linear records and quantized weights of one run; the model now holds the dequantized weights."""
+
+    method: str
+    bits: int
+    group_size: int
+    desc_act: bool
+    sym: bool
+    records: tuple[LinearRecord, ...]
+    weights: Mapping[str, QuantizedWeight]
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (weights left out)."""
+        return {
+            "method": self.method,
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "desc_act": self.desc_act,
+            "sym": self.sym,
+            "seconds": round(self.seconds, 3),
+            "layers": [
+                {
+                    "name": r.name,
+                    "shape": list(r.shape),
+                    "weight_error": r.weight_error,
+                    "output_error": r.output_error,
+                    "seconds": round(r.seconds, 4),
+                }
+                for r in self.records
+            ],
+        }
+
+
+class _StopForward(Exception):
+    """Raised by the layer-0 hook once its inputs are caught."""
+
+
+def is_kept(name: str, keep: Iterable[str]) -> bool:
+    """True when a ``keep`` pattern is a substring of ``name`` or matches it as a glob."""
+    return any(pattern in name or fnmatch.fnmatchcase(name, pattern) for pattern in keep)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """``model.model.layers`` of a Hugging Face decoder model, or ModelError."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        raise ModelError(
+            f"{type(model).__name__} has no model.model.layers; the LLM engine supports decoder models such as "
+            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+        )
+    return layers
+
+
+def target_linears(model: torch.nn.Module, keep: Sequence[str]) -> dict[str, torch.nn.Linear]:
+    """Every Linear inside the decoder layers whose name matches no ``keep`` pattern, by full name."""
+    layers = decoder_layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    return {
+        f"{prefix}.{name}": module
+        for name, module in layers.named_modules()
+        if isinstance(module, torch.nn.Linear) and not is_kept(f"{prefix}.{name}", keep)
+    }
+
+
+def check_targets(targets: Mapping[str, torch.nn.Linear], group_size: int) -> None:
+    """Refuse, before any work, a group size that does not divide some Linear's input features."""
+    for name, module in targets.items():
+        check_group_size(name, module.in_features, group_size)
+
+
+def _check_samples(samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Samples as [1, seq] int64 tensors, or InputError."""
+    if not samples:
+        raise InputError("no calibration samples; fix: pass at least one [1, seq] tensor of token ids")
+    checked = []
+    for index, sample in enumerate(samples):
+        if not isinstance(sample, torch.Tensor) or sample.dtype.is_floating_point or sample.dim() != 2:
+            raise InputError(f"calibration sample {index} must be a [1, seq] tensor of token ids")
+        if sample.shape[0] != 1 or sample.shape[1] == 0:
+            raise InputError(f"calibration sample {index} has shape {tuple(sample.shape)}; expected [1, seq]")
+        checked.append(sample.long())
+    return checked
+
+
+def _catch_layer_inputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
+    """(hidden_states, kwargs) that layer 0 receives for each sample."""
+    layer0 = decoder_layers(model)[0]
+    caught: list[tuple[torch.Tensor, dict]] = []
+
+    def hook(module, args, kwargs):
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        caught.append((hidden.detach(), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+        raise _StopForward
+
+    handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for sample in samples:
+            try:
+                model(input_ids=sample, use_cache=False)
+            except _StopForward:
+                pass
+    finally:
+        handle.remove()
+    return caught
+
+
+def _run_layer(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> list[torch.Tensor]:
+    """The layer's output hidden states for each input."""
+    outputs = []
+    for hidden, kwargs in inputs:
+        out = layer(hidden, **kwargs)
+        outputs.append(out[0] if isinstance(out, tuple) else out)
+    return outputs
+
+
+def _collect_stats(
+    layer: torch.nn.Module, names: Mapping[str, str], inputs: list[tuple[torch.Tensor, dict]]
+) -> tuple[dict[str, HessianAccumulator], dict[str, str]]:
+    """Input statistics per Linear (local name → accumulator) and which Linears share one input (name → leader)."""
+    stats: dict[str, HessianAccumulator] = {}
+    leader: dict[str, str] = {}
+    # id of an input tensor of the current sample → (first Linear that read it, the tensor). Holding the tensor
+    # keeps its id from being reused by a later input within the sample.
+    seen: dict[int, tuple[str, torch.Tensor]] = {}
+
+    def make_hook(local: str):
+        def hook(module, args, output):
+            x = args[0]
+            if local not in leader:
+                leader[local] = seen.setdefault(id(x), (local, x))[0]
+            if leader[local] == local:
+                stats.setdefault(local, HessianAccumulator(x.shape[-1])).add(x)
+
+        return hook
+
+    handles = [layer.get_submodule(local).register_forward_hook(make_hook(local)) for local in names]
+    try:
+        for hidden, kwargs in inputs:
+            seen.clear()
+            layer(hidden, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stats, leader
+
+
+def _quantize_awq_layer(
+    layer: torch.nn.Module,
+    names: Mapping[str, str],
+    stats: dict[str, HessianAccumulator],
+    leader: Mapping[str, str],
+    *,
+    bits: int,
+    group_size: int,
+    sym: bool,
+) -> dict[str, tuple[torch.Tensor, QuantizedWeight, torch.Tensor, float]]:
+    """Scale, fold, clip and quantize a Llama-family layer; local name → (reference W, codes, H, seconds)."""
+    modules = dict(layer.named_modules())
+    hessians = {local: stats[leader[local]].hessian() for local in names}
+    means = {local: stats[leader[local]].mean_abs() for local in names}
+    for producer, kind, consumers in AWQ_GROUPS:
+        if producer not in modules or not all(c in modules for c in consumers):
+            raise ConfigError(
+                f"awq needs Llama-style layers ({producer} feeding {', '.join(consumers)}); "
+                f"{type(layer).__name__} differs; fix: use method gptq or rtn"
+            )
+        quantized = [c for c in consumers if c in names]
+        if not quantized:
+            continue
+        source = modules[producer]
+        width = modules[consumers[0]].in_features
+        if kind == "linear" and source.out_features != width:
+            continue  # grouped-query attention: v_proj's rows do not line up with o_proj's columns
+        if kind == "norm" and "Gemma" in type(source).__name__:
+            raise ConfigError("awq cannot fold scales into Gemma's (1 + weight) RMSNorm; fix: use method gptq")
+        found = search_awq_scale(
+            [modules[c].weight for c in quantized],
+            hessians[quantized[0]],
+            means[quantized[0]],
+            bits=bits,
+            group_size=group_size,
+            sym=sym,
+        )
+        s = found.scales
+        source.weight.div_(s if kind == "norm" else s[:, None])
+        if getattr(source, "bias", None) is not None:
+            source.bias.div_(s)
+        for consumer in consumers:
+            modules[consumer].weight.mul_(s[None, :])
+            if consumer in hessians:
+                hessians[consumer] = hessians[consumer] / s[:, None] / s[None, :]
+        log.debug("awq %s: ratio %.2f duo %s loss %.4g (rtn %.4g)", producer, found.ratio, found.duo,
+                  found.loss, found.base_loss)
+
+    results = {}
+    for local in names:
+        start = time.perf_counter()
+        module = modules[local]
+        reference = module.weight.detach().float().clone()
+        weight = reference
+        if not local.endswith(AWQ_NO_CLIP):
+            bound = search_awq_clip(weight, hessians[local], bits=bits, group_size=group_size, sym=sym)
+            weight = apply_clip(weight, bound, group_size)
+        codes = awq_quantize(weight, bits, group_size, sym)
+        results[local] = (reference, codes, hessians[local], time.perf_counter() - start)
+    return results
+
+
+@torch.no_grad()
+def quantize_model(
+    model: torch.nn.Module,
+    samples: Sequence[torch.Tensor],
+    *,
+    method: str = "gptq",
+    bits: int = 4,
+    group_size: int = 128,
+    desc_act: bool = True,
+    sym: bool | None = None,
+    keep: Sequence[str] = ("embed_tokens", "lm_head"),
+    percdamp: float = 0.01,
+    static_groups: bool = False,
+    progress: bool = True,
+) -> EngineResult:
+    """Quantize every decoder-layer Linear of ``model`` in place (dequantized float32 weights) and return codes.
+
+    ``sym=None`` takes the method's usual choice: symmetric for gptq and rtn, asymmetric for awq (AutoAWQ).
+    ``desc_act`` and ``static_groups`` only apply to gptq (see ``calibrators/gptq.py``: with static groups the
+    act-order stays inside the algorithm and the checkpoint has sequential g_idx). Norms are never quantized
+    (awq rescales them); modules whose name matches a ``keep`` pattern are left as they are.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"method '{method}' is not an engine method; use one of {', '.join(METHODS)}")
+    check_bits(bits)
+    sym = (method != "awq") if sym is None else sym
+    samples = _check_samples(samples)
+    targets = target_linears(model, keep)
+    check_targets(targets, group_size)
+    from tqdm.auto import tqdm
+
+    model.eval()
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        log.info("casting the model to float32 for quantization")
+        model.float()
+    started = time.perf_counter()
+    layers = decoder_layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    inputs = _catch_layer_inputs(model, samples)
+    records: list[LinearRecord] = []
+    weights: dict[str, QuantizedWeight] = {}
+    for index, layer in enumerate(tqdm(layers, desc=f"{method} layers", disable=not progress)):
+        names = {local: f"{prefix}.{index}.{local}" for local, _ in layer.named_modules()
+                 if f"{prefix}.{index}.{local}" in targets}
+        if names:
+            stats, leader = _collect_stats(layer, names, inputs)
+            if method == "awq":
+                done = _quantize_awq_layer(layer, names, stats, leader, bits=bits, group_size=group_size, sym=sym)
+            else:
+                done = {}
+                for local in names:
+                    start = time.perf_counter()
+                    reference = layer.get_submodule(local).weight.detach().float().clone()
+                    hessian = stats[leader[local]].hessian()
+                    if method == "gptq":
+                        codes = gptq_quantize(reference, hessian, bits=bits, group_size=group_size, sym=sym,
+                                              desc_act=desc_act, percdamp=percdamp, static_groups=static_groups)
+                    else:
+                        codes = rtn_quantize(reference, bits, group_size, sym)
+                    done[local] = (reference, codes, hessian, time.perf_counter() - start)
+            for local, (reference, codes, hessian, seconds) in done.items():
+                approx = codes.dequantize()
+                layer.get_submodule(local).weight.copy_(approx)
+                weights[names[local]] = codes
+                records.append(LinearRecord(
+                    name=names[local],
+                    shape=tuple(reference.shape),
+                    method=method,
+                    weight_error=weight_error(reference, approx),
+                    output_error=output_error(reference, approx, hessian),
+                    seconds=seconds,
+                ))
+        if index + 1 < len(layers):
+            inputs = [(out, kwargs) for out, (_, kwargs) in zip(_run_layer(layer, inputs), inputs, strict=True)]
+    seconds = time.perf_counter() - started
+    log.info("%s: %d Linears quantized in %.1f s", method, len(records), seconds)
+    return EngineResult(
+        method=method,
+        bits=bits,
+        group_size=group_size,
+        desc_act=desc_act and method == "gptq",
+        sym=sym,
+        records=tuple(records),
+        weights=weights,
+        seconds=seconds,
+    )
