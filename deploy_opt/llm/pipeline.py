@@ -65,6 +65,10 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
     start = time.perf_counter()
     source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
     model, tokenizer = load_model_folder(source)
+    if not quant.method.startswith("torchao"):  # a group size that cannot work fails before any long step
+        from deploy_opt.llm.quantize_engine import check_targets, target_linears
+
+        check_targets(target_linears(model, quant.keep), quant.group_size)
     calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
     evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
     _refuse_overlap(calibration_docs, evaluation_docs)
