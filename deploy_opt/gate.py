@@ -58,7 +58,8 @@ def load_build(path: str | Path) -> dict[str, Any]:
         raise ReportError(f"build report '{path}' is not readable JSON ({exc})") from exc
     if not isinstance(data, dict) or ("metrics" not in data and "perplexity" not in data):
         raise ReportError(
-            f"report '{path}' has no 'metrics' or 'perplexity' section; is it a build.json or quantize_report.json?"
+            f"report '{path}' has no 'metrics' section (build.json) nor 'perplexity' (quantize_report.json); "
+            "fix: pass a deploy_opt build.json or quantize_report.json"
         )
     return data
 

@@ -78,6 +78,7 @@ def test_evaluation_text_that_is_also_calibration_text_is_refused(tiny_folder: P
         None,
         {
             "model": {"path": str(tiny_folder)},
+            "quantization": {"group_size": 32},
             "calibration": {"texts": [str(text)], "samples": 4, "max_seq_len": 64},
             "checks": {"eval_texts": [str(text)]},
         },
