@@ -25,11 +25,12 @@ demo MLP fine-tuned         0.479 / 3.9 %    0.620 / 4.2 %    0.886 / 7.0 %
 2-layer transformer         0.160 / 1.4 %    0.157 / 1.6 %    0.226 / 8.0 %
 ==========================  ===============  ===============  ===============
 
-Reading code 0 as 0 instead, the error is 6 to 16,000 even with ``m`` exact (``m / eps``). ``dynamic`` is the default: it
-keeps the most small values (nonzero ``v`` decoded to 0: 19.5 / 10.6 / 1.5 % vs 26.0 / 14.2 / 1.9 % for
-``sqrt``) and gives the smallest update error on two models of three and the fewest far-off elements on all
-three. ``sqrt`` is the cheaper code (a half to a third of the step time, eager or compiled; see the benchmark)
-at a slightly larger error.
+Reading code 0 as 0 instead, the error is 6 to 16,000 even with ``m`` exact (``m / eps``).
+
+``dynamic`` is the default: it keeps the most small values (nonzero ``v`` decoded to 0: 19.5 / 10.6 / 1.5 %
+vs 26.0 / 14.2 / 1.9 % for ``sqrt``) and gives the smallest update error on two models of three and the
+fewest far-off elements on all three. ``sqrt`` is the cheaper code (a half to a third of the step time, eager
+or compiled; see the benchmark) at a slightly larger error.
 
 Every scale is floored at ``SCALE_FLOOR`` (1e-12): an all-zero or all-tiny block quantizes to zero codes and
 dequantizes to exact zeros; no division by zero, no NaN or Inf. All work is vectorised over blocks (a tensor

@@ -5,8 +5,10 @@ Each kernel takes a parameter and its gradient viewed as ``[blocks, block_size]`
 kernel is not recompiled when the learning rate changes. They write the parameter, codes and scales in place and
 give the same numbers as the unfused path in ``optimizers.py`` (dequantize, update, ``blockwise.quantize``).
 
-Eagerly they are plain vectorised torch; ``compiled(kernel)`` wraps one in ``torch.compile`` (Inductor fuses the
-whole step into a few loops over the blocks), falling back to eager if compiling fails.
+The optimizers use them only with ``compiled=True``: ``run_kernel`` wraps them in ``torch.compile`` (Inductor
+fuses the step into a few loops over the blocks; measured on the demo MLP, 1 thread: 0.45-0.9x torch AdamW's
+step time with the ``sqrt`` code, 1.2-2x with ``dynamic``, against 2.2x / 4-6x for the eager per-op path), falling back
+to eager if compiling fails. Run eagerly they allocate more temporaries than the per-op path and are slower.
 """
 
 from __future__ import annotations
