@@ -42,8 +42,11 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
+    import torch
+
     try:
-        report, gate = _run(config, stage, out_dir, progress)
+        with torch.no_grad():  # scoped: a global switch would leak into the caller (and into other tests)
+            report, gate = _run(config, stage, out_dir, progress)
         _publish(stage, out_dir)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -51,14 +54,12 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
 
 
 def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple[dict[str, Any], GateResult]:
-    import torch
 
     from deploy_opt.llm.checks import perplexity, stability_run
     from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
     from deploy_opt.llm.text_data import stratified_text_samples
 
     _seed(config.seed)
-    torch.set_grad_enabled(False)
     times: dict[str, float] = {}
     cal, quant, checks = config.calibration, config.quantization, config.checks
 
