@@ -36,10 +36,10 @@ class Timings:
             self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
-def versions() -> dict[str, str]:
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of the packages that shape the results, plus the machine."""
     found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
-    for name in PACKAGES:
+    for name in packages:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

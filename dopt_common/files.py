@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp_path, final)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """Rename a finished ``staging`` folder onto ``target``; a previous ``target`` is removed only after the rename."""
+    staging, target = Path(staging), Path(target)
+    old = target.with_name(f".{target.name}.old-{os.getpid()}") if target.exists() else None
+    if old is not None:
+        os.rename(target, old)
+    os.rename(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

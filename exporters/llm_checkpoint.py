@@ -35,6 +35,7 @@ import torch
 from calibrators.weight_quant import QuantizedWeight
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ConfigError, OutputError
+from dopt_common.files import replace_dir
 
 log = logging.getLogger(__name__)
 FORMATS = ("gptq", "awq")
@@ -192,17 +193,6 @@ def _float_tensors(model: torch.nn.Module, quantized: Mapping[str, QuantizedWeig
     return out
 
 
-def _swap_into(staging: Path, folder: Path) -> None:
-    """Rename ``staging`` onto ``folder``; an older checkpoint there is removed only after the rename."""
-    old = None
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-        os.rename(folder, old)
-    os.rename(staging, folder)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def write_quantized_checkpoint(
     model: torch.nn.Module,
     weights: Mapping[str, QuantizedWeight],
@@ -242,7 +232,7 @@ def write_quantized_checkpoint(
             generation.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        _swap_into(staging, folder)
+        replace_dir(staging, folder)
     except OSError as exc:
         raise OutputError(f"cannot write the checkpoint '{folder}': {exc}") from exc
     finally:

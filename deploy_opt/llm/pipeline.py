@@ -18,8 +18,9 @@ from deploy_opt import __version__
 from deploy_opt.gate import GateResult, apply_ppl_gate
 from deploy_opt.llm.config import LLMConfig
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
+from deploy_opt.report import versions
 from dopt_common.errors import InputError, OutputError
-from dopt_common.files import ensure_writable_dir, write_json
+from dopt_common.files import ensure_writable_dir, replace_dir, write_json
 
 log = logging.getLogger(__name__)
 REPORT_FORMAT = "deploy_opt.llm_quantize/1"
@@ -224,29 +225,14 @@ def _resolve(path: str, base_dir: str) -> Path:
 
 def _publish(stage: Path, out_dir: Path) -> None:
     """Swap the finished folder in; the previous run's folder is removed only after the rename."""
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}") if out_dir.exists() else None
     try:
-        if old is not None:
-            os.rename(out_dir, old)
-        os.rename(stage, out_dir)
+        replace_dir(stage, out_dir)
     except OSError as exc:
         raise OutputError(f"cannot publish '{out_dir}': {exc.strerror}; fix: choose a writable --output-dir") from exc
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _versions() -> dict[str, str]:
-    import platform
-    from importlib import metadata
-
-    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    found["deploy_opt"] = __version__
-    return found
+    return {**versions(PACKAGES), "deploy_opt": __version__}
 
 
 def _seed(seed: int) -> None:

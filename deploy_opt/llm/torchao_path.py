@@ -29,6 +29,7 @@ import torch
 from deploy_opt.llm.quantize_engine import is_kept
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ConfigError, OutputError
+from dopt_common.files import replace_dir
 
 log = logging.getLogger(__name__)
 TORCHAO_METHODS = ("torchao-int8-wo", "torchao-int4-wo")
@@ -125,12 +126,7 @@ def save_torchao_checkpoint(
         (staging / MARKER).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}") if folder.exists() else None
-        if old is not None:
-            os.rename(folder, old)
-        os.rename(staging, folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(staging, folder)
     except OSError as exc:
         raise OutputError(f"cannot write the torchao checkpoint '{folder}': {exc}") from exc
     finally:
