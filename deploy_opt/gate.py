@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from dopt_common.errors import ReportError
+from dopt_common.errors import ConfigError, ReportError
 from dopt_common.files import write_text
 
 
@@ -65,15 +65,13 @@ def load_build(path: str | Path) -> dict[str, Any]:
 
 
 def parse_increase(value: str | float) -> float:
-    """'5%' or 0.05 → 0.05; anything else is a ReportError naming the value."""
-    text = str(value).strip()
+    """'5%' or 0.05 → 0.05 (the LLM checks' parser); anything else is a ReportError naming the value."""
+    from deploy_opt.llm.checks import parse_max_increase  # checks imports this module's Criterion
+
     try:
-        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise ReportError(f"max perplexity increase '{value}' is not a number; write it as 5% or 0.05") from None
-    if not 0 <= fraction < 100:
-        raise ReportError(f"max perplexity increase '{value}' is out of range; write it as 5% or 0.05")
-    return fraction
+        return parse_max_increase(value)
+    except ConfigError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateResult:
@@ -83,10 +81,9 @@ def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateRes
         after = float(report["perplexity"]["quantized"]["ppl"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError("quantize_report: perplexity.original/quantized.ppl missing; rerun quantize-llm") from exc
-    limit = parse_increase(max_increase)
-    increase = after / before - 1
-    text = f"perplexity {before:.3f} → {after:.3f} ({increase:+.1%}) <= +{limit:.1%}"
-    criteria = [Criterion("max_ppl_increase", increase, limit, increase <= limit, text)]
+    from deploy_opt.llm.checks import ppl_gate
+
+    criteria = [ppl_gate(before, after, parse_increase(max_increase))]
     stability = report.get("stability") or {}
     if "ok" in stability:
         flagged = int(stability.get("flagged", 0))
