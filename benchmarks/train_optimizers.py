@@ -52,7 +52,14 @@ from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
 
-OPTIMIZERS = ("Int8AdamW", "torch AdamW", "bnb AdamW8bit", "torchao AdamW8bit")
+OPTIMIZERS = (
+    "Int8AdamW",
+    "Int8AdamW compiled",
+    "Int8AdamW sqrt compiled",
+    "torch AdamW",
+    "bnb AdamW8bit",
+    "torchao AdamW8bit",
+)
 REFERENCE = "torch AdamW"
 WEIGHT_DECAY = 0.01
 CLIP = 1.0
@@ -101,6 +108,10 @@ def make_optimizer(name: str, model: torch.nn.Module, lr: float) -> torch.optim.
     common = {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": WEIGHT_DECAY}
     if name == "Int8AdamW":
         return Int8AdamW(groups, **common, state="int8", fp32_patterns=())
+    if name == "Int8AdamW compiled":
+        return Int8AdamW(groups, **common, state="int8", fp32_patterns=(), compiled=True)
+    if name == "Int8AdamW sqrt compiled":
+        return Int8AdamW(groups, **common, state="int8", fp32_patterns=(), compiled=True, second_moment_code="sqrt")
     if name == "torch AdamW":
         return torch.optim.AdamW(plain, **common, foreach=True)
     if name == "bnb AdamW8bit":
@@ -221,9 +232,7 @@ def digits_task(epochs: int, seed: int) -> Task:
         logits = model(x)
         return {"eval_loss": float(F.cross_entropy(logits, y)), "eval_accuracy": accuracy(logits, y)}
 
-    return Task(
-        "digits", build_model, batches, lambda m, b: F.cross_entropy(m(b[0]), b[1]), evaluate, 3e-3, 0.05
-    )
+    return Task("digits", build_model, batches, lambda m, b: F.cross_entropy(m(b[0]), b[1]), evaluate, 3e-3, 0.05)
 
 
 def _encode(sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,8 +326,10 @@ def summarize(task: Task, runs: list[Run]) -> list[dict[str, Any]]:
 
 def print_report(rows: list[dict[str, Any]], args: argparse.Namespace, seconds: float) -> None:
     print(f"\n{torch.__version__}, {args.threads} threads; {seconds:.0f} s in all; medians skip the first steps")
-    print("\n| task | optimizer | state B/param | opt step ms | x torch | full step ms | x torch | train loss "
-          "| eval loss | eval acc |")
+    print(
+        "\n| task | optimizer | state B/param | opt step ms | x torch | full step ms | x torch | train loss "
+        "| eval loss | eval acc |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["error"]:
@@ -378,8 +389,10 @@ def main() -> None:
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for name in args.tasks:
-        task = digits_task(args.digits_epochs, args.seed) if name == "digits" else minilm_task(
-            args.minilm_steps, args.minilm_batch, args.seed
+        task = (
+            digits_task(args.digits_epochs, args.seed)
+            if name == "digits"
+            else minilm_task(args.minilm_steps, args.minilm_batch, args.seed)
         )
         log(f"{name}: {len(task.batches)} steps x {len(args.optimizers)} optimizers")
         rows += summarize(task, run_task(task, list(args.optimizers), log))

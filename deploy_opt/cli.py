@@ -208,6 +208,8 @@ def _sensitivity(args: argparse.Namespace) -> int:
         overrides.append(f"sensitivity.mode={args.mode}")
     config, profile = load_build_config(args.config or args.config_flag, args.profile, overrides)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet)
+    from deploy_opt.sensitivity import proxy_key
+
     summary = result.build["sensitivity"]
     metric = summary["metric"]
     print(
@@ -218,7 +220,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
         drop = "n/a" if node["drop_both"] is None else f"{node['drop_both']:.3f}"
         print(
             f"  {node['rank']:>3}. {node['name']} ({node['op_type']}): drop {drop}, "
-            f"local SQNR {node['proxy']['local_sqnr_db']:.1f} dB"
+            f"proxy SQNR {proxy_key(node['proxy']):.1f} dB"
         )
     print(f"report: {result.out_dir}/sensitivity.html")
     return 0

@@ -3,10 +3,13 @@
 For each quantizable node (the build's op types that read a DequantizeLinear in the Q/DQ model):
 (a) only this node quantized (weights and activations), and the same split into (b) weight-only and
 activation-only: the metric drop against FP32; (c) everything quantized except this node: the points it
-recovers; (d) a one-pass proxy from ORT's ``qdq_loss_debug``: the local quantization SQNR of the node's inputs
-(activation noise combined with weight noise) and its output's SQNR and cosine against FP32 in the fully
-quantized model. Exact evaluations run on a seeded subset of the evaluation data, on variants of the one Q/DQ
-model (``qdq_variants``), so they measure exactly the deployed scales.
+recovers; (d) one-pass proxies. The one that ranks is linearised: the node's own quantization noise carried to
+the model output through the Jacobian (``noise_propagation``), as an SQNR at the output and, for cosine, a
+predicted drop. From ORT's ``qdq_loss_debug`` come the local quantization SQNR of the node's inputs (activation
+noise combined with weight noise, the ranking proxy when the torch evaluator lacks an operator) and the node's
+output SQNR and cosine against FP32 in the fully quantized model. Exact evaluations run on a seeded subset of
+the evaluation data, on variants of the one Q/DQ model (``qdq_variants``), so they measure exactly the
+deployed scales.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import numpy as np
 import onnx
 
 from deploy_opt.metrics import Metric, RunningMean
+from deploy_opt.noise_propagation import noise_db, predicted_drop, propagated_noise
 from deploy_opt.qdq_variants import QuantizedNode, all_roles, make_variant, quantized_nodes
 from deploy_opt.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
 FORMAT = "deploy_opt.sensitivity/1"
+PROXY_KEYS = ("propagated_sqnr_db", "predicted_drop", "local_sqnr_db", "node_sqnr_db", "sqnr_db", "cosine")
 
 
 @dataclass(frozen=True)
@@ -63,10 +68,21 @@ def analyzed_nodes(qdq: onnx.ModelProto, op_types: tuple[str, ...]) -> list[Quan
     return [n for n in quantized_nodes(qdq) if n.op_type in op_types]
 
 
+def proxy_key(proxy: dict[str, Any]) -> float:
+    """The proxy that ranks, lower is more sensitive: the propagated SQNR, else the local SQNR."""
+    value = proxy.get("propagated_sqnr_db")
+    return value if value is not None else proxy["local_sqnr_db"]
+
+
 def proxy_scores(
-    fp32_path: Path, qdq_path: Path, nodes: list[QuantizedNode], batches: list[Batch]
+    fp32_path: Path,
+    qdq_path: Path,
+    nodes: list[QuantizedNode],
+    batches: list[Batch],
+    metric: str = "cosine",
 ) -> dict[str, dict[str, float]]:
-    """One pass of the FP32 and the fully quantized model through ORT's ``qdq_loss_debug``."""
+    """One pass of the FP32 and the fully quantized model through ORT's ``qdq_loss_debug``, and the linearised
+    proxy (one torch forward and a few backward passes per sample)."""
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
@@ -112,6 +128,10 @@ def proxy_scores(
         entry["macs"] = _macs(node, fp32_acts)
         entry["node_sqnr_db"] = _node_output_sqnr(node, graph.get(node.name), matching, weight_match)
         scores[node.name] = entry
+    propagated = propagated_noise(onnx.load(str(fp32_path)), onnx.load(str(qdq_path)), nodes, batches, metric)
+    for name, noise in (propagated or {}).items():
+        scores[name]["propagated_sqnr_db"] = noise_db(noise)
+        scores[name]["predicted_drop"] = predicted_drop(metric, noise)
     return scores
 
 
@@ -179,9 +199,9 @@ def analyze(
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
     nodes = analyzed_nodes(qdq, op_types)
     base_fp32, base_int8 = scorer.score(fp32), scorer.score(qdq)
-    proxies = proxy_scores(fp32_path, qdq_path, nodes, scorer.batches)
+    proxies = proxy_scores(fp32_path, qdq_path, nodes, scorer.batches, scorer.metric.name)
     proxy_time = time.perf_counter() - started
-    by_proxy = sorted(nodes, key=lambda n: proxies[n.name]["local_sqnr_db"])
+    by_proxy = sorted(nodes, key=lambda n: proxy_key(proxies[n.name]))
     exact = {"exhaustive": nodes, "proxy": [], "proxy+topk": by_proxy[:top_k]}[mode]
     full = all_roles(quantized_nodes(qdq))
     drop = scorer.metric.drop
@@ -203,7 +223,7 @@ def analyze(
         key=lambda n: (
             n.name not in results,
             -(results.get(n.name, {}).get("drop_both") or 0.0),
-            proxies[n.name]["local_sqnr_db"],
+            proxy_key(proxies[n.name]),
         ),
     )
     rank = {n.name: i + 1 for i, n in enumerate(ranked)}
@@ -219,6 +239,7 @@ def analyze(
         },
         "mode": mode,
         "top_k": top_k,
+        "proxy": "linearised" if any("propagated_sqnr_db" in p for p in proxies.values()) else "local",
         "nodes": [
             {
                 "name": n.name,
@@ -227,7 +248,7 @@ def analyze(
                 "weight_shape": fp32_shapes.get(n.weight) if n.weight else None,
                 "macs": proxies[n.name]["macs"],
                 "mac_share": proxies[n.name]["macs"] / total_macs,
-                "proxy": {k: proxies[n.name].get(k) for k in ("local_sqnr_db", "node_sqnr_db", "sqnr_db", "cosine")},
+                "proxy": {k: proxies[n.name].get(k) for k in PROXY_KEYS},
                 "drop_both": results.get(n.name, {}).get("drop_both"),
                 "drop_weight_only": results.get(n.name, {}).get("drop_weight_only"),
                 "drop_activation_only": results.get(n.name, {}).get("drop_activation_only"),

@@ -223,6 +223,8 @@ def _row(node: Mapping[str, Any]) -> str:
         _cell(size, text="×".join(f"{d:g}" for d in dims if d is not None)),
         _cell(None if share is None else share * 100, ".2f"),
         *(_cell(number(node.get(key))) for key in DROP_KEYS),
+        _cell(number(proxy.get("propagated_sqnr_db")), ".1f"),
+        _cell(number(proxy.get("predicted_drop"))),
         _cell(number(proxy.get("local_sqnr_db")), ".1f"),
         _cell(number(proxy.get("sqnr_db")), ".1f"),
         _cell(number(proxy.get("cosine")), ".4f"),
@@ -240,16 +242,21 @@ _HEADERS = (
     ("weight-only", "num", "drop_weight_only"),
     ("activation-only", "num", "drop_activation_only"),
     ("recovered (all-but)", "num", "recovered_all_but"),
-    ("local SQNR dB (proxy)", "num", "local_sqnr_db"),
+    ("propagated SQNR dB (proxy)", "num", "propagated_sqnr_db"),
+    ("predicted drop", "num", "predicted_drop"),
+    ("local SQNR dB", "num", "local_sqnr_db"),
     ("output SQNR dB", "num", "sqnr_db"),
     ("output cosine", "num", "cosine"),
 )
 
 
 def _proxy_sqnr(node: Mapping[str, Any]) -> Any:
-    """The ranking proxy: the local SQNR of the node's quantized inputs (else its output SQNR)."""
+    """The ranking proxy: the node's own noise propagated to the output, else its local input SQNR."""
     proxy = node.get("proxy") or {}
-    return proxy.get("local_sqnr_db", proxy.get("sqnr_db"))
+    for key in ("propagated_sqnr_db", "local_sqnr_db", "sqnr_db"):
+        if proxy.get(key) is not None:
+            return proxy[key]
+    return None
 
 
 def write_html(result: Mapping[str, Any], png: Path, path: Path) -> Path:
