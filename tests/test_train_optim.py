@@ -431,16 +431,21 @@ def test_bad_arguments_are_config_errors(kwargs: dict, field: str) -> None:
 ], ids=["adamw", "adamw-dynamic", "adamw-linear", "lion", "sgd", "sgd-nesterov"])
 def test_fused_kernels_match_the_unfused_path(make: object) -> None:
     gen = torch.Generator().manual_seed(0)
-    start = torch.randn(64, 128, generator=gen)
+    # 64 x 130 = 32 whole blocks of 256 and a tail block of 128: the kernel runs on both.
+    start = torch.randn(64, 130, generator=gen)
     fused, plain = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
     opt_fused, opt_plain = make([fused]), make([plain])  # type: ignore[operator]
     opt_fused.use_kernels, opt_plain.use_kernels = True, False
+    calls = []
+    run_kernel = opt_fused._run_kernel
+    opt_fused._run_kernel = lambda param, *rest: calls.append(param.shape) or run_kernel(param, *rest)
     for _ in range(5):
-        grad = torch.randn(64, 128, generator=gen) * torch.logspace(-4, 0, 128)
+        grad = torch.randn(64, 130, generator=gen) * torch.logspace(-4, 0, 130)
         fused.grad, plain.grad = grad.clone(), grad.clone()
         opt_fused.step()
         opt_plain.step()
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+    assert set(calls) == {torch.Size([32, 256]), torch.Size([1, 128])}
     for key, value in opt_plain.state[plain].items():
         other = opt_fused.state[fused][key]
         if value.dtype in (torch.int8, torch.uint8):

@@ -2,9 +2,10 @@
 
 Each step works one parameter at a time: dequantize its moments to fp32, update, requantize. The whole model's
 fp32 state never exists at once. Weight decay is decoupled (``p -= lr * wd * p``) in all three. With
-``compiled=True``, a parameter whose state is int8 and whose size is a whole number of blocks goes through one
-fused kernel (``deploy_opt.train.kernels``) compiled by ``torch.compile`` (a few seconds on the first step);
-everything else (and everything by default) through the per-op path in ``_update``. Both give the same numbers.
+``compiled=True``, a parameter whose state is int8 goes through one fused kernel (``deploy_opt.train.kernels``)
+compiled by ``torch.compile`` (a few seconds on the first step), one call for its whole blocks and one for a
+shorter tail block; everything else (and everything by default) through the per-op path in ``_update``. Both
+give the same numbers.
 
 Which parameters keep fp32 state: all of them with ``state="fp32"`` (the same class, so int8 vs fp32 is one
 switch); tensors under ``min_numel`` elements; parameters whose name contains (or glob-matches) one of
@@ -47,6 +48,8 @@ from deploy_opt.train.state_io import (
 from dopt_common.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
+# compiled=None compiles the fused kernel for int8-state tensors of at least this many elements (32 blocks of 2048).
+AUTO_COMPILE_NUMEL = 65536
 
 __all__ = ["Int8AdamW", "Int8Lion", "Int8SGD", "optimizer_state_bytes"]
 
@@ -81,11 +84,14 @@ def _check_range(name: str, value: float, low: float, high: float = math.inf, hi
 class BlockwiseOptimizer(torch.optim.Optimizer):
     """What the three int8-state optimizers share: fallback rules, per-parameter step, checkpoints."""
 
-    def __init__(self, params: Any, defaults: dict[str, Any], config: StateConfig, compiled: bool = False) -> None:
+    def __init__(self, params: Any, defaults: dict[str, Any], config: StateConfig,
+                 compiled: bool | None = None) -> None:
         self.config = config
-        self.compiled = bool(compiled)
+        if compiled is not None and not isinstance(compiled, bool):
+            raise ConfigError(f"compiled must be True, False or None (auto), got {compiled!r}")
+        self.compiled = compiled
         # The fused kernels pay only compiled (eagerly their temporaries cost more than the per-op path saves);
-        # None follows `compiled`, True/False force them on/off (tests and benchmarks compare the two).
+        # None follows `compiles()`, True/False force them on/off (tests and benchmarks compare the two).
         self.use_kernels: bool | None = None
         super().__init__(_named_groups(params), defaults)
 
@@ -95,14 +101,23 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int) -> None:
+                    step: int, compile_: bool) -> None:
         raise NotImplementedError
+
+    def compiles(self, numel: int) -> bool:
+        """Whether an int8-state parameter of ``numel`` elements takes the compiled kernel.
+
+        ``compiled=None`` (the default) compiles for tensors of at least ``AUTO_COMPILE_NUMEL`` elements: there the
+        fused kernel is 2-8x faster than the per-op path, and below it compiling costs more than it saves.
+        """
+        return self.compiled if self.compiled is not None else numel >= AUTO_COMPILE_NUMEL
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS[self.config.optimizer]
 
     def _blocks(self, state: dict[str, Any], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return state[kind + "_codes"].view(-1, self.config.block_size), state[kind + "_scales"]
+        scales = state[kind + "_scales"]
+        return state[kind + "_codes"].view(scales.numel(), -1), scales
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -136,8 +151,15 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         cfg = self.config
         as_int8 = cfg.quantizes(name, local.numel(), step)
         if as_int8 and self._fits_kernel(state, local, grad, group):
+            compile_ = self.compiles(local.numel())
             work = local if local.dtype == torch.float32 else local.float()
-            self._run_kernel(work.view(-1, cfg.block_size), grad.float().view(-1, cfg.block_size), state, group, step)
+            flat, flat_grad = work.view(-1), grad.float().view(-1)
+            for elements, blocks in _kernel_parts(local.numel(), cfg.block_size):
+                rows = blocks.stop - blocks.start
+                part = {key: value[elements if key.endswith("_codes") else blocks] for key, value in state.items()
+                        if key.endswith(("_codes", "_scales"))}
+                self._run_kernel(flat[elements].view(rows, -1), flat_grad[elements].view(rows, -1), part, group, step,
+                                 compile_)
             if work is not local:
                 local.copy_(work)
             return
@@ -154,11 +176,10 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
 
     def _fits_kernel(self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor,
                      group: dict[str, Any]) -> bool:
-        """Whether the fused kernel can run: whole blocks, contiguous, state int8 already (or still empty)."""
+        """Whether the fused kernel can run: contiguous, state int8 already (or still empty)."""
         moments = self._moments(group)
-        use_kernels = self.compiled if self.use_kernels is None else self.use_kernels
-        if not (use_kernels and moments and local.numel() % self.config.block_size == 0
-                and local.is_contiguous() and grad.is_contiguous()):
+        use_kernels = self.compiles(local.numel()) if self.use_kernels is None else self.use_kernels
+        if not (use_kernels and moments and local.is_contiguous() and grad.is_contiguous()):
             return False
         if all(kind + "_codes" in state for kind, _ in moments):
             return True
@@ -236,6 +257,15 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         return {**state_dict, "state": state, "param_groups": groups, CONFIG_KEY: fp32_config.to_dict()}
 
 
+def _kernel_parts(numel: int, block_size: int) -> list[tuple[slice, slice]]:
+    """(elements, blocks) of the whole blocks and, if any, of the shorter tail block: one kernel call each."""
+    full = numel // block_size
+    parts = [(slice(0, full * block_size), slice(0, full))] if full else []
+    if full * block_size < numel:
+        parts.append((slice(full * block_size, numel), slice(full, full + 1)))
+    return parts
+
+
 # The group options torch.optim.AdamW / SGD read in step() that our groups lack (torch's own defaults).
 _COMMON = {"maximize": False, "foreach": None, "differentiable": False, "fused": None}
 _TORCH_GROUP_KEYS = {
@@ -268,7 +298,7 @@ class Int8AdamW(BlockwiseOptimizer):
                  weight_decay: float = 0.01, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
                  min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
                  fp32_warmup_steps: int = 0, second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-                 compiled: bool = False) -> None:
+                 compiled: bool | None = None) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
         _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
@@ -280,11 +310,11 @@ class Int8AdamW(BlockwiseOptimizer):
         super().__init__(params, defaults, config, compiled)
 
     def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int) -> None:
+                    step: int, compile_: bool) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         hyper = torch.tensor([lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)],
                              dtype=torch.float32, device=param.device)
-        kernels.run_kernel(kernels.adamw_blocks, self.compiled, param, grad, *self._blocks(state, "exp_avg"),
+        kernels.run_kernel(kernels.adamw_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"),
                            *self._blocks(state, "exp_avg_sq"), dynamic_tables(param.device), hyper,
                            self.config.second_moment_code)
 
@@ -306,7 +336,7 @@ class Int8Lion(BlockwiseOptimizer):
     def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
                  min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-                 fp32_warmup_steps: int = 0, compiled: bool = False) -> None:
+                 fp32_warmup_steps: int = 0, compiled: bool | None = None) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("betas[0]", betas[0], 0.0, 1.0)
         _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
@@ -315,11 +345,11 @@ class Int8Lion(BlockwiseOptimizer):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}, config, compiled)
 
     def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int) -> None:
+                    step: int, compile_: bool) -> None:
         (beta1, beta2) = group["betas"]
         hyper = torch.tensor([group["lr"], group["weight_decay"], beta1, beta2], dtype=torch.float32,
                              device=param.device)
-        kernels.run_kernel(kernels.lion_blocks, self.compiled, param, grad, *self._blocks(state, "exp_avg"), hyper)
+        kernels.run_kernel(kernels.lion_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"), hyper)
 
     def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
                 group: dict[str, Any], step: int) -> None:
@@ -337,7 +367,7 @@ class Int8SGD(BlockwiseOptimizer):
     def __init__(self, params: Any, lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = False, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
                  min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-                 fp32_warmup_steps: int = 0, compiled: bool = False) -> None:
+                 fp32_warmup_steps: int = 0, compiled: bool | None = None) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("momentum", momentum, 0.0, 1.0, high_open=True)
         _check_range("weight_decay", weight_decay, 0.0)
@@ -348,10 +378,10 @@ class Int8SGD(BlockwiseOptimizer):
         super().__init__(params, defaults, config, compiled)
 
     def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int) -> None:
+                    step: int, compile_: bool) -> None:
         hyper = torch.tensor([group["lr"], group["weight_decay"], group["momentum"]], dtype=torch.float32,
                              device=param.device)
-        kernels.run_kernel(kernels.sgd_blocks, self.compiled, param, grad, *self._blocks(state, "momentum_buffer"),
+        kernels.run_kernel(kernels.sgd_blocks, compile_, param, grad, *self._blocks(state, "momentum_buffer"),
                            hyper, bool(group["nesterov"]))
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
