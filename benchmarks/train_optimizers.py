@@ -26,9 +26,9 @@ metrics. Int8AdamW rows: ``Int8AdamW`` as constructed by default (``compiled=Non
 through the fused kernel compiled by ``torch.compile``, the rest through the per-op path; second moment in the
 ``dynamic`` code), ``Int8AdamW eager`` (``compiled=False``: everything per-op), ``Int8AdamW sqrt`` (the default
 with the cheaper ``sqrt`` code) and ``Int8AdamW all int8`` (``min_numel=0, compiled=True``: small tensors in int8
-and through the kernel too; on the digits CNN they are 11 % of the parameters but a third of the state bytes). Int8AdamW and torchao compile on
-first use: those steps are slow and the medians ignore them. An optimizer
-whose package is missing or fails on this machine is listed with the reason instead.
+and through the kernel too; on the digits CNN they are 11 % of the parameters but a third of the state bytes).
+Int8AdamW and torchao compile on first use: those steps are slow and the medians ignore them. An optimizer whose
+package is missing or fails on this machine is listed with the reason instead.
 
     python benchmarks/train_optimizers.py                     # both tasks, default lengths
     python benchmarks/train_optimizers.py --tasks minilm --minilm-steps 100 --threads 2
