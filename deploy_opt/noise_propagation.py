@@ -67,7 +67,6 @@ def propagated_noise(
     metric: str,
     probes: int = 4,
     seed: int = 0,
-    progress: Callable[[Any], Any] = lambda it: it,
 ) -> dict[str, float] | None:
     """Per node, the output noise power (relative to the output's) that its quantization alone predicts.
 
@@ -86,7 +85,7 @@ def propagated_noise(
     totals = dict.fromkeys(wanted, 0.0)
     draws = 0
     with torch.enable_grad():
-        for feeds in progress(list(_samples(batches))):
+        for feeds in _samples(batches):
             tap = _Taps(wanted, local_fns)
             y = run_graph(fp32, feeds, tap, constants)[output].float()
             names = [n for n in tap.leaves if n in tap.noise]

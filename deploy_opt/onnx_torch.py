@@ -8,6 +8,7 @@ raises :class:`UnsupportedOpError`, and the caller falls back to what it can do 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -203,7 +204,9 @@ def _split(x: Any, split: Any = None, axis: int = 0, num_outputs: int | None = N
     return tuple(x.split(math.ceil(x.shape[axis] / count), dim=axis))
 
 
+@functools.cache
 def _build_ops() -> dict[str, Callable[..., Any]]:
+    """Operator type → torch implementation (built once: the hot path runs a node at a time)."""
     import torch
 
     def variadic(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
@@ -313,17 +316,20 @@ _KEYWORD_INPUTS = {
 }
 
 
+def _implementation(node: onnx.NodeProto) -> Callable[..., Any] | None:
+    """The torch implementation of ``node``'s operator, or None when this evaluator lacks it."""
+    return _build_ops().get(node.op_type) if node.domain in ("", "ai.onnx") else None
+
+
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """The operator types of ``model`` this evaluator cannot run (empty when it can run all)."""
-    ops = _build_ops()
-    return sorted({n.op_type for n in model.graph.node if n.op_type not in ops or n.domain not in ("", "ai.onnx")})
+    return sorted({n.op_type for n in model.graph.node if _implementation(n) is None})
 
 
-def run_node(node: onnx.NodeProto, inputs: list[Any], ops: Mapping[str, Callable[..., Any]] | None = None) -> list[Any]:
+def run_node(node: onnx.NodeProto, inputs: list[Any]) -> list[Any]:
     """One node's outputs for the given input tensors (None for an absent optional input)."""
-    ops = ops or _build_ops()
-    fn = ops.get(node.op_type)
-    if fn is None or node.domain not in ("", "ai.onnx"):
+    fn = _implementation(node)
+    if fn is None:
         raise UnsupportedOpError(f"operator {node.domain or 'ai.onnx'}.{node.op_type} (node {node.name!r})")
     attrs = _attrs(node)
     if node.op_type in _KEYWORD_INPUTS:
@@ -346,7 +352,6 @@ def run_graph(
 
     ``constants`` are the initializers as torch tensors (:func:`initializer_tensors`), to convert them once.
     """
-    ops = _build_ops()
     env: dict[str, Any] = dict(constants) if constants is not None else initializer_tensors(model)
     env.update({name: to_tensor(np.asarray(value)) for name, value in feeds.items()})
     for node in model.graph.node:
@@ -354,7 +359,7 @@ def run_graph(
             env[node.output[0]] = to_tensor(numpy_helper.to_array(node.attribute[0].t))
             continue
         inputs = [env[name] if name else None for name in node.input]
-        outputs = run_node(node, inputs, ops)
+        outputs = run_node(node, inputs)
         if hook is not None:
             outputs = hook(node, inputs, outputs) or outputs
         env.update(zip(node.output, outputs, strict=False))

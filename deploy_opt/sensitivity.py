@@ -18,7 +18,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,21 +68,18 @@ def analyzed_nodes(qdq: onnx.ModelProto, op_types: tuple[str, ...]) -> list[Quan
     return [n for n in quantized_nodes(qdq) if n.op_type in op_types]
 
 
-def proxy_key(proxy: dict[str, Any]) -> float:
-    """The proxy that ranks, lower is more sensitive: the propagated SQNR, else the local SQNR."""
-    value = proxy.get("propagated_sqnr_db")
-    return value if value is not None else proxy["local_sqnr_db"]
+def proxy_key(proxy: Mapping[str, Any]) -> float | None:
+    """The proxy that ranks, lower is more sensitive: the propagated SQNR, else the local SQNR of the node's
+    inputs, else its output SQNR; None when the record has none of them."""
+    return next(
+        (proxy[k] for k in ("propagated_sqnr_db", "local_sqnr_db", "sqnr_db") if proxy.get(k) is not None), None
+    )
 
 
 def proxy_scores(
-    fp32_path: Path,
-    qdq_path: Path,
-    nodes: list[QuantizedNode],
-    batches: list[Batch],
-    metric: str = "cosine",
+    fp32_path: Path, qdq_path: Path, nodes: list[QuantizedNode], batches: list[Batch]
 ) -> dict[str, dict[str, float]]:
-    """One pass of the FP32 and the fully quantized model through ORT's ``qdq_loss_debug``, and the linearised
-    proxy (one torch forward and a few backward passes per sample)."""
+    """One pass of the FP32 and the fully quantized model through ORT's ``qdq_loss_debug``."""
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
@@ -128,10 +125,6 @@ def proxy_scores(
         entry["macs"] = _macs(node, fp32_acts)
         entry["node_sqnr_db"] = _node_output_sqnr(node, graph.get(node.name), matching, weight_match)
         scores[node.name] = entry
-    propagated = propagated_noise(onnx.load(str(fp32_path)), onnx.load(str(qdq_path)), nodes, batches, metric)
-    for name, noise in (propagated or {}).items():
-        scores[name]["propagated_sqnr_db"] = noise_db(noise)
-        scores[name]["predicted_drop"] = predicted_drop(metric, noise)
     return scores
 
 
@@ -199,7 +192,10 @@ def analyze(
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
     nodes = analyzed_nodes(qdq, op_types)
     base_fp32, base_int8 = scorer.score(fp32), scorer.score(qdq)
-    proxies = proxy_scores(fp32_path, qdq_path, nodes, scorer.batches, scorer.metric.name)
+    proxies = proxy_scores(fp32_path, qdq_path, nodes, scorer.batches)
+    metric = scorer.metric.name
+    for name, noise in (propagated_noise(fp32, qdq, nodes, scorer.batches, metric) or {}).items():
+        proxies[name].update(propagated_sqnr_db=noise_db(noise), predicted_drop=predicted_drop(metric, noise))
     proxy_time = time.perf_counter() - started
     by_proxy = sorted(nodes, key=lambda n: proxy_key(proxies[n.name]))
     exact = {"exhaustive": nodes, "proxy": [], "proxy+topk": by_proxy[:top_k]}[mode]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_opt.sensitivity import proxy_key
 from dopt_common.deps import require
 from dopt_common.files import atomic_path, write_text
 
@@ -55,7 +56,7 @@ def graph_order(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def cell_matrix(nodes: list[dict[str, Any]]) -> np.ndarray:
     """Rows x 5 floats: the four drop/recovered columns and proxy SQNR; NaN where not evaluated."""
-    rows = [[number(n.get(k)) for k in DROP_KEYS] + [number(_proxy_sqnr(n))] for n in nodes]
+    rows = [[number(n.get(k)) for k in DROP_KEYS] + [number(proxy_key(n.get("proxy") or {}))] for n in nodes]
     return np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=float).reshape(len(nodes), 5)
 
 
@@ -248,15 +249,6 @@ _HEADERS = (
     ("output SQNR dB", "num", "sqnr_db"),
     ("output cosine", "num", "cosine"),
 )
-
-
-def _proxy_sqnr(node: Mapping[str, Any]) -> Any:
-    """The ranking proxy: the node's own noise propagated to the output, else its local input SQNR."""
-    proxy = node.get("proxy") or {}
-    for key in ("propagated_sqnr_db", "local_sqnr_db", "sqnr_db"):
-        if proxy.get(key) is not None:
-            return proxy[key]
-    return None
 
 
 def write_html(result: Mapping[str, Any], png: Path, path: Path) -> Path:
