@@ -465,10 +465,11 @@ def test_compiled_kernels_trace_without_graph_breaks(monkeypatch: pytest.MonkeyP
               lambda ps: Int8Lion(ps, min_numel=0, block_size=256, compiled=True),
               lambda ps: Int8SGD(ps, min_numel=0, block_size=256, compiled=True)]
     for make in makers:
-        compiled, plain = torch.nn.Parameter(torch.ones(64, 128)), torch.nn.Parameter(torch.ones(64, 128))
+        # 64 x 130: whole blocks and a tail block, two calls that write one parameter.
+        compiled, plain = torch.nn.Parameter(torch.ones(64, 130)), torch.nn.Parameter(torch.ones(64, 130))
         opt_compiled, opt_plain = make([compiled]), make([plain])
         for _ in range(2):
-            compiled.grad, plain.grad = torch.randn(64, 128), None
+            compiled.grad, plain.grad = torch.randn(64, 130), None
             plain.grad = compiled.grad.clone()
             opt_compiled.step()
             opt_plain.step()

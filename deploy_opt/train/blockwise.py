@@ -135,7 +135,7 @@ def dynamic_map(device: torch.device | str = "cpu") -> torch.Tensor:
     return dynamic_tables(device).levels.clone()
 
 
-def _parts(flat: torch.Tensor, block_size: int) -> list[torch.Tensor]:
+def block_parts(flat: torch.Tensor, block_size: int) -> list[torch.Tensor]:
     """Views of ``flat`` as [full_blocks, block_size] and, if there is a remainder, [1, tail]."""
     full = flat.numel() // block_size * block_size
     parts = []
@@ -147,7 +147,7 @@ def _parts(flat: torch.Tensor, block_size: int) -> list[torch.Tensor]:
 
 
 def _block_absmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    return torch.cat([part.abs().amax(dim=1) for part in _parts(x, block_size)])
+    return torch.cat([part.abs().amax(dim=1) for part in block_parts(x, block_size)])
 
 
 def _empty_state(x: torch.Tensor, block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +163,8 @@ def quantize_signed(
     flat = x.detach().reshape(-1).float()
     codes, scales = out if out is not None else _empty_state(flat, block_size, torch.int8)
     scales.copy_(_block_absmax(flat, block_size).div_(127.0).clamp_min_(SCALE_FLOOR))
-    for part, s, c in zip(_parts(flat, block_size), _scale_parts(scales, flat.numel(), block_size),
-                          _parts(codes, block_size), strict=True):
+    for part, s, c in zip(block_parts(flat, block_size), scale_parts(scales, flat.numel(), block_size),
+                          block_parts(codes, block_size), strict=True):
         c.copy_(torch.div(part, s.unsqueeze(1)).round_().clamp_(-127, 127))
     return codes, scales
 
@@ -172,12 +172,13 @@ def quantize_signed(
 def dequantize_signed(codes: torch.Tensor, scales: torch.Tensor, block_size: int) -> torch.Tensor:
     """The fp32 flat tensor that int8 ``codes`` and per-block ``scales`` stand for."""
     out = codes.float()
-    for part, s in zip(_parts(out, block_size), _scale_parts(scales, out.numel(), block_size), strict=True):
+    for part, s in zip(block_parts(out, block_size), scale_parts(scales, out.numel(), block_size), strict=True):
         part.mul_(s.unsqueeze(1))
     return out
 
 
-def _scale_parts(scales: torch.Tensor, numel: int, block_size: int) -> list[torch.Tensor]:
+def scale_parts(scales: torch.Tensor, numel: int, block_size: int) -> list[torch.Tensor]:
+    """The per-block ``scales`` of a tensor of ``numel`` elements, split as ``block_parts`` splits the tensor."""
     full = numel // block_size
     parts = []
     if full:
@@ -202,8 +203,8 @@ def quantize_unsigned(
     codes, scales = out if out is not None else _empty_state(flat, block_size, torch.uint8)
     top = _block_absmax(flat, block_size)
     scales.copy_((top if code == "dynamic" else top.div_(255.0)).clamp_min_(SCALE_FLOOR))
-    for part, s, c in zip(_parts(flat, block_size), _scale_parts(scales, flat.numel(), block_size),
-                          _parts(codes, block_size), strict=True):
+    for part, s, c in zip(block_parts(flat, block_size), scale_parts(scales, flat.numel(), block_size),
+                          block_parts(codes, block_size), strict=True):
         y = torch.div(part, s.unsqueeze(1))
         c.copy_(encode_dynamic(y.clamp_(max=1.0)) if code == "dynamic" else y.round_().clamp_(0, 255))
     return codes, scales
@@ -241,7 +242,7 @@ def dequantize_unsigned(
         out = codes.float()
         if zero_as_half_step:
             out.clamp_(min=0.5)
-    for part, s in zip(_parts(out, block_size), _scale_parts(scales, out.numel(), block_size), strict=True):
+    for part, s in zip(block_parts(out, block_size), scale_parts(scales, out.numel(), block_size), strict=True):
         part.mul_(s.unsqueeze(1))
     return out.square_() if code == "sqrt" else out
 

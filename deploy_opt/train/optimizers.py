@@ -30,7 +30,9 @@ from deploy_opt.train.blockwise import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SECOND_MOMENT_CODE,
     block_count,
+    block_parts,
     dynamic_tables,
+    scale_parts,
 )
 from deploy_opt.train.state_io import (
     CONFIG_KEY,
@@ -116,8 +118,8 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         return MOMENTS[self.config.optimizer]
 
     def _blocks(self, state: dict[str, Any], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        scales = state[kind + "_scales"]
-        return state[kind + "_codes"].view(scales.numel(), -1), scales
+        """A moment's codes ([blocks, block_size] views, from ``block_parts``) and scales, for a kernel call."""
+        return state[kind + "_codes"], state[kind + "_scales"]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -153,12 +155,16 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         if as_int8 and self._fits_kernel(state, local, grad, group):
             compile_ = self.compiles(local.numel())
             work = local if local.dtype == torch.float32 else local.float()
-            flat, flat_grad = work.view(-1), grad.float().view(-1)
-            for elements, blocks in _kernel_parts(local.numel(), cfg.block_size):
-                rows = blocks.stop - blocks.start
-                part = {key: value[elements if key.endswith("_codes") else blocks] for key, value in state.items()
-                        if key.endswith(("_codes", "_scales"))}
-                self._run_kernel(flat[elements].view(rows, -1), flat_grad[elements].view(rows, -1), part, group, step,
+            # One kernel call for the whole blocks, one for a shorter tail block.
+            numel, size = local.numel(), cfg.block_size
+            pieces = {key: block_parts(value, size) if key.endswith("_codes") else scale_parts(value, numel, size)
+                      for key, value in state.items() if key.endswith(("_codes", "_scales"))}
+            # detach(): both views exist before the first call writes the parameter, which autograd forbids for
+            # views of a tensor that requires grad (the writes still land in the parameter's storage).
+            parts = zip(block_parts(work.detach().view(-1), size), block_parts(grad.float().view(-1), size),
+                        strict=True)
+            for index, (part, part_grad) in enumerate(parts):
+                self._run_kernel(part, part_grad, {key: value[index] for key, value in pieces.items()}, group, step,
                                  compile_)
             if work is not local:
                 local.copy_(work)
@@ -255,15 +261,6 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                 )
         groups = [{**_TORCH_GROUP_KEYS.get(self.config.optimizer, {}), **group} for group in state_dict["param_groups"]]
         return {**state_dict, "state": state, "param_groups": groups, CONFIG_KEY: fp32_config.to_dict()}
-
-
-def _kernel_parts(numel: int, block_size: int) -> list[tuple[slice, slice]]:
-    """(elements, blocks) of the whole blocks and, if any, of the shorter tail block: one kernel call each."""
-    full = numel // block_size
-    parts = [(slice(0, full * block_size), slice(0, full))] if full else []
-    if full * block_size < numel:
-        parts.append((slice(full * block_size, numel), slice(full, full + 1)))
-    return parts
 
 
 # The group options torch.optim.AdamW / SGD read in step() that our groups lack (torch's own defaults).
