@@ -10,9 +10,9 @@ quantized bins) and the script prints one markdown table of wall time and peak R
 
 Rows, per model and sample count:
 
-* ``deploy_opt entropy``: what ``build`` runs for entropy: ``calibrators.collect.collect`` with a
+* ``deploy_opt entropy``: what ``build`` runs for entropy: ``calibrators.activations.collect.collect`` with a
   ``StreamingObserver`` (min/max and growing |x| histograms in one inference pass), then
-  ``calibrators.ranges.entropy_amax`` per tensor; timed from model load (tensor selection included) to
+  ``calibrators.activations.ranges.entropy_amax`` per tensor; timed from model load (tensor selection included) to
   thresholds.
 * ``ORT entropy (one call)``: ORT's documented use, ``create_calibrator`` + one ``collect_data`` over every
   batch + ``compute_data``. ORT holds every activation until the end of ``collect_data``; with variable-length
@@ -60,7 +60,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
     "minilm": {
-        "config": REPO_ROOT / "configs" / "minilm.yaml",
+        "config": REPO_ROOT / "deploy_opt" / "demo" / "minilm.yaml",
         "overrides": ["benchmark.enabled=false", "data.eval_samples=16"],
         "dir": "minilm",
         "op_types": ["MatMul", "Gemm"],
@@ -109,9 +109,9 @@ def _load_batches(path: str) -> list[dict[str, np.ndarray]]:
 
 
 def _calibrate_ours(spec: dict, batches: list[dict[str, np.ndarray]], model, note) -> dict[str, float]:
-    from calibrators.collect import collect, select_tensors
-    from calibrators.ranges import entropy_amax
-    from calibrators.streaming import StreamingObserver
+    from calibrators.activations.collect import collect, select_tensors
+    from calibrators.activations.ranges import entropy_amax
+    from calibrators.activations.streaming import StreamingObserver
 
     clock = _Phases(note)
     names = select_tensors(model, spec["op_types"])
@@ -178,8 +178,8 @@ def worker(spec: dict) -> None:
     import onnx
     import onnxruntime.quantization.calibrate  # noqa: F401  (imported before the baseline on both sides)
 
-    import calibrators.collect  # noqa: F401
-    import calibrators.ranges  # noqa: F401
+    import calibrators.activations.collect  # noqa: F401
+    import calibrators.activations.ranges  # noqa: F401
 
     batches = _load_batches(spec["data"])
     model = onnx.load(spec["model"])
@@ -249,8 +249,8 @@ def ensure_model(model: str, given: Path | None, reports: Path) -> Path:
         return given
     path = reports / MODELS[model]["dir"] / "model.onnx"
     if not path.exists():
-        from deploy_opt.pipeline import run_build
-        from deploy_opt.profiles import load_build_config
+        from deploy_opt.build.pipeline import run_build
+        from deploy_opt.config.profiles import load_build_config
 
         print(f"# building {path} (deploy_opt build --profile ci) ...", file=sys.stderr, flush=True)
         config, profile = load_build_config(MODELS[model]["config"], "ci", MODELS[model]["overrides"])

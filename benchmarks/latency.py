@@ -14,8 +14,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import REPO_ROOT, load_build_config
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import example_config, load_build_config
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         type=Path,
-        default=[REPO_ROOT / "configs" / "digits.yaml", REPO_ROOT / "configs" / "minilm.yaml"],
+        default=[example_config("digits"), example_config("minilm")],
     )
     parser.add_argument("--profile", default="cpu-server")
     parser.add_argument("--repeats", type=int, default=200)

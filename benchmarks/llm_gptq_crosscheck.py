@@ -16,7 +16,8 @@ Steps:
    (``llmcompressor.modifiers.gptq.gptq_quantize.quantize_weight``, block 128, dampening 0.01) with min-max group
    parameters from ``compressed_tensors.quantization.utils.calculate_qparams``, without act-order and with
    ``actorder="weight"``; and its RTN (``fake_quantize`` with the same parameters);
-3. (this environment) run ours (``calibrators.gptq.gptq_quantize``, ``calibrators.weight_quant.rtn_quantize``)
+3. (this environment) run ours (``calibrators.groupwise.gptq.gptq_quantize``,
+   ``calibrators.groupwise.rtn.rtn_quantize``)
    on the same W and H and print one markdown table of the relative output error ||XWᵀ - XŴᵀ||² / ||XWᵀ||² of
    each, ours/theirs, and whether the RTN weights are identical.
 
@@ -108,8 +109,8 @@ def compare(dump: Path, theirs: Path, group_size: int) -> list[dict]:
     """Ours on the same W and H; one row per (layer, method)."""
     import torch
 
-    from calibrators.gptq import gptq_quantize
-    from calibrators.weight_quant import rtn_quantize
+    from calibrators.groupwise.gptq import gptq_quantize
+    from calibrators.groupwise.rtn import rtn_quantize
 
     data, other = np.load(dump), np.load(theirs)
     rows = []

@@ -11,7 +11,7 @@ Not a test: run by hand. Two ``sensitivity`` runs of the same config (default: a
 It prints the Spearman rank correlation of each proxy with the exhaustive drops (higher is better):
 
 * ``propagated``: the node's own quantization noise carried to the output through the Jacobian
-  (``deploy_opt.noise_propagation``), what ``proxy+topk`` ranks by;
+  (``deploy_opt.analysis.sensitivity.noise``), what ``proxy+topk`` ranks by;
 * ``local``: the SQNR of the node's quantized inputs alone (activation and weight noise combined);
 * ``node output``: the node's output SQNR with only its own quantization (MatMul/Gemm with a weight);
 * ``output in full INT8``: the node's output SQNR in the fully quantized model (upstream noise included).

@@ -14,12 +14,12 @@ import pytest
 from conftest import write_config
 from onnx import numpy_helper
 
-from calibrators.scale_file import float32_hex, hex_float32, load_scale_file
-from deploy_opt.align import verify_alignment
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import load_build_config
-from deploy_opt.scale_interop import export_scales
-from exporters.ort_qdq import OUTPUT_SUFFIX
+from calibrators.scales.format import float32_hex, hex_float32, load_scale_file
+from deploy_opt.analysis.align import verify_alignment
+from deploy_opt.analysis.scale_interop import export_scales
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import load_build_config
+from exporters.ort.qdq import OUTPUT_SUFFIX
 
 CONFIG = """
 name: tiny
@@ -116,7 +116,7 @@ def test_every_artifact_of_a_symmetric_build_carries_scales_json(symmetric_build
 
 
 def test_without_tensorrt_the_build_records_why_and_carries_on(symmetric_build: Path) -> None:
-    from exporters.tensorrt_engine import tensorrt_status
+    from exporters.tensorrt.engine import tensorrt_status
 
     if tensorrt_status().startswith("available"):
         pytest.skip("tensorrt runs here: the engine is built instead")
@@ -189,11 +189,11 @@ def test_a_folder_without_scales_json_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.tensorrt
 def test_engine_scales_equal_scales_json(symmetric_build: Path) -> None:
     pytest.importorskip("tensorrt")
-    from exporters.tensorrt_engine import tensorrt_status
+    from exporters.tensorrt.engine import tensorrt_status
 
     if not tensorrt_status().startswith("available"):
         pytest.skip(tensorrt_status())
-    from exporters.tensorrt_engine import engine_scales
+    from exporters.tensorrt.engine import engine_scales
 
     scales = load_scale_file(symmetric_build / "scales.json")
     found = engine_scales(symmetric_build / "model.int8.onnx")

@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from conftest import write_config
 
-from calibrators.scale_file import load_scale_file
-from deploy_opt.align import verify_alignment
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import REPO_ROOT, load_build_config
+from calibrators.scales.format import load_scale_file
+from deploy_opt.analysis.align import verify_alignment
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import example_config, load_build_config
 from dopt_common.errors import CalibrationError
 from dopt_common.files import sha256_file
-from exporters.ort_qdq import compare_scales, read_qdq_scales
+from exporters.ort.qdq import compare_scales, read_qdq_scales
 
 OUTPUTS = {
     "model.onnx",
@@ -119,7 +119,7 @@ def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> 
 
 def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     config, profile = load_build_config(
-        REPO_ROOT / "configs" / "minilm.yaml",
+        example_config("minilm"),
         "ci",
         ["calibration.samples=48", "data.eval_samples=32", "benchmark.batch_sizes=[1,2]", "benchmark.repeats=3"],
     )

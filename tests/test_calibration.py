@@ -10,8 +10,8 @@ import pytest
 import tiny_onnx
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
-from calibrators.collect import collect, select_tensors
-from calibrators.minmax import MinMaxObserver
+from calibrators.activations.collect import collect, select_tensors
+from calibrators.activations.minmax import MinMaxObserver
 from dopt_common.errors import CalibrationError
 
 

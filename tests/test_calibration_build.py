@@ -13,11 +13,11 @@ from conftest import write_config
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
-from calibrators.scale_file import load_scale_file
-from deploy_opt.calibrate import calibrate_activations
-from deploy_opt.calibration_set import choose_calibration
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import load_build_config
+from calibrators.scales.format import load_scale_file
+from deploy_opt.build.calibrate import calibrate_activations
+from deploy_opt.build.calibration_set import choose_calibration
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import load_build_config
 from dopt_common.errors import CalibrationError, InputError, NumericsError
 
 TINY = """
@@ -65,7 +65,7 @@ def _our_ranges(tmp_path: Path, model: Path, calibration: str) -> dict:
 
 
 def _specs(model: Path):
-    from deploy_opt.model_source import input_specs_from_onnx
+    from deploy_opt.build.export import input_specs_from_onnx
 
     return input_specs_from_onnx(onnx.load(str(model)))
 

@@ -11,15 +11,15 @@ import pytest
 import tiny_onnx
 from onnx import numpy_helper
 
-from calibrators.collect import select_tensors
-from calibrators.scale_file import ScaleFile, activation_scale
-from calibrators.weights import bias_scales, weight_scales
-from deploy_opt.compare import SAMPLES_FILE, compare_backends, fixed_samples, output_metrics
-from deploy_opt.config import CompareConfig, resolve_config
-from deploy_opt.sources import Batch
+from calibrators.activations.collect import select_tensors
+from calibrators.qparams import activation_scale, bias_scales, weight_scales
+from calibrators.scales.format import ScaleFile
+from deploy_opt.analysis.compare import SAMPLES_FILE, compare_backends, fixed_samples, output_metrics
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import CompareConfig, resolve_config
 from dopt_common.errors import ConfigError
 from dopt_common.files import sha256_file
-from exporters.ort_qdq import write_ort_qdq
+from exporters.ort.qdq import write_ort_qdq
 
 
 def _activations(x: np.ndarray) -> dict[str, np.ndarray]:
@@ -89,7 +89,7 @@ def test_every_cpu_backend_is_compared_and_written(tiny_model: Path, qdq_model: 
     )
     written = json.loads((out / "compare.json").read_text())
     assert written == json.loads(json.dumps(record))
-    assert written["format"] == "deploy_opt.compare/1" and written["seed"] == 0
+    assert written["format"] == "deploy_opt.analysis.compare/1" and written["seed"] == 0
     assert written["reference"] == "torch_fp32"
     backends = written["backends"]
     assert set(backends) == {

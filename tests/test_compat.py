@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from deploy_opt import compat_data
-from deploy_opt.compat import TARGETS, check_compat, render_compat_markdown, write_compat
+from deploy_opt.analysis import compat_data
+from deploy_opt.analysis.compat import TARGETS, check_compat, render_compat_markdown, write_compat
 from dopt_common.errors import ConfigError, ModelError
 
 TRT_VERSIONS = ("8.6", "9.3", "10.0", "10.1")
@@ -59,7 +59,7 @@ def test_every_node_of_the_tiny_model_has_every_column(tiny_model: Path, tmp_pat
     report = check_compat(tiny_model, TARGETS)
     model = onnx.load(str(tiny_model))
     _assert_columns(report, model)
-    assert report["format"] == "deploy_opt.compat/1"
+    assert report["format"] == "deploy_opt.analysis.compat/1"
     assert report["model"]["opsets"] == {"ai.onnx": 17}
     assert [r["name"] for r in report["nodes"]] == [n.name for n in model.graph.node]
     # ORT runs this model on CPU, so the CPU column must say so for every node.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy_opt.profiles import list_profiles, load_build_config
+from deploy_opt.config.profiles import list_profiles, load_build_config
 from dopt_common.errors import ConfigError
 
 SHIPPED_PROFILES = {"cpu-server", "ci", "a100", "rtx3090", "v100"}
@@ -302,7 +302,7 @@ def test_config_is_frozen(tmp_path: Path) -> None:
 
 def test_tensorrt_profile_forces_symmetric_activations(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_config(tmp_path, _set("quantization", activations="asymmetric"))
-    with caplog.at_level(logging.WARNING, logger="deploy_opt.config"):
+    with caplog.at_level(logging.WARNING, logger="deploy_opt.config.build"):
         config, profile = load_build_config(path, "a100")
     assert profile.name == "a100"
     assert "tensorrt" in config.deploy.targets

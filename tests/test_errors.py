@@ -13,13 +13,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from calibrators.minmax import MinMaxObserver
-from deploy_opt.config import InputSpec
-from deploy_opt.evaluate import Runner, evaluate
-from deploy_opt.metrics import resolve_metric
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import load_build_config
-from deploy_opt.sources import Batch, check_inputs, load_checkpoint, load_torch_model, resolve_callable, to_batch
+from calibrators.activations.minmax import MinMaxObserver
+from deploy_opt.build.evaluate import Runner, evaluate
+from deploy_opt.build.metrics import resolve_metric
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.build.sources import Batch, check_inputs, load_checkpoint, load_torch_model, resolve_callable, to_batch
+from deploy_opt.config.build import InputSpec
+from deploy_opt.config.profiles import load_build_config
 from dopt_common.errors import (
     CalibrationError,
     CheckpointError,
@@ -31,7 +31,7 @@ from dopt_common.errors import (
     SourceError,
 )
 from dopt_common.files import ensure_writable_dir
-from exporters.onnx_checks import check_onnx
+from exporters.onnx.checks import check_onnx
 
 PIXELS = (InputSpec("pixels", ("batch", 64), "float32"),)
 # A tiny model and its data functions, written beside each test's config as mydata.py.
@@ -439,7 +439,7 @@ def test_cli_config_error_exits_2_with_one_line(data_dir: Path) -> None:
 
 
 def test_a_data_function_that_raises_is_a_source_error(tmp_path: Path) -> None:
-    from deploy_opt.sources import iter_batches
+    from deploy_opt.build.sources import iter_batches
 
     (tmp_path / "flaky.py").write_text(
         "def data():\n    yield ({'x': __import__('numpy').zeros((1, 2), 'float32')}, None)\n"
@@ -452,9 +452,9 @@ def test_a_data_function_that_raises_is_a_source_error(tmp_path: Path) -> None:
 
 
 def test_parity_failure_names_the_error_and_tolerance(tmp_path: Path) -> None:
-    from deploy_opt.evaluate import torch_runner
-    from exporters.onnx_checks import check_parity
-    from exporters.onnx_export import export_onnx
+    from deploy_opt.build.evaluate import torch_runner
+    from exporters.onnx.checks import check_parity
+    from exporters.onnx.export import export_onnx
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
     example = torch.zeros(2, 4)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_opt.gate import apply_gate
+from deploy_opt.report.gate import apply_gate
 from dopt_common.errors import ReportError
 
 

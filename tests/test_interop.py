@@ -12,15 +12,15 @@ import pytest
 from onnxruntime.quantization.quant_utils import QuantType
 from onnxruntime.quantization.tensor_quant_overrides import TensorQuantOverridesHelper
 
-from calibrators.collect import select_tensors
-from calibrators.scale_file import ScaleFile, TensorScale, activation_scale, load_scale_file, save_scale_file
-from calibrators.weights import bias_scales, weight_scales
-from deploy_opt.scale_interop import detect_format, export_scales, import_scales
+from calibrators.activations.collect import select_tensors
+from calibrators.qparams import activation_scale, bias_scales, weight_scales
+from calibrators.scales.format import ScaleFile, TensorScale, load_scale_file, save_scale_file
+from deploy_opt.analysis.scale_interop import detect_format, export_scales, import_scales
 from dopt_common.errors import ConfigError, ScaleMismatchError
-from exporters.aimet_encodings import read_aimet_encodings, write_aimet_encodings
-from exporters.ort_overrides import ort_quant_overrides, read_ort_overrides, write_ort_overrides
-from exporters.ort_qdq import compare_scales, read_qdq_scales, write_ort_qdq
-from exporters.trt_cache import (
+from exporters.aimet import read_aimet_encodings, write_aimet_encodings
+from exporters.ort.overrides import ort_quant_overrides, read_ort_overrides, write_ort_overrides
+from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
+from exporters.tensorrt.cache import (
     parse_trt_cache,
     read_trt_cache,
     trt_version_number,

@@ -9,12 +9,12 @@ import pytest
 import tiny_llama
 import torch
 
-from calibrators.awq import search_awq_scale
-from calibrators.gptq import HessianAccumulator, gptq_quantize
-from calibrators.weight_quant import QuantizedWeight, output_error, rtn_quantize
+from calibrators.groupwise.awq import search_awq_scale
+from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
+from calibrators.groupwise.rtn import QuantizedWeight, output_error, rtn_quantize
 from deploy_opt.llm.quantize_engine import quantize_model
 from dopt_common.errors import ConfigError
-from exporters.llm_checkpoint import (
+from exporters.lmdeploy import (
     AWQ_ORDER,
     load_quantized_checkpoint,
     pack_awq,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy_opt.gate import apply_ppl_gate, parse_increase
 from deploy_opt.llm import serve as serve_mod
 from deploy_opt.llm.config import ServeConfig, load_llm_config
+from deploy_opt.report.gate import apply_ppl_gate, parse_increase
 from dopt_common.errors import ConfigError, DeployOptError, InputError, ReportError
 
 

@@ -14,11 +14,11 @@ import tiny_attention_onnx
 from conftest import write_config
 from onnx import helper
 
-from deploy_opt.noise_propagation import predicted_drop, propagated_noise
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import load_build_config
-from deploy_opt.sensitivity import analyzed_nodes
-from deploy_opt.sources import Batch
+from deploy_opt.analysis.sensitivity.analyze import analyzed_nodes
+from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.profiles import load_build_config
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,7 +98,7 @@ def test_an_operator_the_evaluator_lacks_falls_back_to_the_local_proxy(tmp_path:
         onnx.save(model, str(path))
         return path
 
-    with caplog.at_level(logging.WARNING, logger="deploy_opt.noise_propagation"):
+    with caplog.at_level(logging.WARNING, logger="deploy_opt.analysis.sensitivity.noise"):
         record, _ = _build(tmp_path, "fragile_onnx", with_elu)
     assert record["proxy"] == "local"
     assert all(n["proxy"]["propagated_sqnr_db"] is None for n in record["nodes"])

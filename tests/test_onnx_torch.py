@@ -12,7 +12,7 @@ import tiny_attention_onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from deploy_opt.onnx_torch import UnsupportedOpError, run_graph, unsupported_ops
+from deploy_opt.analysis.onnx_torch import UnsupportedOpError, run_graph, unsupported_ops
 from dopt_common.ort import create_session
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from onnxruntime.quantization.calibrate import HistogramCollector
 
-import calibrators.histogram as histogram_module
-from calibrators.histogram import Histogram, HistogramObserver, bin_counts, histogram_edges
-from calibrators.minmax import MinMaxObserver
-from calibrators.ranges import (
+import calibrators.activations.histogram as histogram_module
+from calibrators.activations.histogram import Histogram, HistogramObserver, bin_counts, histogram_edges
+from calibrators.activations.minmax import MinMaxObserver
+from calibrators.activations.ranges import (
     amax_range,
     entropy_amax,
     histogram_kind,

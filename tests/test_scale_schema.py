@@ -10,8 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from calibrators.scale_file import ScaleFile, TensorScale, load_scale_file, save_scale_file, validate_scale_data
-from calibrators.scale_schema import SCHEMA_PATH
+from calibrators.scales.format import ScaleFile, TensorScale, load_scale_file, save_scale_file, validate_scale_data
+from calibrators.scales.schema import SCHEMA_PATH
 from dopt_common.errors import ConfigError
 
 

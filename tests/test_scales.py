@@ -11,19 +11,17 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
 
-from calibrators.collect import select_tensors
-from calibrators.scale_file import (
+from calibrators.activations.collect import select_tensors
+from calibrators.qparams import activation_scale, bias_scales, weight_scale, weight_scales
+from calibrators.scales.format import (
     ScaleFile,
-    activation_scale,
     float32_hex,
     hex_float32,
     load_scale_file,
     save_scale_file,
-    weight_scale,
 )
-from calibrators.weights import bias_scales, weight_scales
 from dopt_common.errors import ConfigError, ScaleMismatchError
-from exporters.ort_qdq import compare_scales, read_qdq_scales, write_ort_qdq
+from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
 
 RANGES = [(-1.0, 1.0), (-0.3, 2.7), (0.0, 5.5), (-7.25, -0.5), (-1e-3, 3e-4), (0.0, 0.0), (-123.4, 56.7)]
 

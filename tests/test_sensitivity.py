@@ -11,10 +11,10 @@ import onnx
 import pytest
 from conftest import write_config
 
-from deploy_opt.fallback import head_nodes
-from deploy_opt.pipeline import run_build
-from deploy_opt.profiles import load_build_config
-from deploy_opt.qdq_variants import all_roles, make_variant, quantized_nodes
+from deploy_opt.analysis.sensitivity.fallback import head_nodes
+from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import load_build_config
 from dopt_common.errors import ConfigError
 from dopt_common.ort import create_session
 

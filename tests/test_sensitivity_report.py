@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deploy_opt.sensitivity_report import write_heatmap, write_html
+from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
 
 pytest.importorskip("matplotlib")
 
@@ -50,7 +50,7 @@ def synthetic(count: int, seed: int = 0, exact: int = 8) -> dict[str, Any]:
             }
         )
     return {
-        "format": "deploy_opt.sensitivity/1",
+        "format": "deploy_opt.analysis.sensitivity.analyze/1",
         "model": "minilm",
         "metric": {"name": "cosine", "higher_is_better": True, "fp32": 100.0, "int8": 94.1, "subset_samples": 26},
         "mode": "proxy+topk",

@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from calibrators.channels import ChannelAbsMaxObserver
-from calibrators.collect import collect
+from calibrators.activations.channels import ChannelAbsMaxObserver
+from calibrators.activations.collect import collect
+from calibrators.smoothquant import apply_smoothquant, smoothing_scales, smoothing_targets
 from dopt_common.errors import CalibrationError, ConfigError, NumericsError
 from dopt_common.ort import create_session
-from exporters.smoothquant import apply_smoothquant, smoothing_scales, smoothing_targets
 
 K, N = 32, 8
 OUTLIERS = (3, 17, 29)
@@ -215,7 +215,7 @@ def minilm_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from deploy_opt.demo import minilm
-    from exporters.onnx_export import export_onnx
+    from exporters.onnx.export import export_onnx
 
     inputs = minilm.tokenize(minilm.evaluation_sentences(2))
     ids, mask = (torch.from_numpy(inputs[n]) for n in ("input_ids", "attention_mask"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibrators.ranges import entropy_amax, mse_amax
-from calibrators.streaming import StreamingObserver
+from calibrators.activations.ranges import entropy_amax, mse_amax
+from calibrators.activations.streaming import StreamingObserver
 from dopt_common.errors import CalibrationError
 
 

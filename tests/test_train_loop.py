@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from deploy_opt.config.profiles import example_config
 from deploy_opt.train.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from deploy_opt.train.config import TrainConfig, build_train_config, load_train_config
 from deploy_opt.train.loop import MODEL_NAME, train
@@ -143,7 +144,7 @@ def test_yaml_overrides_and_relative_output_dir(tmp_path: Path) -> None:
 
 
 def test_shipped_demo_config_loads() -> None:
-    config = load_train_config(REPO / "configs" / "train_digits.yaml")
+    config = load_train_config(example_config("train_digits"))
     assert config.optimizer.type == "sgd" and config.model_type == "cnn"
 
 
@@ -265,6 +266,6 @@ def test_clipping_bounds_the_update(tmp_path: Path, clip_norm: float | None) -> 
 
 
 def test_demo_config_trains_digits_cnn_above_95_percent(tmp_path: Path) -> None:
-    config = load_train_config(REPO / "configs" / "train_digits.yaml")
+    config = load_train_config(example_config("train_digits"))
     result = train(config, tmp_path / "demo", progress=False)
     assert result.completed and result.metrics["eval_accuracy"] > 0.95

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from deploy_opt.gate import Criterion
 from deploy_opt.llm.text_data import DOC_SEPARATOR, TextDoc, pydoc_texts
+from deploy_opt.report.gate import Criterion
 from dopt_common.errors import ConfigError, InputError, NumericsError
 
 log = logging.getLogger(__name__)

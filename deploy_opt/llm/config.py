@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deploy_opt.config import build_dataclass, merge, read_yaml
+from deploy_opt.config.loader import build_dataclass, merge, read_yaml
+from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError
 
 Method = Literal["gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
@@ -75,18 +76,6 @@ class LLMGateConfig:
     """Release criterion: the largest perplexity increase, e.g. '5%' (null: not gated)."""
 
     max_ppl_increase: str | None = "25%"
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """lmdeploy api_server settings (a profile's ``serve:`` section can set them)."""
-
-    port: int = 23333
-    tp: int = 1
-    # auto: TurboMind when it accepts the checkpoint (group 128, no act-order), else lmdeploy's PyTorch engine.
-    backend: Literal["auto", "turbomind", "pytorch"] = "auto"
-    session_len: int | None = None
-    ready_timeout_s: int = 600
 
 
 @dataclass(frozen=True)

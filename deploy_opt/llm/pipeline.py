@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt import __version__
-from deploy_opt.gate import GateResult, apply_ppl_gate
 from deploy_opt.llm.config import LLMConfig
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
-from deploy_opt.report import versions
+from deploy_opt.report.gate import GateResult, apply_ppl_gate
+from deploy_opt.report.record import versions
 from dopt_common.errors import InputError, OutputError
 from dopt_common.files import ensure_writable_dir, replace_dir, write_json
 
@@ -154,7 +154,7 @@ def _quantize(
         save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
         return summary, "torchao"
     from deploy_opt.llm.quantize_engine import quantize_model
-    from exporters.llm_checkpoint import write_quantized_checkpoint
+    from exporters.lmdeploy import write_quantized_checkpoint
 
     result = quantize_model(
         model,
@@ -181,7 +181,7 @@ def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dic
 
         reloaded, _ = load_torchao_checkpoint(checkpoint)
     else:
-        from exporters.llm_checkpoint import load_quantized_checkpoint
+        from exporters.lmdeploy import load_quantized_checkpoint
 
         reloaded, _ = load_quantized_checkpoint(checkpoint)
     ids = tokenizer(CHECK_PROMPT, return_tensors="pt").input_ids

@@ -1,7 +1,7 @@
 """The one swappable W4A16 engine: GPTQ, AWQ or RTN over a Hugging Face decoder model, layer by layer.
 
 Why our own engine: it is deploy_opt's implementation of the published algorithms in plain torch
-(``calibrators/gptq.py``, ``calibrators/awq.py``, ``calibrators/weight_quant.py``), so it installs with nothing
+(``calibrators/groupwise/``: ``gptq.py``, ``awq.py``, ``rtn.py``), so it installs with nothing
 extra and runs on a CPU. llm-compressor pins transformers 5.17 and its AWQ fails on CPU in ``pin_memory``;
 auto-gptq is archived and AutoAWQ deprecated; gptqmodel installs only with ``--no-deps``. Everything the rest
 of deploy_opt needs goes through ``quantize_model`` and ``EngineResult``, so a library engine can replace this
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from calibrators.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
-from calibrators.gptq import HessianAccumulator, gptq_quantize
-from calibrators.weight_quant import (
+from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
+from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
+from calibrators.groupwise.rtn import (
     QuantizedWeight,
     check_bits,
     check_group_size,
@@ -289,7 +289,7 @@ def quantize_model(
     """Quantize every decoder-layer Linear of ``model`` in place (dequantized float32 weights) and return codes.
 
     ``sym=None`` takes the method's usual choice: symmetric for gptq and rtn, asymmetric for awq (AutoAWQ).
-    ``desc_act`` and ``static_groups`` only apply to gptq (see ``calibrators/gptq.py``: with static groups the
+    ``desc_act`` and ``static_groups`` only apply to gptq (see ``calibrators/groupwise/gptq.py``: with static groups the
     act-order stays inside the algorithm and the checkpoint has sequential g_idx). Norms are never quantized
     (awq rescales them); modules whose name matches a ``keep`` pattern are left as they are.
     """

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from deploy_opt.llm.config import ServeConfig
+from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError, DeployOptError, InputError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def quantization_config(checkpoint: Path) -> dict:
 def choose_backend(checkpoint: Path, backend: str) -> str:
     """'auto' → turbomind when it accepts the checkpoint, else pytorch; an explicit turbomind it would refuse is
     an error naming why."""
-    from exporters.llm_checkpoint import lmdeploy_problems
+    from exporters.lmdeploy import lmdeploy_problems
 
     quant = quantization_config(checkpoint)
     problems = lmdeploy_problems(quant) if quant else []

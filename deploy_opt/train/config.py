@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deploy_opt.config import build_dataclass, merge, parse_override, read_yaml
+from deploy_opt.config.loader import build_dataclass, merge, parse_override, read_yaml
 from deploy_opt.train.schedules import ScheduleConfig
 from dopt_common.errors import ConfigError
 

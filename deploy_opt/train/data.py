@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from deploy_opt.sources import call_user, resolve_callable
+from deploy_opt.build.sources import call_user, resolve_callable
 from dopt_common.errors import SourceError
 
 Batch = tuple[Any, Any]

@@ -1,0 +1,1 @@
+"""LLM weight quantization, torch only: round-to-nearest groups (rtn.py), GPTQ and AWQ."""

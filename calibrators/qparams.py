@@ -1,0 +1,150 @@
+"""Quantization parameters: an activation range or a weight -> scale and zero point; int32 bias scales derived.
+
+Every formula is bit-identical to ONNX Runtime's (``compute_scale_zp``, its bias quantization). Axes follow ONNX
+Runtime's and TensorRT's conventions: the output-channel axis of each op's weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from calibrators.scales.format import TensorScale
+from dopt_common.errors import ConfigError
+
+# Which input of each op holds the weight, and its output-channel axis (matching ORT's own defaults).
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
+BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+
+
+def channel_axis(node: onnx.NodeProto, rank: int) -> int:
+    """The output-channel axis of a node's weight: Conv 0, ConvTranspose 1, Gemm by transB, MatMul last."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return rank - 1
+
+
+def weight_scales(
+    model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = (), method: str = "absmax"
+) -> dict[str, TensorScale]:
+    """Per-channel int8 parameters (``absmax`` or ``mse``) for every weight feeding a quantizable node."""
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted, skipped = set(op_types), set(exclude)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        index = WEIGHT_INPUT.get(node.op_type)
+        if node.op_type not in wanted or node.name in skipped or index is None or len(node.input) <= index:
+            continue
+        name = node.input[index]
+        if name in inits and name not in out:
+            array = numpy_helper.to_array(inits[name])
+            if array.dtype.kind == "f" and array.ndim >= 2:
+                out[name] = weight_scale(name, array, channel_axis(node, array.ndim), method)
+    return out
+
+
+def bias_scales(
+    model: onnx.ModelProto, tensors: Mapping[str, TensorScale], op_types: Iterable[str], exclude: Iterable[str] = ()
+) -> dict[str, TensorScale]:
+    """int32 bias parameters derived from the node's input and weight scales, as ORT quantizes biases."""
+    inits = {i.name for i in model.graph.initializer}
+    wanted, skipped = set(op_types), set(exclude)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        index = BIAS_INPUT.get(node.op_type)
+        if node.op_type not in wanted or node.name in skipped or index is None or len(node.input) <= index:
+            continue
+        bias, act, weight = node.input[index], node.input[0], node.input[1]
+        if bias in inits and act in tensors and weight in tensors:
+            beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
+            out[bias] = bias_scale(bias, tensors[act], tensors[weight], beta)
+    return out
+
+
+def symmetric_scale(amax: np.ndarray | float) -> np.ndarray:
+    """amax / 127 rounded once to float32 (computed in float64, as ONNX Runtime does); 1.0 for empty ranges."""
+    exact = np.asarray(amax, dtype=np.float32).astype(np.float64) / 127.0
+    return np.where(exact < np.finfo(np.float32).tiny, 1.0, exact).astype(np.float32)
+
+
+def activation_scale(name: str, low: float, high: float, scheme: str, method: str) -> TensorScale:
+    """Quantization parameters for an activation range, bit-identical to ORT's ``compute_scale_zp``.
+
+    ``symmetric``: int8, zero point 0, scale = amax / 127 (what TensorRT accepts).
+    ``asymmetric``: uint8, the range widened to include 0, scale = (max - min) / 255, zp = round(-min / scale).
+    """
+    low32, high32 = np.float32(min(low, 0.0)), np.float32(max(high, 0.0))
+    amax = float(max(abs(low32), abs(high32)))
+    if scheme == "symmetric":
+        scale = float(symmetric_scale(amax))
+        return TensorScale(name, "activation", "int8", (scale,), (0,), None, amax, (low, high), method)
+    if scheme != "asymmetric":
+        raise ConfigError(f"quantization.activations '{scheme}' is unknown; use symmetric or asymmetric")
+    exact = (np.float64(high32) - np.float64(low32)) / 255.0
+    if exact < np.finfo(np.float32).tiny:
+        scale, zero = 1.0, 0
+    else:
+        scale, zero = float(np.float32(exact)), int(np.round(-np.float64(low32) / exact))
+    return TensorScale(name, "activation", "uint8", (scale,), (zero,), None, amax, (low, high), method)
+
+
+def weight_scale(name: str, weight: np.ndarray, axis: int, method: str = "absmax") -> TensorScale:
+    """Per-channel symmetric int8 parameters along ``axis``: each channel's absmax, or its MSE-optimal clip."""
+    axis = axis % weight.ndim
+    moved = np.moveaxis(np.asarray(weight, dtype=np.float32), axis, 0).reshape(weight.shape[axis], -1)
+    amax = np.abs(moved).max(axis=1).astype(np.float32)
+    if method == "mse":
+        amax = mse_clip(moved, amax)
+    elif method != "absmax":
+        raise ConfigError(f"calibration.weights '{method}' is unknown; use absmax or mse")
+    scale = symmetric_scale(amax)
+    return TensorScale(
+        name,
+        "weight",
+        "int8",
+        tuple(float(s) for s in scale),
+        (0,) * len(scale),
+        axis,
+        float(amax.max()) if amax.size else 0.0,
+        None,
+        method,
+    )
+
+
+def mse_clip(rows: np.ndarray, amax: np.ndarray, steps: int = 50) -> np.ndarray:
+    """Per row, the clip in [amax/2, amax] whose int8 round trip has the least squared error."""
+    best, best_err = amax.copy(), np.full(amax.shape, np.inf)
+    for fraction in np.linspace(1.0, 0.5, steps + 1):  # from no clipping down: ties keep the larger clip
+        clip = (amax * np.float32(fraction)).astype(np.float32)
+        scale = symmetric_scale(clip)[:, None]
+        err = ((rows - np.clip(np.round(rows / scale), -127, 127) * scale) ** 2).sum(axis=1)
+        better = err < best_err
+        best[better], best_err[better] = clip[better], err[better]
+    return best
+
+
+def bias_scale(name: str, activation: TensorScale, weight: TensorScale, beta: float = 1.0) -> TensorScale:
+    """int32 bias parameters: scale = input scale × weight scale (× Gemm beta), zero point 0, in float32."""
+    product = np.float32(activation.scale[0]) * np.asarray(weight.scale, dtype=np.float32) * np.float32(beta)
+    product = product.astype(np.float32)
+    axis = 0 if weight.axis is not None else None
+    return TensorScale(
+        name,
+        "bias",
+        "int32",
+        tuple(float(s) for s in product),
+        (0,) * product.size,
+        axis,
+        None,
+        None,
+        "derived",
+        (activation.name, weight.name),
+    )

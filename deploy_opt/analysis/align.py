@@ -1,0 +1,211 @@
+"""``align verify``: read the scales back out of every artifact of a build and prove them equal to scales.json.
+
+Each artifact is read by the reader of its own format, never by the code that wrote it from scales.json:
+- ``model.int8.onnx``: the Q/DQ scale and zero-point initializers (``read_qdq_scales``);
+- ``calibration.cache``: the TensorRT cache lines (activation scales only; the format has no weights);
+- ``encodings.json``: the AIMET encodings;
+- ``overrides.json``: ORT TensorQuantOverrides;
+- the TensorRT engine's scales, where an engine and tensorrt exist (what TensorRT's parser reads from the
+  Q/DQ model the engine is built from).
+Equal means the same float32 bits, zero points, dtype and axis. A tensor is listed when it is missing from an
+artifact, drifted, asymmetric where the format needs symmetric, or present in the artifact but not the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibrators.scales.format import ScaleFile, TensorScale, float32_hex, load_scale_file
+from dopt_common.errors import ConfigError, DeployOptError
+from exporters.ort.qdq import compare_scales, read_qdq_scales
+
+log = logging.getLogger(__name__)
+
+ALIGN_FORMAT = "deploy_opt.analysis.align/1"
+ENGINE_NAMES = ("model.engine", "model.plan")
+
+
+@dataclass(frozen=True)
+class ArtifactCheck:
+    """The verdict for one artifact."""
+
+    artifact: str
+    status: str  # pass | fail | skipped
+    checked: int = 0
+    drifted: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    asymmetric: tuple[str, ...] = ()
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for align.json."""
+        return {
+            "artifact": self.artifact,
+            "status": self.status,
+            "checked": self.checked,
+            "drifted": list(self.drifted),
+            "missing": list(self.missing),
+            "extra": list(self.extra),
+            "asymmetric": list(self.asymmetric),
+            "note": self.note,
+        }
+
+    def line(self) -> str:
+        """One human line: verdict, counts and the first offending tensors."""
+        if self.status == "skipped":
+            return f"{self.artifact}: skipped ({self.note})"
+        parts = [f"{self.artifact}: {self.status.upper()}, {self.checked} tensors equal bit for bit"]
+        for label, names in (
+            ("drifted", self.drifted),
+            ("missing from artifact", self.missing),
+            ("not in scales.json", self.extra),
+            ("asymmetric", self.asymmetric),
+        ):
+            if names:
+                parts.append(f"{label}: {', '.join(names[:5])}{' …' if len(names) > 5 else ''} ({len(names)})")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class AlignReport:
+    """Every artifact's verdict."""
+
+    build_dir: Path
+    checks: tuple[ArtifactCheck, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        """True when no artifact failed (skipped ones are not failures)."""
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """'pass: ...' or 'FAIL: ...' in one line for summaries."""
+        checked = [c.artifact for c in self.checks if c.status != "skipped"]
+        failed = [c.artifact for c in self.checks if c.status == "fail"]
+        if failed:
+            return f"FAIL: {', '.join(failed)} disagree with scales.json"
+        return f"pass: {', '.join(checked)} carry scales.json bit for bit"
+
+    def to_json(self) -> dict[str, Any]:
+        """The align.json document."""
+        return {
+            "format": ALIGN_FORMAT,
+            "verdict": self.verdict,
+            "ok": self.ok,
+            "artifacts": [c.to_json() for c in self.checks],
+        }
+
+
+def verify_alignment(build_dir: str | Path) -> AlignReport:
+    """Check every artifact in ``build_dir`` against its ``scales.json``."""
+    folder = Path(build_dir)
+    if folder.is_file():
+        folder = folder.parent
+    scales_path = folder / "scales.json"
+    if not scales_path.is_file():
+        raise ConfigError(f"'{folder}' has no scales.json; pass a build folder (reports/<name>/)")
+    scales = load_scale_file(scales_path)
+    readers: list[tuple[str, Callable[[Path], Mapping[str, TensorScale]], Callable[[ScaleFile], dict]]] = [
+        ("model.int8.onnx", read_qdq_scales, lambda s: dict(s.tensors)),
+        ("calibration.cache", _read_cache, _cache_expected),
+        ("encodings.json", _read_aimet, lambda s: dict(s.tensors)),
+        ("overrides.json", _read_overrides, _overrides_expected),
+    ]
+    checks = []
+    for name, read, expected in readers:
+        path = folder / name
+        if not path.is_file():
+            checks.append(ArtifactCheck(name, "skipped", note="not in this build"))
+            continue
+        checks.append(_check(name, read(path), expected(scales), scales))
+    checks.append(_check_engine(folder, scales))
+    report = AlignReport(folder, tuple(checks))
+    for check in report.checks:
+        log.debug("align: %s", check.line())
+    return report
+
+
+def _check(name: str, found: Mapping[str, TensorScale], expected: dict, scales: ScaleFile) -> ArtifactCheck:
+    diff = compare_scales(expected, found)
+    asymmetric = ()
+    if name == "calibration.cache":
+        asymmetric = tuple(sorted(n for n, t in scales.tensors.items() if t.role == "activation" and not t.symmetric))
+    failed = bool(diff.drifted or diff.missing_in_artifact or diff.missing_in_file or asymmetric)
+    return ArtifactCheck(
+        name,
+        "fail" if failed else "pass",
+        len(set(expected) & set(found)) - len(diff.drifted),
+        diff.drifted,
+        diff.missing_in_artifact,
+        diff.missing_in_file,
+        asymmetric,
+    )
+
+
+def _check_engine(folder: Path, scales: ScaleFile) -> ArtifactCheck:
+    engine = next((folder / n for n in ENGINE_NAMES if (folder / n).is_file()), None)
+    if engine is None:
+        return ArtifactCheck("tensorrt engine", "skipped", note="no engine in this build")
+    from exporters.tensorrt.engine import engine_scales, tensorrt_status
+
+    status = tensorrt_status()
+    if not status.startswith("available"):
+        return ArtifactCheck(engine.name, "skipped", note=f"tensorrt {status}")
+    found = engine_scales(folder / "model.int8.onnx")
+    expected = {n: t.scale_bits for n, t in scales.tensors.items()}
+    got = {n: tuple(float32_hex(v) for v in values) for n, values in found.items()}
+    drifted = tuple(sorted(n for n in set(expected) & set(got) if expected[n] != got[n]))
+    missing = tuple(sorted(set(expected) - set(got)))
+    extra = tuple(sorted(set(got) - set(expected)))
+    return ArtifactCheck(
+        engine.name,
+        "fail" if drifted or missing or extra else "pass",
+        len(set(expected) & set(got)) - len(drifted),
+        drifted,
+        missing,
+        extra,
+        note="scales TensorRT's ONNX parser reads from model.int8.onnx, the engine's source",
+    )
+
+
+def _read_cache(path: Path) -> Mapping[str, TensorScale]:
+    from exporters.tensorrt.cache import read_trt_cache
+
+    return read_trt_cache(path).scales
+
+
+def _cache_expected(scales: ScaleFile) -> dict[str, TensorScale]:
+    """The cache carries per-tensor activation scales only; asymmetric ones are reported, not expected."""
+    return {n: t for n, t in scales.tensors.items() if t.role == "activation" and t.symmetric}
+
+
+def _read_aimet(path: Path) -> Mapping[str, TensorScale]:
+    from exporters.aimet import read_aimet_encodings
+
+    return read_aimet_encodings(path)
+
+
+def _read_overrides(path: Path) -> Mapping[str, TensorScale]:
+    from exporters.ort.overrides import read_ort_overrides
+
+    return read_ort_overrides(path)
+
+
+def _overrides_expected(scales: ScaleFile) -> dict[str, TensorScale]:
+    """ORT derives bias scales itself, so overrides hold activations and weights."""
+    return {n: t for n, t in scales.tensors.items() if t.role != "bias"}
+
+
+def verify_or_raise(build_dir: str | Path) -> AlignReport:
+    """``verify_alignment``, raising when any artifact disagrees (for callers that must stop)."""
+    report = verify_alignment(build_dir)
+    if not report.ok:
+        lines = "; ".join(c.line() for c in report.checks if c.status == "fail")
+        raise DeployOptError(f"artifacts disagree with scales.json: {lines}")
+    return report

@@ -1,0 +1,108 @@
+"""Stage: sensitivity analysis, its report, and the fallback set for mixed precision.
+
+Static fallback (the head by default, and listed patterns) is resolved before quantization; ``auto`` runs after
+the fully quantized model exists, from the sensitivity ranking, and the pipeline then re-quantizes with the
+chosen nodes excluded (ORT's own ``nodes_to_exclude``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_subset
+from deploy_opt.analysis.sensitivity.fallback import (
+    greedy_fallback,
+    head_nodes,
+    match_patterns,
+    median_latency_ms,
+    sensitivity_order,
+)
+from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BuildConfig
+from dopt_common.files import write_json
+from dopt_common.ort import create_session
+
+log = logging.getLogger(__name__)
+
+
+def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:
+    """The head (unless ``keep_head`` is off) and the nodes that the fallback patterns name."""
+    quant = config.quantization
+    model = onnx.load(str(fp32_path), load_external_data=False)
+    names = [n.name for n in model.graph.node if n.op_type in quant.op_types]
+    chosen = list(quant.exclude_nodes)
+    if quant.keep_head:
+        chosen += [n for n in head_nodes(model, quant.op_types) if n not in chosen]
+    if not isinstance(quant.fallback, str):
+        chosen += [n for n in match_patterns(quant.fallback, names) if n not in chosen]
+    return tuple(chosen)
+
+
+def with_excluded(config: BuildConfig, nodes: tuple[str, ...]) -> BuildConfig:
+    """The config whose quantization excludes ``nodes``."""
+    return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, exclude_nodes=nodes))
+
+
+def _references(fp32_path: Path, batches: list[Batch], threads: int) -> list:
+    session = create_session(fp32_path, threads=threads)
+    return [session.run(None, b.inputs)[0] for b in batches]
+
+
+def run_sensitivity(
+    config: BuildConfig, fp32_path: Path, qdq_path: Path, evaluation: list[Batch], metric: Metric, stage: Path
+) -> dict[str, Any]:
+    """Analyze every quantized node on a seeded evaluation subset and write the three report files."""
+    from tqdm import tqdm
+
+    sens, threads = config.sensitivity, config.benchmark.threads
+    subset = pick_subset(evaluation, sens.subset, config.seed)
+    scorer = SubsetScorer(subset, _references(fp32_path, subset, threads), metric, threads)
+    progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
+    record = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
+    record["model"] = config.name
+    write_json(stage / "sensitivity.json", record)
+    write_heatmap(record, stage / "sensitivity.png")
+    write_html(record, stage / "sensitivity.png", stage / "sensitivity.html")
+    return record
+
+
+def auto_fallback(
+    config: BuildConfig,
+    fp32_path: Path,
+    qdq_path: Path,
+    evaluation: list[Batch],
+    metric: Metric,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    """Greedy fallback in sensitivity order until the gate's max_drop holds on the evaluation set."""
+    threads = config.benchmark.threads
+    scorer = SubsetScorer(evaluation, _references(fp32_path, evaluation, threads), metric, threads)
+    fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
+    baseline = scorer.score(fp32)
+    one = evaluation[0].head(1).inputs
+    latency = median_latency_ms(lambda m: create_session(m.SerializeToString(), threads=threads), one)
+    search = greedy_fallback(
+        qdq,
+        fp32,
+        sensitivity_order(record, config.quantization.fallback_by),
+        scorer.score,
+        baseline,
+        metric.drop,
+        config.gate.max_drop,
+        latency,
+    )
+    log.info("fallback: %s", search.verdict)
+    return {
+        "met": search.met,
+        "verdict": search.verdict,
+        "nodes": list(search.excluded),
+        "steps": search.steps,
+        "by": config.quantization.fallback_by,
+    }

@@ -1,0 +1,151 @@
+"""The linearised sensitivity proxy: each node's own quantization noise, carried to the model output.
+
+A node's local noise is what quantizing only its inputs (with the deployed scales) adds to its output:
+``e = f(DQ(Q(x)), DQ(W)) - f(x, W)``, evaluated on the FP32 model's activations. How much of that reaches
+the output depends on everything downstream: noise on a value projection passes straight through, noise on a
+query is squashed by the softmax. To first order the output moves by ``J e``, where ``J`` is the Jacobian of
+the output with respect to the node's output. ``||J e||²`` for every node comes from a few backward passes
+(Hutchinson's estimator: for probes ``v`` with ``E[v vᵀ] = I``, ``E[(vᵀ J e)²] = ||J e||²``): one backward
+per probe gives ``Jᵀ v`` for all nodes at once, and each node then needs one dot product with its ``e``.
+
+Samples run one at a time, so every sample and probe is an independent draw. For the cosine metric the probes
+are projected orthogonal to the output (only that part of the noise moves the angle). The result is the
+predicted noise power relative to the output's power, ``||P J e||² / ||y||²``; for cosine × 100 the predicted
+drop is 50 times that (:func:`predicted_drop`). The graph runs in torch (:mod:`deploy_opt.analysis.onnx_torch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, run_node, unsupported_ops
+from deploy_opt.analysis.sensitivity.variants import QuantizedNode
+from deploy_opt.build.sources import Batch
+from dopt_common.deps import require
+
+log = logging.getLogger(__name__)
+
+
+def _local_input_fns(qdq: onnx.ModelProto, nodes: list[QuantizedNode]) -> dict[str, dict[int, Callable]]:
+    """Per node and input position, a function from the FP32 input tensor to its quantized-dequantized value."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    by_name = {n.name: n for n in qdq.graph.node}
+    constants = initializer_tensors(qdq)
+
+    def dq_of(dq: onnx.NodeProto) -> Callable:
+        params = [constants[name] if name else None for name in dq.input[1:]]
+        fixed = run_node(dq, [constants[dq.input[0]], *params])[0] if dq.input[0] in constants else None
+        if fixed is not None:
+            return lambda _x: fixed
+
+        quant = producer[dq.input[0]]
+        qparams = [constants[name] if name else None for name in quant.input[1:]]
+
+        def fake_quant(x: Any) -> Any:
+            return run_node(dq, [run_node(quant, [x, *qparams])[0], *params])[0]
+
+        return fake_quant
+
+    fns: dict[str, dict[int, Callable]] = {}
+    for node in nodes:
+        proto = by_name[node.name]
+        fns[node.name] = {q.index: dq_of(producer[proto.input[q.index]]) for q in node.inputs}
+    return fns
+
+
+def propagated_noise(
+    fp32: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    nodes: list[QuantizedNode],
+    batches: list[Batch],
+    metric: str,
+    probes: int = 4,
+    seed: int = 0,
+) -> dict[str, float] | None:
+    """Per node, the output noise power (relative to the output's) that its quantization alone predicts.
+
+    None when the graph holds an operator the torch evaluator cannot run (the caller keeps its other proxies).
+    """
+    torch = require("torch", purpose="the linearised sensitivity proxy")
+    missing = unsupported_ops(fp32) or unsupported_ops(qdq)
+    if missing:
+        log.warning("linearised proxy skipped: the torch evaluator does not implement %s", ", ".join(missing))
+        return None
+    wanted = {n.name for n in nodes}
+    local_fns = _local_input_fns(qdq, nodes)
+    constants = initializer_tensors(fp32)
+    output = fp32.graph.output[0].name
+    generator = torch.Generator().manual_seed(seed)
+    totals = dict.fromkeys(wanted, 0.0)
+    draws = 0
+    with torch.enable_grad():
+        for feeds in _samples(batches):
+            tap = _Taps(wanted, local_fns)
+            y = run_graph(fp32, feeds, tap, constants)[output].float()
+            names = [n for n in tap.leaves if n in tap.noise]
+            flat = y.reshape(y.shape[0], -1)
+            norm = flat.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            for _ in range(probes):
+                z = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+                if metric == "cosine":
+                    unit = flat.detach() / norm
+                    z = z - (z * unit).sum(dim=1, keepdim=True) * unit
+                v = (z / norm).reshape(y.shape).detach()
+                leaves = [tap.leaves[n] for n in names]
+                grads = torch.autograd.grad((v * y).sum(), leaves, retain_graph=True, allow_unused=True)
+                for name, grad in zip(names, grads, strict=True):
+                    if grad is not None:
+                        totals[name] += float((grad.double() * tap.noise[name].double()).sum()) ** 2
+                draws += 1
+    return {name: total / max(draws, 1) for name, total in totals.items()}
+
+
+class _Taps:
+    """The ``run_graph`` hook: at each analyzed node, its local noise and a zero tap on its output.
+
+    The gradient with respect to a tap added to the output is the gradient with respect to the output, and the
+    output keeps its link to the taps upstream (detaching it instead would cut their paths to the model output).
+    """
+
+    def __init__(self, wanted: set[str], local_fns: dict[str, dict[int, Callable]]) -> None:
+        self.wanted, self.local_fns = wanted, local_fns
+        self.noise: dict[str, Any] = {}
+        self.leaves: dict[str, Any] = {}
+
+    def __call__(self, node: onnx.NodeProto, inputs: list[Any], outputs: list[Any]) -> list[Any] | None:
+        import torch
+
+        if node.name not in self.wanted:
+            return None
+        with torch.no_grad():
+            fns = self.local_fns[node.name]
+            quantized = [fns[i](x) if i in fns else x for i, x in enumerate(inputs)]
+            self.noise[node.name] = run_node(node, quantized)[0] - outputs[0]
+        self.leaves[node.name] = torch.zeros_like(outputs[0], requires_grad=True)
+        return [outputs[0] + self.leaves[node.name], *outputs[1:]]
+
+
+def _samples(batches: list[Batch]) -> Any:
+    """Each evaluation sample alone (batch of one), with its batch's padding kept."""
+    for batch in batches:
+        for row in range(batch.size):
+            yield {k: np.asarray(v)[row : row + 1] for k, v in batch.inputs.items()}
+
+
+def noise_db(value: float) -> float:
+    """A relative noise power as an SQNR in dB: higher is safer."""
+    return -10 * math.log10(max(value, 1e-30))
+
+
+def predicted_drop(metric: str, relative_noise: float) -> float | None:
+    """The metric drop a relative output noise power predicts, where the metric has a closed form.
+
+    cosine × 100: ``cos θ ≈ 1 - θ²/2`` and ``θ² = ||P⊥ δy||² / ||y||²``, so the drop is ``50 θ²``.
+    """
+    return 50.0 * relative_noise if metric == "cosine" else None

@@ -1,0 +1,3 @@
+"""The INT8 build: pipeline.py composes one module per stage (source, export, calibrate, quantize, evaluate,
+benchmark, backends).
+"""

@@ -1,0 +1,65 @@
+"""Latency of ORT FP32 vs INT8: median of repeated runs after warm-up, at fixed batch sizes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from deploy_opt.build.sources import Batch
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Summary of repeated timings of one session at one batch size, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+
+    def to_json(self) -> dict[str, float]:
+        """Plain data for build.json."""
+        return asdict(self)
+
+
+def feed_of_size(batch: Batch, size: int) -> dict[str, np.ndarray]:
+    """Real samples tiled along the batch axis to exactly ``size`` rows."""
+    reps = -(-size // batch.size)
+    return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in batch.inputs.items()}
+
+
+def measure(sessions: dict[str, object], feed: dict[str, np.ndarray], warmup: int, repeats: int) -> dict[str, Latency]:
+    """Time each session ``repeats`` times after ``warmup`` runs, interleaved so noise hits all alike."""
+    for session in sessions.values():
+        for _ in range(warmup):
+            session.run(None, feed)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(repeats):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            session.run(None, feed)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: _summarize(values) for name, values in times.items()}
+
+
+def _summarize(times: list[float]) -> Latency:
+    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
+    return Latency(statistics.median(times), deciles[0], deciles[-1], len(times))
+
+
+def compare(
+    sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int
+) -> dict[str, dict[str, object]]:
+    """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians)."""
+    results: dict[str, dict[str, object]] = {}
+    for size in sizes:
+        stats = measure(sessions, feed_of_size(batch, size), warmup, repeats)
+        row: dict[str, object] = {name: latency.to_json() for name, latency in stats.items()}
+        for name in stats:
+            if name.startswith("ort_int8") and "ort_fp32" in stats:
+                row[name.replace("ort_int8", "speedup")] = stats["ort_fp32"].median_ms / stats[name].median_ms
+        results[str(size)] = row
+    return results

@@ -1,0 +1,137 @@
+"""Stage 1: the FP32 ONNX model, exported from torch or brought as a file, simplified and checked."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deploy_opt.build.evaluate import torch_runner
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import DTYPES, BuildConfig, InputSpec
+from dopt_common.errors import InputError
+from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
+from exporters.onnx.export import export_onnx
+from exporters.onnx.io import save_onnx
+
+log = logging.getLogger(__name__)
+ONNX_DTYPES = {onnx.helper.tensor_dtype_to_np_dtype(t).name: t for t in (1, 10, 7, 6, 9)}
+
+
+@dataclass(frozen=True)
+class Fp32Model:
+    """The checked FP32 ONNX file and how it was made."""
+
+    path: Path
+    inputs: tuple[InputSpec, ...]
+    info: dict[str, Any]
+
+
+def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
+    """Input declarations read from an ONNX graph (dim_param names become dynamic dims)."""
+    initializers = {i.name for i in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        shape = tuple(
+            d.dim_param or (d.dim_value if d.dim_value > 0 else f"dim{i}") for i, d in enumerate(tensor.shape.dim)
+        )
+        if dtype not in DTYPES:
+            raise InputError(f"ONNX input '{value.name}' has dtype {dtype}; supported: {', '.join(DTYPES)}")
+        specs.append(InputSpec(value.name, shape, dtype))
+    return tuple(specs)
+
+
+def check_declared_inputs(declared: tuple[InputSpec, ...], actual: tuple[InputSpec, ...], path: Path) -> None:
+    """Declared model.inputs must name the ONNX inputs with the same dtype and rank."""
+    by_name = {s.name: s for s in actual}
+    if sorted(by_name) != sorted(s.name for s in declared):
+        raise InputError(
+            f"model.inputs {[s.name for s in declared]} do not match the inputs of '{path}': {sorted(by_name)}"
+        )
+    for spec in declared:
+        real = by_name[spec.name]
+        if real.dtype != spec.dtype or len(real.shape) != len(spec.shape):
+            raise InputError(
+                f"model.inputs '{spec.name}' is declared {spec.dtype}{list(spec.shape)}, but '{path}' has "
+                f"{real.dtype}{list(real.shape)}; fix model.inputs"
+            )
+
+
+def prepare_fp32(
+    config: BuildConfig, torch_model: Any, example: Batch, parity_batches: list[Batch], stage: Path
+) -> Fp32Model:
+    """Export (or copy), simplify, check and parity-test the FP32 model into ``stage/model.onnx``."""
+    out = stage / "model.onnx"
+    raw = stage / ".raw.onnx"
+    info: dict[str, Any] = {}
+    if config.model.onnx:
+        source = (Path(config.base_dir) / config.model.onnx).resolve()
+        save_onnx(check_onnx(source), raw, config.export.external_data_mb)
+        info.update(source=str(source), exporter="none (model.onnx)")
+    else:
+        specs = config.model.inputs
+        names = [s.name for s in specs]
+        out_names = list(config.model.outputs) or _default_output_names(torch_model, example, names)
+        export_onnx(
+            torch_model,
+            [_to_tensor(example.inputs[n]) for n in names],
+            raw,
+            input_names=names,
+            output_names=out_names,
+            dynamic_axes={s.name: s.dynamic_axes for s in specs}
+            | {o: {0: "batch"} for o in out_names if specs[0].dynamic_axes.get(0)},
+            exporter=config.export.exporter,
+            opset=config.export.resolved_opset,
+            external_data_mb=config.export.external_data_mb,
+        )
+        info.update(source=config.model.factory, exporter=config.export.exporter, opset=config.export.resolved_opset)
+    if config.export.simplify:
+        info["simplifier"] = simplify_onnx(raw, out, config.export.external_data_mb)
+    else:
+        save_onnx(onnx.load(str(raw)), out, config.export.external_data_mb)
+        info["simplifier"] = "off"
+    for leftover in stage.glob(".raw.onnx*"):
+        leftover.unlink()
+    proto = check_onnx(out)
+    inputs = input_specs_from_onnx(proto)
+    if config.model.inputs:
+        check_declared_inputs(config.model.inputs, inputs, out)
+        inputs = config.model.inputs
+    info["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    info["nodes"] = len(proto.graph.node)
+    if torch_model is not None:
+        parity = check_parity(
+            torch_runner(torch_model, [s.name for s in inputs]),
+            out,
+            (b.inputs for b in parity_batches),
+            atol=config.export.parity_atol,
+            rtol=config.export.parity_rtol,
+            threads=config.benchmark.threads,
+        )
+        info["parity"] = {
+            "max_abs": parity.max_abs,
+            "max_rel": parity.max_rel,
+            "tolerance": parity.tolerance,
+            "samples": parity.samples,
+        }
+    else:
+        info["parity"] = "n/a: no torch model (model.onnx)"
+    return Fp32Model(out, inputs, info)
+
+
+def _to_tensor(array: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(array.copy())
+
+
+def _default_output_names(model: Any, example: Batch, names: list[str]) -> list[str]:
+    outputs = torch_runner(model, names)(example.inputs)
+    return ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]

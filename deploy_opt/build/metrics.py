@@ -1,0 +1,107 @@
+"""Metrics: per-sample scores, averaged over the evaluation set.
+
+Every built-in metric is in points: ``top1`` is accuracy in percent, ``cosine`` is the mean cosine
+similarity × 100, so a drop of 1.0 is one percentage point (0.01 cosine) for both. ``mse`` is lower-is-better;
+its drop is the increase in error. A custom ``module:function`` metric takes ``(prediction, reference)``
+arrays of one batch and returns per-sample scores (or one float for the batch); higher is better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deploy_opt.build.sources import resolve_callable
+from dopt_common.errors import InputError
+
+ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """100 where the arg-max class equals the label (or the reference's arg-max), else 0."""
+    predicted = prediction.reshape(prediction.shape[0], -1).argmax(axis=1)
+    if reference.ndim == prediction.ndim and reference.shape == prediction.shape:
+        reference = reference.reshape(reference.shape[0], -1).argmax(axis=1)
+    if reference.shape != predicted.shape:
+        raise InputError(
+            f"metric top1: labels have shape {reference.shape}, expected one class index per sample "
+            f"({predicted.shape}); fix the data function or pick another metric"
+        )
+    return (predicted == reference.astype(np.int64)).astype(np.float64) * 100.0
+
+
+def cosine(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Cosine similarity × 100 per sample, over the flattened output."""
+    a = prediction.reshape(prediction.shape[0], -1).astype(np.float64)
+    b = reference.reshape(reference.shape[0], -1).astype(np.float64)
+    if a.shape != b.shape:
+        raise InputError(f"metric cosine: output shape {a.shape} differs from reference shape {b.shape}")
+    denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    same = np.all(a == b, axis=1)
+    score = np.where(denom > 0, (a * b).sum(axis=1) / np.maximum(denom, 1e-300), 0.0)
+    return np.where(same, 1.0, score) * 100.0
+
+
+def mse(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Mean squared error per sample."""
+    a = prediction.reshape(prediction.shape[0], -1).astype(np.float64)
+    b = reference.reshape(reference.shape[0], -1).astype(np.float64)
+    if a.shape != b.shape:
+        raise InputError(f"metric mse: output shape {a.shape} differs from reference shape {b.shape}")
+    return ((a - b) ** 2).mean(axis=1)
+
+
+BUILTIN: dict[str, tuple[ScoreFn, bool]] = {"top1": (top1, True), "cosine": (cosine, True), "mse": (mse, False)}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named scoring function and its direction."""
+
+    name: str
+    score: ScoreFn
+    higher_is_better: bool
+
+    def drop(self, baseline: float, candidate: float) -> float:
+        """How much worse ``candidate`` is than ``baseline``, in metric points (positive = worse)."""
+        return baseline - candidate if self.higher_is_better else candidate - baseline
+
+
+def resolve_metric(name: str, base_dir: str | Path = ".") -> Metric:
+    """A built-in metric by name, or a custom one from ``module:function``."""
+    if name in BUILTIN:
+        fn, higher = BUILTIN[name]
+        return Metric(name, fn, higher)
+    if ":" not in name:
+        raise InputError(f"data.metric '{name}' is unknown; use one of {', '.join(BUILTIN)} or 'module:function'")
+    fn = resolve_callable(name, base_dir, "data.metric")
+    return Metric(name, _per_sample(fn), True)
+
+
+def _per_sample(fn: Callable[..., object]) -> ScoreFn:
+    def score(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        value = np.asarray(fn(prediction, reference), dtype=np.float64)
+        return np.full(prediction.shape[0], float(value)) if value.ndim == 0 else value.reshape(-1)
+
+    return score
+
+
+class RunningMean:
+    """Streaming mean of per-sample scores, so evaluation holds one batch at a time."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, scores: np.ndarray) -> None:
+        """Add one batch of scores."""
+        self.total += float(np.sum(scores))
+        self.count += int(np.size(scores))
+
+    @property
+    def value(self) -> float:
+        """The mean so far (NaN before any score)."""
+        return self.total / self.count if self.count else float("nan")

@@ -1,0 +1,131 @@
+"""Stage 2: calibrate, write scales.json, write the ORT Q/DQ model from it, and prove they agree."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import numpy_helper
+
+from calibrators.qparams import activation_scale, bias_scales, weight_scales
+from calibrators.scales.format import (
+    ScaleFile,
+    TensorScale,
+    load_scale_file,
+    save_scale_file,
+)
+from deploy_opt import __version__
+from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
+from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.report.calibration_plot import tensor_summary
+from dopt_common.errors import ScaleMismatchError
+from dopt_common.files import sha256_file
+from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantizedModel:
+    """The Q/DQ model, the scale file it was written from, and calibration facts."""
+
+    path: Path
+    scales_path: Path
+    scales: ScaleFile
+    info: dict[str, Any]
+    ranges: ActivationRanges
+
+
+def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str) -> dict:
+    """Activation-type parameters for constant (initializer) inputs that are not weights or biases."""
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted = set(op_types)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        if node.op_type not in wanted:
+            continue
+        for name in node.input:
+            if name in inits and name not in known and name not in out:
+                array = numpy_helper.to_array(inits[name])
+                if array.dtype.kind == "f" and array.size:
+                    out[name] = activation_scale(name, float(array.min()), float(array.max()), scheme, "constant")
+    return out
+
+
+def quantize(
+    config: BuildConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    stage: Path,
+    ranges: ActivationRanges | None = None,
+    smoothing: dict[str, Any] | None = None,
+) -> QuantizedModel:
+    """Calibrate (unless ``ranges`` are given) and write ``scales.json`` and ``model.int8.onnx``."""
+    quant, cal = config.quantization, config.calibration
+    model = onnx.load(str(fp32_path))
+    ranges = ranges or calibrate_activations(config, fp32_path, calibration)
+    tensors: dict[str, TensorScale] = {
+        name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
+        for name, (low, high) in ranges.chosen.items()
+    }
+    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, cal.weights)
+    tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
+    tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
+    provenance = {
+        "model_sha256": sha256_file(fp32_path),
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "calibration": {
+            "method": cal.method,
+            "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],
+            "weights": cal.weights,
+            "samples": ranges.samples,
+            "sample_hash": calibration.selection.sample_hash,
+        },
+        "deploy_opt_version": __version__,
+    }
+    if smoothing:
+        provenance["smoothing"] = smoothing
+    candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
+    int8_path = write_ort_qdq(
+        fp32_path,
+        candidate,
+        stage / "model.int8.onnx",
+        op_types=quant.op_types,
+        exclude_nodes=quant.exclude_nodes,
+        external_data_mb=config.export.external_data_mb,
+        quantize_outputs=quant.quantize_outputs,
+    )
+    carried = read_qdq_scales(int8_path)
+    scales = candidate.restricted_to(carried)
+    scales_path = save_scale_file(scales, stage / "scales.json")
+    diff = compare_scales(load_scale_file(scales_path).tensors, carried)
+    if not diff.ok:
+        raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
+    roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
+    log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
+    info = {
+        "method": cal.method,
+        "weights": cal.weights,
+        "samples": ranges.samples,
+        "activations": quant.activations,
+        "op_types": list(quant.op_types),
+        "quantized_tensors": roles,
+        "scale_check": "pass: every Q/DQ scale and zero point equals scales.json bit for bit",
+        "tensors": {
+            name: tensor_summary(
+                ranges.methods[name],
+                ranges.observed[name],
+                ranges.chosen[name],
+                ranges.signed.get(name) or ranges.absolute.get(name),
+            )
+            for name in ranges.chosen
+            if name in scales.tensors
+        },
+        "plotted": ranges.plotted,
+    }
+    return QuantizedModel(int8_path, scales_path, scales, info, ranges)

@@ -1,0 +1,52 @@
+"""``quantize-llm`` and ``serve``: W4A16 checkpoints and lmdeploy."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_quantize_llm(args: argparse.Namespace) -> int:
+    from deploy_opt.config.profiles import load_profile
+    from deploy_opt.llm.config import flags_to_mapping, load_llm_config
+    from deploy_opt.llm.pipeline import run_quantize_llm
+
+    profile = load_profile(args.profile).sections if args.profile else None
+    config = load_llm_config(args.config or args.config_flag, flags_to_mapping(args), profile)
+    result = run_quantize_llm(config, args.output_dir, progress=not args.quiet)
+    ppl = result.report["perplexity"]
+    print(
+        f"quantized {config.model.path} with {config.quantization.method} → {result.out_dir}/: perplexity "
+        f"{ppl['original']['ppl']:.3f} → {ppl['quantized']['ppl']:.3f} ({ppl['increase']:+.1%}), "
+        f"stability {'ok' if result.report['stability']['ok'] else 'FLAGGED'}"
+    )
+    for line in result.gate.lines():
+        print(f"  {line}")
+    if result.report.get("serve_command"):
+        print(f"  serve: {' '.join(result.report['serve_command'])}")
+    return 0 if result.gate.passed else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from deploy_opt.config.loader import build_dataclass
+    from deploy_opt.config.profiles import load_profile
+    from deploy_opt.config.serve import ServeConfig
+    from deploy_opt.llm.serve import check_host, launch, serve_command
+
+    section = (load_profile(args.profile).sections.get("serve") or {}) if args.profile else {}
+    serve = build_dataclass(ServeConfig, section, "serve")
+    given = {k: getattr(args, k) for k in ("port", "tp", "backend", "session_len") if getattr(args, k) is not None}
+    serve = dataclasses.replace(serve, **given)
+    if args.dry_run:
+        print(" ".join(serve_command(args.checkpoint, serve, args.lmdeploy)))
+        return 0
+    executable = check_host(args.lmdeploy, serve.tp)  # first: without a GPU nothing else matters
+    command = serve_command(args.checkpoint, serve, executable)
+    process = launch(command, serve.port, serve.ready_timeout_s)
+    print(f"serving {args.checkpoint} at http://127.0.0.1:{serve.port}/v1 (OpenAI API); Ctrl-C stops it")
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return 0

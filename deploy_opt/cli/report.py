@@ -1,0 +1,35 @@
+"""``gate``: judge a build.json or quantize_report.json (exit 0 pass, 1 fail, 2 unusable)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dopt_common.errors import DeployOptError
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from deploy_opt.report.gate import apply_gate, apply_ppl_gate, load_build, write_junit
+
+    build = load_build(args.build_json)
+    if "perplexity" in build:
+        limit = args.max_ppl_increase or ((build.get("config") or {}).get("gate") or {}).get("max_ppl_increase")
+        if limit is None:
+            raise DeployOptError("gate: no criterion to check; pass --max-ppl-increase, e.g. 5%")
+        result = apply_ppl_gate(build, limit)
+        for line in result.lines():
+            print(line)
+        if args.junit:
+            write_junit(result, args.junit, build.get("name", "quantize-llm"))
+        return 0 if result.passed else 1
+    configured = (build.get("config") or {}).get("gate") or {}
+    max_drop = args.max_drop if args.max_drop is not None else configured.get("max_drop")
+    min_speedup = args.min_speedup if args.min_speedup is not None else configured.get("min_speedup")
+    batch = args.speedup_batch or configured.get("speedup_batch")
+    result = apply_gate(build, max_drop, min_speedup, batch)
+    if not result.criteria:
+        raise DeployOptError("gate: no criterion to check; pass --max-drop and/or --min-speedup")
+    for line in result.lines():
+        print(line)
+    if args.junit:
+        write_junit(result, args.junit, build.get("name", "build"))
+    return 0 if result.passed else 1

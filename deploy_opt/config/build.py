@@ -1,0 +1,317 @@
+"""The build config: YAML → frozen dataclasses, with every error naming the field and the fix.
+
+Precedence, lowest first: dataclass defaults, the profile, the config file, ``--set`` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from deploy_opt.config.loader import build_dataclass, merge, parse_override
+from dopt_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Activation = Literal["symmetric", "asymmetric"]
+Target = Literal["ort-cpu", "ort-cuda", "tensorrt"]
+DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its name, shape (strings are dynamic dims) and dtype."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"model.inputs '{self.name}': dtype '{self.dtype}' is not supported; use one of {', '.join(DTYPES)}"
+            )
+        for dim in self.shape:
+            if isinstance(dim, int) and dim <= 0:
+                raise ConfigError(
+                    f"model.inputs '{self.name}': dimension {dim} must be positive or a name like 'batch'"
+                )
+
+    @property
+    def dynamic_axes(self) -> dict[int, str]:
+        """Axis index → symbolic name, for every named dimension."""
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where the model comes from: a torch factory (and checkpoint) or an existing ONNX file."""
+
+    factory: str | None = None
+    checkpoint: str | None = None
+    onnx: str | None = None
+    inputs: tuple[InputSpec, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.factory is None) == (self.onnx is None):
+            raise ConfigError("model: set exactly one of 'factory' (\"package.module:function\") or 'onnx' (a path)")
+        if self.checkpoint and not self.factory:
+            raise ConfigError("model.checkpoint needs model.factory: a checkpoint is loaded into a torch module")
+        if self.factory and not self.inputs:
+            raise ConfigError("model.inputs is required with model.factory: declare name, shape and dtype")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Calibration and evaluation sources, and the metric."""
+
+    calibration: str
+    evaluation: str
+    metric: str = "top1"
+    eval_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.calibration == self.evaluation:
+            raise ConfigError(
+                f"data.calibration and data.evaluation are the same source '{self.calibration}': calibrating "
+                "on the evaluation samples hides accuracy loss; fix: point them at disjoint splits"
+            )
+        if self.eval_samples is not None and self.eval_samples <= 0:
+            raise ConfigError(f"data.eval_samples must be positive, got {self.eval_samples}")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """torch → ONNX settings and the parity check."""
+
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
+    opset: int | None = None
+    simplify: bool = True
+    parity_atol: float = 1e-4
+    parity_rtol: float = 1e-3
+    parity_batches: int = 4
+    external_data_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.opset is not None and self.opset < 17:
+            raise ConfigError(f"export.opset is {self.opset}; deploy_opt needs opset 17 or newer")
+
+    @property
+    def resolved_opset(self) -> int:
+        """The opset to export: dynamo needs 18+, TorchScript defaults to 17."""
+        return self.opset or (18 if self.exporter == "dynamo" else 17)
+
+
+Method = Literal["minmax", "percentile", "entropy", "mse"]
+
+
+@dataclass(frozen=True)
+class MethodOverride:
+    """Use another range method for the tensors whose name matches a glob pattern."""
+
+    pattern: str
+    method: Method
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How calibration samples are chosen and how activation ranges are computed."""
+
+    method: Method = "minmax"
+    samples: int = 512
+    stratify: str = "auto"
+    mode: Literal["balanced", "proportional"] = "balanced"
+    min_per_stratum: int = 1
+    seed: int = 0
+    percentile: float = 99.99
+    bins: int = 2048
+    weights: Literal["absmax", "mse"] = "absmax"
+    overrides: tuple[MethodOverride, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0:
+            raise ConfigError(f"calibration.samples must be positive, got {self.samples}")
+        if not 0 < self.percentile <= 100:
+            raise ConfigError(f"calibration.percentile must be in (0, 100], got {self.percentile}")
+        if self.bins < 256:
+            raise ConfigError(f"calibration.bins must be at least 256 (entropy needs 128 levels), got {self.bins}")
+        if self.min_per_stratum < 0:
+            raise ConfigError(f"calibration.min_per_stratum must be >= 0, got {self.min_per_stratum}")
+        if self.stratify not in ("auto", "label", "none") and ":" not in self.stratify:
+            raise ConfigError(
+                f"calibration.stratify '{self.stratify}' is unknown; use auto, label, none or 'module:function'"
+            )
+
+    def method_for(self, tensor: str) -> str:
+        """The range method of one tensor: the first matching override, else ``method``."""
+        return next((o.method for o in self.overrides if fnmatch.fnmatchcase(tensor, o.pattern)), self.method)
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """What is quantized, with which activation scheme, and what stays in high precision."""
+
+    activations: Activation = "asymmetric"
+    op_types: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    exclude_nodes: tuple[str, ...] = ()
+    # none | auto | a list of node names or glob patterns kept in high precision
+    fallback: str | tuple[str, ...] = "none"
+    fallback_by: Literal["node", "op_type"] = "node"
+    # Conservative default: the classifier / LM head stays in high precision unless you opt in.
+    keep_head: bool = True
+    # Also quantize the outputs of the quantized ops (ORT's default: Conv/Gemm chains fuse into integer kernels).
+    # Off, a tensor is quantized only as the input of a quantized node: what transformers with outlier-heavy
+    # residual streams need, and what makes a fallback node's inputs really float.
+    quantize_outputs: bool = True
+    # SmoothQuant: move activation outlier channels into the following MatMul/Gemm weights before calibration.
+    smoothing: Literal["none", "smoothquant"] = "none"
+    smoothing_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.smoothing_alpha <= 1.0:
+            raise ConfigError(f"quantization.smoothing_alpha must be in [0, 1], got {self.smoothing_alpha}")
+        if isinstance(self.fallback, str) and self.fallback not in ("none", "auto"):
+            raise ConfigError(
+                f"quantization.fallback '{self.fallback}' is unknown; use none, auto or a list of node patterns"
+            )
+
+
+@dataclass(frozen=True)
+class SensitivityConfig:
+    """Per-node sensitivity analysis (also run by fallback: auto)."""
+
+    enabled: bool = False
+    mode: Literal["exhaustive", "proxy", "proxy+topk"] = "proxy+topk"
+    top_k: int = 8
+    subset: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.subset <= 1:
+            raise ConfigError(f"sensitivity.subset must be in (0, 1], got {self.subset}")
+        if self.top_k < 1:
+            raise ConfigError(f"sensitivity.top_k must be at least 1, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """Which backends the build targets and what precision unquantized nodes keep."""
+
+    targets: tuple[Target, ...] = ("ort-cpu",)
+    fallback_precision: Literal["fp32", "fp16"] = "fp32"
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """Latency measurement settings."""
+
+    enabled: bool = True
+    threads: int = 2
+    batch_sizes: tuple[int, ...] = (1, 32)
+    warmup: int = 10
+    repeats: int = 50
+
+    def __post_init__(self) -> None:
+        if self.threads <= 0 or self.warmup < 0 or self.repeats <= 0:
+            raise ConfigError("benchmark: threads and repeats must be positive and warmup non-negative")
+        if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
+            raise ConfigError(f"benchmark.batch_sizes must be positive integers, got {list(self.batch_sizes)}")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Release criteria: the largest metric drop and the smallest speedup allowed."""
+
+    max_drop: float = 1.0
+    min_speedup: float | None = 1.0
+    speedup_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Cross-backend comparison on fixed samples (compare.json): how many, and what each backend must meet."""
+
+    enabled: bool = True
+    samples: int = 32
+    seed: int | None = None  # None: the build's seed
+    batch_size: int = 8
+    # FP32 backends (torch, ORT) against the reference: only float rounding may differ.
+    fp32_min_sqnr_db: float = 60.0
+    fp32_min_cosine: float = 0.9999
+    # INT8 backends: quantization noise is expected; these catch a broken artifact, not a small accuracy loss.
+    int8_min_sqnr_db: float = 10.0
+    int8_min_cosine: float = 0.95
+    min_top1_agreement: float = 0.8
+    # Per layer: a tensor's own Q/DQ SQNR below this, or a node SQNR drop beyond this, is the first divergence
+    # (healthy: >= 18.7 dB and <= 2.3 dB on MiniLM, >= 39.7 dB and <= 0.5 dB on the digits demo).
+    min_quant_sqnr_db: float = 10.0
+    max_drop_db: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0 or self.batch_size <= 0:
+            raise ConfigError(
+                f"compare.samples and compare.batch_size must be positive, got {self.samples}, {self.batch_size}"
+            )
+        for key in ("fp32_min_cosine", "int8_min_cosine", "min_top1_agreement"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"compare.{key} must be in [0, 1], got {getattr(self, key)}")
+        for key in ("fp32_min_sqnr_db", "int8_min_sqnr_db", "min_quant_sqnr_db", "max_drop_db"):
+            if not 0.0 <= getattr(self, key) <= 200.0:
+                raise ConfigError(f"compare.{key} must be in [0, 200] dB, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """A whole build, as resolved from defaults, profile, file and overrides."""
+
+    name: str
+    model: ModelConfig
+    data: DataConfig
+    description: str = ""
+    profile: str = "cpu-server"
+    seed: int = 0
+    export: ExportConfig = field(default_factory=ExportConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    # Set by the loader (the config file's folder), never by the user.
+    base_dir: str = field(default=".", metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
+            raise ConfigError(
+                f"name '{self.name}' must be a plain folder name (no slashes, not hidden): it names reports/<name>/"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data, for build.json."""
+        return dataclasses.asdict(self)
+
+
+def resolve_config(raw: dict[str, Any], profile: dict[str, Any], overrides: list[str], base_dir: str) -> BuildConfig:
+    """Merge profile ← file ← overrides and build the frozen config."""
+    data = merge(profile, raw)
+    for text in overrides:
+        data = merge(data, parse_override(text))
+    config = dataclasses.replace(build_dataclass(BuildConfig, data, ""), base_dir=base_dir)
+    return _force_tensorrt_symmetric(config)
+
+
+def _force_tensorrt_symmetric(config: BuildConfig) -> BuildConfig:
+    """TensorRT accepts only zero-point-0 Q/DQ, so a build that targets it must be symmetric."""
+    if "tensorrt" in config.deploy.targets and config.quantization.activations != "symmetric":
+        log.warning(
+            "deploy.targets includes tensorrt, which accepts only symmetric int8: using symmetric activations "
+            "instead of %s",
+            config.quantization.activations,
+        )
+        quant = dataclasses.replace(config.quantization, activations="symmetric")
+        return dataclasses.replace(config, quantization=quant)
+    return config

@@ -1,0 +1,135 @@
+"""The generic YAML -> frozen dataclass loader: every error names the field, the value and what is allowed.
+
+Used by the build config, the LLM and training configs and the profiles alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dopt_common.errors import ConfigError
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check and convert one YAML value to the annotated type, or raise ConfigError naming ``where``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[-1] if len(errors) == 1 else f"{where}: {value!r} is not a {_type_name(tp)}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where}: {value!r} is not allowed; use one of {', '.join(map(str, args))}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, where)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, str, bool) and type(value) is tp:
+        return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def build_dataclass(cls: type, data: Any, where: str) -> Any:
+    """Build a frozen dataclass from a mapping; unknown or missing keys name the allowed ones."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    prefix = f"{where}." if where else ""
+    for key in data:
+        if key not in fields:
+            raise ConfigError(
+                f"unknown key '{prefix}{key}'; allowed keys{' in ' + where if where else ''}: "
+                f"{', '.join(sorted(fields))}"
+            )
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key '{prefix}{name}'")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if where and not str(exc).startswith(where.split("[")[0]):
+            raise ConfigError(f"{where}: {exc}") from exc
+        raise
+
+
+def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """Read a YAML mapping, turning syntax errors into one-line ConfigErrors."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} '{path}': {exc.strerror}; fix: check the path") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{what} '{path}'{line}: invalid YAML ({problem}); fix the syntax") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} '{path}' must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge two mappings; values in ``top`` win, nested mappings merge."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """Turn ``section.key=value`` into a nested mapping; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set '{text}' must look like section.key=value, e.g. benchmark.threads=4")
+    path, raw = text.split("=", 1)
+    keys = [k for k in path.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"--set '{text}' names no key; use section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set '{text}': the value is not valid YAML; quote it") from exc
+    if keys == ["profile"]:
+        raise ConfigError(f"--set '{text}': choose the preset with --profile {value}, not --set")
+    nested: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        nested = {key: nested}
+    return nested

@@ -1,0 +1,18 @@
+"""The ``serve:`` section: lmdeploy api_server settings, set by a profile or an LLM config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """lmdeploy api_server settings (a profile's ``serve:`` section can set them)."""
+
+    port: int = 23333
+    tp: int = 1
+    # auto: TurboMind when it accepts the checkpoint (group 128, no act-order), else lmdeploy's PyTorch engine.
+    backend: Literal["auto", "turbomind", "pytorch"] = "auto"
+    session_len: int | None = None
+    ready_timeout_s: int = 600

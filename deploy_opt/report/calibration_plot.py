@@ -1,0 +1,74 @@
+"""The calibration part of the report: per-tensor ranges in build.json and a plot of the widest histograms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibrators.activations.histogram import Histogram
+from dopt_common.deps import require
+from dopt_common.files import atomic_path
+
+
+def widest(ranges: Mapping[str, tuple[float, float]], count: int = 8) -> list[str]:
+    """The ``count`` tensors with the largest absolute range (where outliers usually live)."""
+    return sorted(ranges, key=lambda n: -max(abs(ranges[n][0]), abs(ranges[n][1])))[:count]
+
+
+def tensor_summary(
+    method: str, observed: tuple[float, float], chosen: tuple[float, float], hist: Histogram | None
+) -> dict[str, Any]:
+    """One tensor's calibration facts: observed and chosen range, and the share of values the choice clips."""
+    entry: dict[str, Any] = {"method": method, "observed": list(observed), "range": list(chosen)}
+    if hist is None or hist.counts.sum() == 0:
+        return entry
+    centers = (hist.edges[:-1] + hist.edges[1:]) / 2
+    low, high = chosen
+    if hist.edges[0] < 0:  # a signed histogram: clipped means outside [low, high]
+        clipped = hist.counts[(centers < low) | (centers > high)].sum()
+    else:  # an |x| histogram: clipped means beyond the symmetric threshold
+        clipped = hist.counts[centers > max(abs(low), abs(high))].sum()
+    entry["histogram"] = {
+        "bins": int(hist.counts.size),
+        "nonzero_bins": int(np.count_nonzero(hist.counts)),
+        "clipped_fraction": float(clipped) / float(hist.counts.sum()),
+    }
+    return entry
+
+
+def plot_histograms(
+    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str], path: Path
+) -> Path:
+    """A grid of |x| histograms (log counts) with the chosen threshold and the observed maximum marked."""
+    matplotlib = require("matplotlib", purpose="the calibration plot")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(hists)
+    cols = 2
+    rows = max(1, -(-len(names) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        hist = hists[name]
+        centers = (hist.edges[:-1] + hist.edges[1:]) / 2
+        ax.fill_between(centers, np.maximum(hist.counts, 0.8), 0.8, step="mid", color="#4c72b0", alpha=0.8)
+        ax.set_yscale("log")
+        threshold = max(abs(chosen[name][0]), abs(chosen[name][1]))
+        observed = max(abs(hist.low), abs(hist.high))
+        ax.axvline(threshold, color="#c44e52", lw=1.5, label=f"{methods[name]} threshold {threshold:.3g}")
+        ax.axvline(observed, color="#555555", lw=1, ls="--", label=f"observed max {observed:.3g}")
+        ax.set_title(name if len(name) <= 60 else "…" + name[-59:], fontsize=9)
+        ax.set_xlabel("|x|", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="upper right")
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.suptitle("Calibration: the widest activations, |x| histograms and chosen thresholds", fontsize=11)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return path

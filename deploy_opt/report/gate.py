@@ -1,0 +1,149 @@
+"""The release gate: accuracy drop and speedup criteria over a build's ``build.json``.
+
+Exit codes of ``python -m deploy_opt gate``: 0 every criterion passes, 1 one fails, 2 the report cannot
+be judged (missing file or field).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from dopt_common.errors import ConfigError, ReportError
+from dopt_common.files import write_text
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One gate check with its measured value and limit."""
+
+    name: str
+    measured: float
+    limit: float
+    passed: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdict and every criterion behind it."""
+
+    passed: bool
+    criteria: tuple[Criterion, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for build.json."""
+        return {"passed": self.passed, "criteria": [asdict(c) for c in self.criteria]}
+
+    def lines(self) -> list[str]:
+        """One human line per criterion, then the verdict."""
+        out = [f"{'PASS' if c.passed else 'FAIL'}  {c.text}" for c in self.criteria]
+        return out + [f"gate: {'PASSED' if self.passed else 'FAILED'}"]
+
+
+def load_build(path: str | Path) -> dict[str, Any]:
+    """Read build.json, or raise ReportError naming the problem."""
+    path = Path(path)
+    if path.is_dir():
+        llm = path / "quantize_report.json"
+        path = llm if llm.is_file() and not (path / "build.json").is_file() else path / "build.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ReportError(f"build report '{path}' does not exist; fix: run 'python -m deploy_opt build' first") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"build report '{path}' is not readable JSON ({exc})") from exc
+    if not isinstance(data, dict) or ("metrics" not in data and "perplexity" not in data):
+        raise ReportError(
+            f"report '{path}' has no 'metrics' section (build.json) nor 'perplexity' (quantize_report.json); "
+            "fix: pass a deploy_opt build.json or quantize_report.json"
+        )
+    return data
+
+
+def parse_increase(value: str | float) -> float:
+    """'5%' or 0.05 → 0.05 (the LLM checks' parser); anything else is a ReportError naming the value."""
+    from deploy_opt.llm.checks import parse_max_increase  # checks imports this module's Criterion
+
+    try:
+        return parse_max_increase(value)
+    except ConfigError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateResult:
+    """Judge a quantize_report.json: the held-out perplexity increase, original → quantized."""
+    try:
+        before = float(report["perplexity"]["original"]["ppl"])
+        after = float(report["perplexity"]["quantized"]["ppl"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError("quantize_report: perplexity.original/quantized.ppl missing; rerun quantize-llm") from exc
+    from deploy_opt.llm.checks import ppl_gate
+
+    criteria = [ppl_gate(before, after, parse_increase(max_increase))]
+    stability = report.get("stability") or {}
+    if "ok" in stability:
+        flagged = int(stability.get("flagged", 0))
+        total = stability.get("generations", "?")
+        text = f"stability run: {flagged} of {total} generations flagged (NaN/Inf logits, repetition)"
+        criteria.append(Criterion("stability", flagged, 0, bool(stability["ok"]), text))
+    return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def apply_gate(
+    build: dict[str, Any], max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None
+) -> GateResult:
+    """Judge a build: metric drop (FP32 → INT8, in metric points) and INT8 speedup at one batch size."""
+    criteria: list[Criterion] = []
+    if max_drop is not None:
+        metrics = build["metrics"]
+        try:
+            drop = float(metrics["drop"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
+        fp32, int8 = metrics.get("ort_fp32", float("nan")), metrics.get("ort_int8", float("nan"))
+        text = (
+            f"{metrics.get('name', 'metric')} drop {drop:.3f} points (FP32 {fp32:.3f} → INT8 {int8:.3f}) "
+            f"<= {max_drop:g}"
+        )
+        criteria.append(Criterion("max_drop", drop, max_drop, drop <= max_drop, text))
+    if min_speedup is not None:
+        batches = (build.get("benchmark") or {}).get("batches") or {}
+        if not batches:
+            raise ReportError(
+                "build report has no benchmark; fix: rebuild with benchmark.enabled=true or drop --min-speedup"
+            )
+        size = str(speedup_batch or max(int(b) for b in batches))
+        if size not in batches or "speedup" not in batches[size]:
+            raise ReportError(
+                f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
+            )
+        speedup = float(batches[size]["speedup"])
+        criteria.append(
+            Criterion(
+                "min_speedup",
+                speedup,
+                min_speedup,
+                speedup >= min_speedup,
+                f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x",
+            )
+        )
+    return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
+    """A JUnit XML report, one test case per criterion, for CI systems to display."""
+    failures = sum(not c.passed for c in result.criteria)
+    cases = []
+    for c in result.criteria:
+        body = "" if c.passed else f"<failure message={quoteattr(c.text)}/>"
+        cases.append(f"    <testcase classname={quoteattr(suite)} name={quoteattr(c.name)}>{body}</testcase>")
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name={quoteattr("deploy_opt.report.gate." + suite)} tests="{len(result.criteria)}" '
+        f'failures="{failures}" errors="0">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
+    return write_text(path, xml)

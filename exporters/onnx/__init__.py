@@ -1,0 +1,1 @@
+"""torch -> ONNX: export, simplify, checker and FP32 parity, and atomic ONNX saving."""

@@ -1,0 +1,108 @@
+"""ONNX simplification (onnxsim, else onnxslim), the checker, and torch-vs-ORT parity."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from dopt_common.errors import ModelError, NumericsError
+from dopt_common.ort import create_session
+from exporters.onnx.io import save_onnx
+
+log = logging.getLogger(__name__)
+
+
+def check_onnx(path: str | Path) -> onnx.ModelProto:
+    """Run ``onnx.checker`` on a file and return the loaded model; failures name the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"ONNX file '{path}' does not exist; fix the model.onnx path")
+    try:
+        onnx.checker.check_model(str(path))
+        return onnx.load(str(path))
+    except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference.InferenceError) as exc:
+        first = " ".join(str(exc).split())[:400]
+        raise ModelError(f"ONNX file '{path}' fails onnx.checker: {first}; fix the model or re-export it") from exc
+    except Exception as exc:  # a corrupt protobuf raises DecodeError and friends
+        raise ModelError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def simplify_onnx(src: str | Path, dst: str | Path, external_data_mb: int = 1024) -> str:
+    """Simplify ``src`` into ``dst`` with onnxsim, falling back to onnxslim; returns the tool used."""
+    model = onnx.load(str(src))
+    simplified, tool = None, "none"
+    try:
+        import onnxsim
+
+        candidate, ok = onnxsim.simplify(model)
+        if ok:
+            simplified, tool = candidate, f"onnxsim {getattr(onnxsim, '__version__', '?')}"
+    except Exception as exc:  # onnxsim's C++ errors are not typed
+        log.warning("onnxsim could not simplify %s (%s); trying onnxslim", src, str(exc).splitlines()[0][:200])
+    if simplified is None:
+        try:
+            import onnxslim
+
+            simplified, tool = onnxslim.slim(model), f"onnxslim {getattr(onnxslim, '__version__', '?')}"
+        except Exception as exc:
+            log.warning("onnxslim failed too (%s); keeping the unsimplified model", str(exc)[:200])
+            simplified, tool = model, "none"
+    save_onnx(simplified, dst, external_data_mb=external_data_mb)
+    return tool
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Largest torch-vs-ORT differences over the parity samples."""
+
+    max_abs: float
+    max_rel: float
+    tolerance: float
+    samples: int
+
+    @property
+    def ok(self) -> bool:
+        """True when the worst error is within tolerance."""
+        return self.max_abs <= self.tolerance
+
+
+def check_parity(
+    run_reference: Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]],
+    onnx_path: str | Path,
+    feeds: Iterable[dict[str, np.ndarray]],
+    *,
+    atol: float,
+    rtol: float,
+    threads: int | None = None,
+) -> Parity:
+    """Compare ``run_reference`` (torch) with ORT FP32 on fixed feeds; raise when beyond atol + rtol·|ref|."""
+    session = create_session(onnx_path, threads=threads)
+    max_abs, max_rel, scale, samples = 0.0, 0.0, 0.0, 0
+    for feed in feeds:
+        expected = [np.asarray(e, dtype=np.float64) for e in run_reference(feed)]
+        actual = [np.asarray(a, dtype=np.float64) for a in session.run(None, feed)]
+        if len(expected) != len(actual):
+            raise ModelError(f"parity: torch returns {len(expected)} outputs, the ONNX model {len(actual)}")
+        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            if e.shape != a.shape:
+                raise ModelError(f"parity: output {index} has shape {a.shape} in ONNX, {e.shape} in torch")
+            if not np.all(np.isfinite(a)):
+                raise NumericsError(f"parity: ONNX Runtime output {index} has NaN or Inf")
+            diff = float(np.max(np.abs(e - a))) if e.size else 0.0
+            peak = float(np.max(np.abs(e))) if e.size else 0.0
+            max_abs, scale = max(max_abs, diff), max(scale, peak)
+            max_rel = max(max_rel, diff / peak if peak > 0 else 0.0)
+        samples += int(next(iter(feed.values())).shape[0])
+    result = Parity(max_abs, max_rel, atol + rtol * scale, samples)
+    if not result.ok:
+        raise ModelError(
+            f"parity: ONNX Runtime differs from torch by max-abs {result.max_abs:.3g} > tolerance "
+            f"{result.tolerance:.3g}; fix: check unsupported ops, or raise export.parity_atol if expected"
+        )
+    log.info("parity: max-abs %.3g (tolerance %.3g) on %d samples", max_abs, result.tolerance, samples)
+    return result

@@ -1,0 +1,81 @@
+"""torch → ONNX with dynamic axes, through the dynamo exporter (default) or TorchScript."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import onnx
+
+from dopt_common.errors import ExportError
+from exporters.onnx.io import save_onnx
+
+log = logging.getLogger(__name__)
+
+
+def export_onnx(
+    model: Any,
+    example: Sequence[Any],
+    path: str | Path,
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_axes: Mapping[str, Mapping[int, str]],
+    exporter: Literal["dynamo", "torchscript"] = "dynamo",
+    opset: int = 18,
+    external_data_mb: int = 1024,
+) -> Path:
+    """Export ``model`` called on ``example`` tensors to ``path`` and return it."""
+    import torch
+
+    # torch's exporter logs every skipped torchvision op at WARNING; keep the user's log readable.
+    exporter_log = logging.getLogger("torch.onnx")
+    previous_level = exporter_log.level
+    exporter_log.setLevel(max(logging.ERROR, log.getEffectiveLevel()))
+    with tempfile.TemporaryDirectory(prefix="deploy_opt.export.") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    model,
+                    tuple(example),
+                    str(raw),
+                    input_names=list(input_names),
+                    output_names=list(output_names) or None,
+                    dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                    opset_version=opset,
+                    dynamo=exporter == "dynamo",
+                    external_data=True,
+                    **({"verbose": False} if exporter == "dynamo" else {}),
+                )
+        except Exception as exc:  # exporters raise a zoo of types; the message is what matters
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            other = "torchscript" if exporter == "dynamo" else "dynamo"
+            raise ExportError(
+                f"torch.onnx.export ({exporter}, opset {opset}) failed: {first}; fix: try export.exporter={other}"
+            ) from exc
+        finally:
+            exporter_log.setLevel(previous_level)
+        proto = onnx.load(str(raw))
+        _check_unique_names(proto, exporter)
+    log.info("exported %s with the %s exporter at opset %d", path, exporter, opset)
+    return save_onnx(proto, path, external_data_mb=external_data_mb)
+
+
+def _check_unique_names(proto: onnx.ModelProto, exporter: str) -> None:
+    """Each tensor name must be defined once (SSA); dynamo can clash an output name with an internal one."""
+    defined = [i.name for i in proto.graph.input] + [i.name for i in proto.graph.initializer]
+    defined += [o for node in proto.graph.node for o in node.output if o]
+    seen: set[str] = set()
+    for name in defined:
+        if name in seen:
+            raise ExportError(
+                f"the {exporter} export defines tensor '{name}' twice (an output name clashes with an internal "
+                "name, e.g. 'embedding'); fix: rename it in model.outputs"
+            )
+        seen.add(name)

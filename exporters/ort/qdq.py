@@ -1,0 +1,183 @@
+"""The ONNX Runtime Q/DQ artifact: written FROM a scale file by ORT's own ``QDQQuantizer``, and read back.
+
+Every scale and zero point is handed to ORT as a ``TensorQuantOverrides`` entry, so ORT inserts the Q/DQ
+nodes (its fusion rules, its bias handling) but computes no parameter of its own. ``read_qdq_scales`` then
+reads what the written model really carries, for a bit-exact comparison with the scale file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from calibrators.scales.format import ScaleFile, TensorScale
+from dopt_common.deps import require
+from dopt_common.errors import ModelError
+from exporters.onnx.io import save_onnx
+from exporters.ort.overrides import ort_quant_overrides, overrides_data
+
+log = logging.getLogger(__name__)
+# ORT's naming (quant_utils.QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX): a quantized graph output is renamed
+# to <name>_QuantizeLinear_Input, a quantized initializer to <name>_quantized.
+OUTPUT_SUFFIX, INITIALIZER_SUFFIX = "_QuantizeLinear_Input", "_quantized"
+QTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT32: "int32"}
+
+
+def _overrides(scales: ScaleFile) -> dict[str, list[dict]]:
+    """TensorQuantOverrides that pin every activation and weight parameter to the scale file."""
+    # ORT derives bias scales itself (input × weight); the read-back proves they match.
+    return ort_quant_overrides(overrides_data(scales))
+
+
+def write_ort_qdq(
+    fp32_path: str | Path,
+    scales: ScaleFile,
+    out_path: str | Path,
+    *,
+    op_types: Iterable[str],
+    exclude_nodes: Iterable[str] = (),
+    external_data_mb: int = 1024,
+    quantize_outputs: bool = True,
+) -> Path:
+    """Write the Q/DQ model for ORT from ``scales`` with ORT's QDQQuantizer."""
+    quant = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model")
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+
+    symmetric = scales.activations == "symmetric"
+    act_type = onnx.TensorProto.INT8 if symmetric else onnx.TensorProto.UINT8
+    model = load_model_with_shape_infer(Path(fp32_path))
+    model = update_opset_version(model, quant.QuantType.QInt8)
+    present = _tensor_names(model)
+    # ORT wants a range per activation even when the override pins scale and zero point; a file imported from
+    # another tool may carry only amax, which stands for the symmetric range.
+    ranges = {
+        name: TensorData(
+            lowest=np.float32(t.range[0] if t.range else -(t.amax or 0.0)),
+            highest=np.float32(t.range[1] if t.range else (t.amax or 0.0)),
+        )
+        for name, t in scales.tensors.items()
+        if t.role == "activation" and name in present
+    }
+    overrides = {k: v for k, v in _overrides(scales).items() if k in present}
+    quantizer = QDQQuantizer(
+        model,
+        True,  # per_channel
+        False,  # reduce_range
+        onnx.TensorProto.INT8,
+        act_type,
+        TensorsData(CalibrationMethod.MinMax, ranges),
+        [],
+        list(exclude_nodes),
+        list(op_types),
+        {
+            "ActivationSymmetric": symmetric,
+            "WeightSymmetric": True,
+            "TensorQuantOverrides": overrides,
+            # Off: a tensor is quantized only as the input of a quantized node, so excluding a node really keeps
+            # its inputs float, and MatMul/Gemm outputs feeding float ops (MiniLM's residual stream, ranges up to
+            # ~200) keep their precision.
+            "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
+        },
+    )
+    quantizer.quantize_model()
+    quantizer.model.topological_sort()  # ORT appends Q/DQ nodes at the end; ONNX requires graph order
+    return save_onnx(quantizer.model.model, out_path, external_data_mb=external_data_mb)
+
+
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    names = {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        names.update(node.input)
+        names.update(node.output)
+    return names
+
+
+def read_qdq_scales(path: str | Path) -> dict[str, TensorScale]:
+    """The quantization parameters a Q/DQ model really carries, keyed by the original tensor name."""
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    found: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or node.input[0] == "":
+            continue
+        source = node.input[0]
+        if node.op_type == "QuantizeLinear":
+            name, role = source.removesuffix(OUTPUT_SUFFIX), "activation"
+        elif source in inits and inits[source].data_type in QTYPE_NAMES:
+            name = source.removesuffix(INITIALIZER_SUFFIX)
+            role = "bias" if inits[source].data_type == onnx.TensorProto.INT32 else "weight"
+        else:
+            continue  # the DQ half of an activation pair: its Q node was read already
+        entry = _entry_from_node(node, inits, name, role)
+        previous = found.get(name)
+        if previous is not None and (previous.scale_bits, previous.zero_point) != (entry.scale_bits, entry.zero_point):
+            raise ModelError(f"Q/DQ model '{path}': tensor '{name}' is quantized twice with different scales")
+        found[name] = entry
+    return found
+
+
+def _entry_from_node(node: onnx.NodeProto, inits: dict, name: str, role: str) -> TensorScale:
+    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32).reshape(-1)
+    if len(node.input) > 2 and node.input[2]:
+        zp_init = inits[node.input[2]]
+        zero = numpy_helper.to_array(zp_init).reshape(-1)
+        dtype = QTYPE_NAMES.get(zp_init.data_type, str(zp_init.data_type))
+    else:
+        zero, dtype = np.zeros(scale.size, dtype=np.int64), "uint8"
+    if role in ("weight", "bias"):
+        dtype = QTYPE_NAMES.get(inits[node.input[0]].data_type, dtype)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) if scale.size > 1 else None
+    if axis is not None and axis < 0:
+        axis += len(inits[node.input[0]].dims) if node.input[0] in inits else 0
+    return TensorScale(
+        name, role, dtype, tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis, method="readback"
+    )
+
+
+@dataclass(frozen=True)
+class ScaleDiff:
+    """Where an artifact and the scale file disagree."""
+
+    drifted: tuple[str, ...]
+    missing_in_artifact: tuple[str, ...]
+    missing_in_file: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when the artifact carries exactly the scale file."""
+        return not (self.drifted or self.missing_in_artifact or self.missing_in_file)
+
+    def summary(self) -> str:
+        """One line naming the first offending tensors."""
+        parts = []
+        for label, names in (
+            ("drifted", self.drifted),
+            ("missing from artifact", self.missing_in_artifact),
+            ("missing from scales.json", self.missing_in_file),
+        ):
+            if names:
+                parts.append(f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''} ({len(names)})")
+        return "; ".join(parts) or "all equal"
+
+
+def compare_scales(expected: Mapping[str, TensorScale], actual: Mapping[str, TensorScale]) -> ScaleDiff:
+    """Compare bit for bit: scale bits, zero points, dtype and axis."""
+    drifted = [
+        name
+        for name in sorted(set(expected) & set(actual))
+        if (expected[name].scale_bits, expected[name].zero_point, expected[name].dtype, expected[name].axis)
+        != (actual[name].scale_bits, actual[name].zero_point, actual[name].dtype, actual[name].axis)
+    ]
+    return ScaleDiff(
+        tuple(drifted),
+        tuple(sorted(set(expected) - set(actual))),
+        tuple(sorted(set(actual) - set(expected))),
+    )

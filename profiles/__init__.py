@@ -1,0 +1,1 @@
+"""Hardware presets (YAML), shipped inside the wheel and read with importlib.resources."""
