@@ -1,3 +1,37 @@
-"""deploy_opt: PyTorch → verified INT8 deployment artifacts that behave the same on every backend."""
+"""deploy_opt: PyTorch → verified INT8 deployment artifacts that behave the same on every backend.
+
+The public API, loaded lazily so that ``import deploy_opt`` stays light::
+
+    from deploy_opt import load_build_config, run_build
+    config, profile = load_build_config("my_build.yaml")
+    result = run_build(config, profile, Path("reports"))
+
+Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``build/`` (the pipeline, one module per
+stage), ``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build records, plots), ``cli/``,
+and the ``llm/``, ``train/`` and ``demo/`` companions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "run_build": "deploy_opt.build.pipeline",
+    "BuildResult": "deploy_opt.build.pipeline",
+    "load_build_config": "deploy_opt.config.profiles",
+    "BuildConfig": "deploy_opt.config.build",
+}
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'deploy_opt' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

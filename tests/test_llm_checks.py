@@ -15,9 +15,10 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from deploy_opt.llm.checks import parse_max_increase, perplexity, ppl_gate, stability_run  # noqa: E402
+from deploy_opt.llm.checks import perplexity, stability_run  # noqa: E402
 from deploy_opt.llm.gguf_model import MARKER, gguf_to_hf_folder, load_model_folder, smollm2_gguf  # noqa: E402
 from deploy_opt.llm.text_data import pydoc_texts  # noqa: E402
+from deploy_opt.report.gate import parse_max_increase, ppl_gate  # noqa: E402
 from dopt_common.errors import ConfigError, InputError, MissingDependency, NumericsError, OutputError  # noqa: E402
 
 

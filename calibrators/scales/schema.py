@@ -22,7 +22,7 @@ SCHEMA_PATH = Path(__file__).with_name("scales.schema.json")
 # The integer range of each quantized type, inclusive.
 QDTYPES = {"int8": (-127, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
-FIX = "fix: correct the entry or rebuild the file with deploy_opt (schema: calibrators/scales.schema.json)"
+FIX = "fix: correct the entry or rebuild the file with deploy_opt (schema: calibrators/scales/scales.schema.json)"
 PER_VALUE = ("scale", "scale_hex", "zero_point")
 _HEX = re.compile(r"[0-9a-f]{8}")
 

@@ -4,7 +4,7 @@ Perplexity: the texts are joined with ``DOC_SEPARATOR``, tokenized without speci
 ``max_tokens`` tokens; windows of ``max_seq_len`` tokens advance by ``stride`` (default: no overlap) and each
 token is scored once, from the window that first reaches it (the first token of the text is never scored).
 With ``pydoc_texts("evaluation")``, max_seq_len 512 and the defaults, SmolLM2-135M fp32 scores 9.46, the
-reference in FACTS.md.
+reference value (benchmarks/llm_quantize.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy_opt.llm.text_data import DOC_SEPARATOR, TextDoc, pydoc_texts
-from deploy_opt.report.gate import Criterion
 from dopt_common.errors import ConfigError, InputError, NumericsError
 
 log = logging.getLogger(__name__)
@@ -266,28 +265,3 @@ def stability_run(
         "warnings": warnings,
         "runs": runs,
     }
-
-
-def parse_max_increase(value: str | float) -> float:
-    """'5%', '0.05' or 0.05 → 0.05; anything else is a ConfigError naming the value."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"max perplexity increase {value!r} is not a number; write it as 5% or 0.05")
-    text = str(value).strip()
-    try:
-        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise ConfigError(f"max perplexity increase '{value}' is not a number; write it as 5% or 0.05") from None
-    if not 0 <= fraction < 100 or math.isnan(fraction):
-        raise ConfigError(f"max perplexity increase '{value}' must be >= 0 (e.g. 5% or 0.05)")
-    return fraction
-
-
-def ppl_gate(original_ppl: float, quantized_ppl: float, max_increase: str | float) -> Criterion:
-    """Pass when quantized perplexity is at most ``max_increase`` (relative) above the original's."""
-    limit = parse_max_increase(max_increase)
-    before, after = float(original_ppl), float(quantized_ppl)
-    if not math.isfinite(before) or before <= 0:
-        raise NumericsError(f"original perplexity {before} is not a positive finite number; re-measure it")
-    increase = after / before - 1 if math.isfinite(after) else math.inf
-    text = f"perplexity {before:.2f} → {after:.2f} ({increase:+.1%}) <= +{limit * 100:g}%"
-    return Criterion("max_ppl_increase", increase, limit, increase <= limit, text)

@@ -66,7 +66,7 @@ class LLMChecksConfig:
 
     eval_texts: tuple[str, ...] = ("pydoc",)
     eval_tokens: int = 4096
-    eval_seq_len: int = 512  # perplexity window; 512 on the last 4,096 tokens is FACTS.md's reference definition
+    eval_seq_len: int = 512  # perplexity window: 512 on the last 4,096 tokens, the reference definition
     generations: int = 8
     max_new_tokens: int = 48
 

@@ -6,10 +6,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import random
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +15,9 @@ from deploy_opt.llm.config import LLMConfig
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate
 from deploy_opt.report.record import versions
-from dopt_common.errors import InputError, OutputError
-from dopt_common.files import ensure_writable_dir, replace_dir, write_json
+from dopt_common.errors import InputError
+from dopt_common.files import ensure_writable_dir, write_json
+from dopt_common.runs import Timings, seed_everything, staged_dir
 
 log = logging.getLogger(__name__)
 REPORT_FORMAT = "deploy_opt.llm_quantize/1"
@@ -40,17 +37,10 @@ class LLMResult:
 def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True) -> LLMResult:
     """Quantize, check and gate one LLM; everything lands in ``output_root/<name>/`` (checkpoint/ inside)."""
     out_dir = ensure_writable_dir(output_root) / config.name
-    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
     import torch
 
-    try:
-        with torch.no_grad():  # scoped: a global switch would leak into the caller (and into other tests)
-            report, gate = _run(config, stage, out_dir, progress)
-        _publish(stage, out_dir)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
+        report, gate = _run(config, stage, out_dir, progress)
     return LLMResult(out_dir, report, gate)
 
 
@@ -60,52 +50,47 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
     from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
     from deploy_opt.llm.text_data import stratified_text_samples
 
-    _seed(config.seed)
-    times: dict[str, float] = {}
+    seed_everything(config.seed)
+    times = Timings()
     cal, quant, checks = config.calibration, config.quantization, config.checks
 
-    start = time.perf_counter()
-    source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
-    model, tokenizer = load_model_folder(source)
-    if not quant.method.startswith("torchao"):  # a group size that cannot work fails before any long step
-        from deploy_opt.llm.quantize_engine import check_targets, target_linears
+    with times.stage("load"):
+        source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
+        model, tokenizer = load_model_folder(source)
+        if not quant.method.startswith("torchao"):  # a group size that cannot work fails before any long step
+            from deploy_opt.llm.quantize_engine import check_targets, target_linears
 
-        check_targets(target_linears(model, quant.keep), quant.group_size)
-    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
-    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
-    _refuse_overlap(calibration_docs, evaluation_docs)
-    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
-    for warning in selection.warnings:
-        log.warning("calibration text: %s", warning)
-    times["load"] = time.perf_counter() - start
+            check_targets(target_linears(model, quant.keep), quant.group_size)
+        calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
+        evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
+        _refuse_overlap(calibration_docs, evaluation_docs)
+        selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+        for warning in selection.warnings:
+            log.warning("calibration text: %s", warning)
 
-    start = time.perf_counter()
-    ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
-    original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
-    times["perplexity_original"] = time.perf_counter() - start
+    with times.stage("perplexity_original"):
+        ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
+        original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
 
-    start = time.perf_counter()
-    checkpoint = stage / "checkpoint"
-    engine, fmt = _quantize(config, model, tokenizer, selection.tensors(), checkpoint, progress)
-    times["quantize"] = time.perf_counter() - start
+    with times.stage("quantize"):
+        checkpoint = stage / "checkpoint"
+        engine, fmt = _quantize(config, model, tokenizer, selection.tensors(), checkpoint, progress)
 
-    start = time.perf_counter()
-    quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
-    stability = stability_run(
-        model,
-        tokenizer,
-        pydoc_texts("prompts"),
-        generations=checks.generations,
-        max_new_tokens=checks.max_new_tokens,
-        max_seq_len=cal.max_seq_len,
-        seed=config.seed,
-        progress=progress,
-    )
-    times["checks"] = time.perf_counter() - start
+    with times.stage("checks"):
+        quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
+        stability = stability_run(
+            model,
+            tokenizer,
+            pydoc_texts("prompts"),
+            generations=checks.generations,
+            max_new_tokens=checks.max_new_tokens,
+            max_seq_len=cal.max_seq_len,
+            seed=config.seed,
+            progress=progress,
+        )
 
-    start = time.perf_counter()
-    reload = _check_reload(model, tokenizer, checkpoint, fmt)
-    times["reload"] = time.perf_counter() - start
+    with times.stage("reload"):
+        reload = _check_reload(model, tokenizer, checkpoint, fmt)
 
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
@@ -124,7 +109,7 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
             else list(checks.eval_texts),
         },
         "stability": stability,
-        "timings_s": {k: round(v, 2) for k, v in times.items()},
+        "timings_s": times.seconds,
         "config": config.to_dict(),
         "seed": config.seed,
         "versions": _versions(),
@@ -223,22 +208,5 @@ def _resolve(path: str, base_dir: str) -> Path:
     return candidate if candidate.is_absolute() else Path(base_dir) / candidate
 
 
-def _publish(stage: Path, out_dir: Path) -> None:
-    """Swap the finished folder in; the previous run's folder is removed only after the rename."""
-    try:
-        replace_dir(stage, out_dir)
-    except OSError as exc:
-        raise OutputError(f"cannot publish '{out_dir}': {exc.strerror}; fix: choose a writable --output-dir") from exc
-
-
 def _versions() -> dict[str, str]:
     return {**versions(PACKAGES), "deploy_opt": __version__}
-
-
-def _seed(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

@@ -7,12 +7,13 @@ be judged (missing file or field).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from dopt_common.errors import ConfigError, ReportError
+from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text
 
 
@@ -64,10 +65,33 @@ def load_build(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_increase(value: str | float) -> float:
-    """'5%' or 0.05 → 0.05 (the LLM checks' parser); anything else is a ReportError naming the value."""
-    from deploy_opt.llm.checks import parse_max_increase  # checks imports this module's Criterion
+def parse_max_increase(value: str | float) -> float:
+    """'5%', '0.05' or 0.05 → 0.05; anything else is a ConfigError naming the value."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"max perplexity increase {value!r} is not a number; write it as 5% or 0.05")
+    text = str(value).strip()
+    try:
+        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ConfigError(f"max perplexity increase '{value}' is not a number; write it as 5% or 0.05") from None
+    if not 0 <= fraction < 100 or math.isnan(fraction):
+        raise ConfigError(f"max perplexity increase '{value}' must be >= 0 (e.g. 5% or 0.05)")
+    return fraction
 
+
+def ppl_gate(original_ppl: float, quantized_ppl: float, max_increase: str | float) -> Criterion:
+    """Pass when quantized perplexity is at most ``max_increase`` (relative) above the original's."""
+    limit = parse_max_increase(max_increase)
+    before, after = float(original_ppl), float(quantized_ppl)
+    if not math.isfinite(before) or before <= 0:
+        raise NumericsError(f"original perplexity {before} is not a positive finite number; re-measure it")
+    increase = after / before - 1 if math.isfinite(after) else math.inf
+    text = f"perplexity {before:.2f} → {after:.2f} ({increase:+.1%}) <= +{limit * 100:g}%"
+    return Criterion("max_ppl_increase", increase, limit, increase <= limit, text)
+
+
+def parse_increase(value: str | float) -> float:
+    """'5%' or 0.05 → 0.05 for a report being judged; anything else is a ReportError naming the value."""
     try:
         return parse_max_increase(value)
     except ConfigError as exc:
@@ -81,8 +105,6 @@ def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateRes
         after = float(report["perplexity"]["quantized"]["ppl"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError("quantize_report: perplexity.original/quantized.ppl missing; rerun quantize-llm") from exc
-    from deploy_opt.llm.checks import ppl_gate
-
     criteria = [ppl_gate(before, after, parse_increase(max_increase))]
     stability = report.get("stability") or {}
     if "ok" in stability:

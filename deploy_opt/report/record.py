@@ -1,39 +1,18 @@
-"""build.json, summary.md and the atomic hand-over of a finished build into reports/<name>/."""
+"""build.json and summary.md: the record of a build (publishing is ``dopt_common.runs.staged_dir``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
-import shutil
-import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import OutputError
 from dopt_common.files import sha256_file, write_json, write_text
 
 PACKAGES = ("deploy_opt", "torch", "onnx", "onnxruntime", "onnxscript", "onnxsim", "onnxslim", "numpy")
 BUILD_FORMAT = "deploy_opt.build/1"
-
-
-class Timings:
-    """Wall time per pipeline stage, in seconds."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time the enclosed block under ``name``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -147,29 +126,3 @@ def write_reports(stage: Path, build: dict[str, Any]) -> None:
     build["artifacts"] = artifacts(stage)
     write_json(stage / "build.json", build)
     write_text(stage / "summary.md", render_summary(build))
-
-
-def staging_dir(out_dir: Path) -> Path:
-    """A fresh hidden folder beside ``out_dir`` where the build is assembled."""
-    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        stage.mkdir(parents=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create '{stage}': {exc.strerror}; fix: choose a writable --output-dir") from exc
-    return stage
-
-
-def publish(stage: Path, out_dir: Path) -> None:
-    """Move every finished file into ``out_dir`` (each by an atomic rename), then drop the stage."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "build.json").unlink(missing_ok=True)  # the folder is never "complete" with mixed files
-    fresh = {p.name for p in stage.iterdir()}
-    for old in out_dir.iterdir():  # a file the previous build wrote and this one did not would mislead align verify
-        if old.is_file() and old.name not in fresh and not old.name.startswith("."):
-            old.unlink()
-    for path in sorted(stage.iterdir(), key=lambda p: p.name == "build.json"):
-        if path.name.startswith("."):
-            continue  # working files (e.g. the fully quantized reference model) are not artifacts
-        os.replace(path, out_dir / path.name)  # build.json last: its presence marks a complete build
-    shutil.rmtree(stage, ignore_errors=True)

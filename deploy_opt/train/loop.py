@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from deploy_opt.build.sources import call_user, resolve_callable
@@ -34,6 +32,7 @@ from deploy_opt.train.run_log import truncate_log, write_event
 from deploy_opt.train.schedules import build_scheduler
 from dopt_common.errors import ConfigError, OutputError, SourceError
 from dopt_common.files import atomic_path, ensure_writable_dir, write_json
+from dopt_common.runs import seed_everything
 
 log = logging.getLogger(__name__)
 LOG_NAME = "train_log.jsonl"
@@ -108,8 +107,7 @@ def train(
     checkpoint_path = out / CHECKPOINT_NAME
     if not resume and checkpoint_path.exists():
         raise OutputError(
-            f"'{out}' already holds a training run ({CHECKPOINT_NAME}); fix: resume it, or choose another output "
-            "folder"
+            f"'{out}' already holds a training run ({CHECKPOINT_NAME}); fix: resume it, or choose another output folder"
         )
     threads = torch.get_num_threads()
     if config.threads:
@@ -122,7 +120,7 @@ def train(
 
 def _prepare_and_run(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_at: int | None) -> TrainResult:
     checkpoint_path = out / CHECKPOINT_NAME
-    _seed_everything(config.seed)
+    seed_everything(config.seed)
     model = _build_model(config)
     data = load_train_data(config.data, config.batch_size, config.seed, config.base_dir)
     total_steps = count_train_steps(config, data)
@@ -133,7 +131,11 @@ def _prepare_and_run(config: TrainConfig, out: Path, resume: bool, progress: boo
     if resume:
         payload = read_checkpoint(checkpoint_path)
         state = restore_checkpoint(
-            payload, model=model, optimizer=optimizer, scheduler=scheduler, config=config.to_dict(),
+            payload,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            config=config.to_dict(),
             path=checkpoint_path,
         )
         truncate_log(log_path, state.step)
@@ -184,8 +186,13 @@ def _run(
             bar.set_postfix(loss=f"{record['loss']:.4g}", lr=f"{record['lr']:.3g}", refresh=False)
             if state.step % config.log_every == 0 or record["skipped"]:
                 log.info(
-                    "step %d/%d loss %.4g lr %.3g grad_norm %.3g%s", state.step, total_steps, record["loss"],
-                    record["lr"], record["grad_norm"], " (skipped)" if record["skipped"] else "",
+                    "step %d/%d loss %.4g lr %.3g grad_norm %.3g%s",
+                    state.step,
+                    total_steps,
+                    record["loss"],
+                    record["lr"],
+                    record["grad_norm"],
+                    " (skipped)" if record["skipped"] else "",
                 )
             if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < end:
                 _save(out, model, optimizer, scheduler, state, config)
@@ -312,15 +319,13 @@ def _save(
     config: TrainConfig,
 ) -> Path:
     return save_checkpoint(
-        out / CHECKPOINT_NAME, model=model, optimizer=optimizer, scheduler=scheduler, progress=state,
+        out / CHECKPOINT_NAME,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        progress=state,
         config=config.to_dict(),
     )
-
-
-def _seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
 
 
 def _build_model(config: TrainConfig) -> torch.nn.Module:
@@ -357,7 +362,10 @@ def _recommendation(config: TrainConfig, params: int, data: TrainData) -> dict[s
     if (rec.optimizer, rec.state) != (config.optimizer.type, config.optimizer.state):
         log.warning(
             "the recommender suggests %s with %s state for this run, the config uses %s with %s state (%s)",
-            rec.optimizer, rec.state, config.optimizer.type, config.optimizer.state,
+            rec.optimizer,
+            rec.state,
+            config.optimizer.type,
+            config.optimizer.state,
             "; ".join(f"{c}: {r}" for c, r in rec.reasons),
         )
     return rec.to_json()

@@ -1,0 +1,45 @@
+"""The load stage: the torch model (if any), the input specs, the calibration sample and the evaluation head."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.build.calibration_set import CalibrationSet, choose_calibration, evaluation_ids, refuse_overlap
+from deploy_opt.build.export import input_specs_from_onnx
+from deploy_opt.build.sources import Batch, iter_batches, load_torch_model
+from deploy_opt.config.build import BuildConfig, InputSpec
+from dopt_common.errors import InputError
+from exporters.onnx.checks import check_onnx
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What every later stage reads: the model source, the calibration sample and the evaluation stream."""
+
+    torch_model: Any
+    specs: tuple[InputSpec, ...]
+    calibration: CalibrationSet
+    head: tuple[Batch, ...]  # the first evaluation batches: parity, benchmark and fixed comparison samples
+    rest: Iterator[Batch]  # the remaining evaluation batches, streamed (a validation set may not fit in memory)
+
+    def evaluation(self, hold: bool) -> list[Batch] | Iterator[Batch]:
+        """The whole evaluation set: held as a list when a stage revisits it, else streamed once."""
+        return [*self.head, *self.rest] if hold else itertools.chain(self.head, self.rest)
+
+
+def load_inputs(config: BuildConfig) -> BuildInputs:
+    """Load the model source and choose the calibration sample; refuse any overlap with the evaluation data."""
+    base, model = config.base_dir, config.model
+    torch_model = load_torch_model(model.factory, model.checkpoint, base) if model.factory else None
+    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(base) / model.onnx))
+    calibration = choose_calibration(config, specs)
+    refuse_overlap(calibration, evaluation_ids(config, specs))
+    stream = iter_batches(config.data.evaluation, specs, base, "data.evaluation", config.data.eval_samples)
+    head = tuple(itertools.islice(stream, max(1, config.export.parity_batches)))
+    if not head:
+        raise InputError(f"data.evaluation '{config.data.evaluation}' yielded no samples; fix the data function")
+    return BuildInputs(torch_model, tuple(specs), calibration, head, stream)

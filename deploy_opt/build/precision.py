@@ -1,0 +1,104 @@
+"""The precision stage: (SmoothQuant,) calibrate, quantize, then keep the fallback nodes in high precision.
+
+With a fallback, the fully quantized model is the reference point: sensitivity analyzes it and auto fallback
+searches from it; the model that ships is then quantized again with the chosen nodes excluded, reusing the ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.analysis.sensitivity.mixed_precision import (
+    auto_fallback,
+    run_sensitivity,
+    static_fallback,
+    with_excluded,
+)
+from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.quantize import QuantizedModel, quantize
+from deploy_opt.build.smoothing import smooth_model
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.report.calibration_plot import plot_histograms
+
+
+@dataclass(frozen=True)
+class FallbackChoice:
+    """The nodes kept in high precision: named by the config (static), found by the search (auto), and both."""
+
+    static: tuple[str, ...]
+    nodes: tuple[str, ...]
+    search: dict[str, Any] | None = None  # the auto search's steps, as recorded in build.json
+
+    def to_json(self) -> dict[str, Any]:
+        """The build.json ``fallback`` section."""
+        record: dict[str, Any] = {"static": list(self.static), "nodes": list(self.nodes)}
+        if self.search is not None:
+            record["auto"] = self.search
+        return record
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The graph that was quantized, the shipped Q/DQ model, its fully quantized twin and the fallback."""
+
+    source: Path  # the FP32 model, or its SmoothQuant-ed twin
+    full: QuantizedModel  # every node quantized (the shipped model when there is no fallback)
+    shipped: QuantizedModel
+    fallback: FallbackChoice
+    sensitivity: dict[str, Any] | None
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the shipped model differs from the fully quantized one."""
+        return self.shipped is not self.full
+
+
+def needs_held_evaluation(config: BuildConfig) -> bool:
+    """Sensitivity and auto fallback revisit the evaluation set, so it must be held in memory."""
+    return config.sensitivity.enabled or config.quantization.fallback == "auto"
+
+
+def quantize_model(
+    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path
+) -> tuple[Path, QuantizedModel, tuple[str, ...], Any]:
+    """SmoothQuant (when configured), then the fully quantized model; returns what the fallback step needs."""
+    source, smoothing = fp32_path, None
+    if config.quantization.smoothing == "smoothquant":
+        source, smoothing = smooth_model(config, fp32_path, calibration, stage / ".smoothed.onnx")
+    static = static_fallback(config, source)
+    mixed = bool(static) or config.quantization.fallback == "auto"
+    out = stage / ".full" if mixed else stage
+    full = quantize(with_excluded(config, ()), source, calibration, out, smoothing=smoothing)
+    return source, full, static, smoothing
+
+
+def choose_precision(
+    config: BuildConfig,
+    quantized: tuple[Path, QuantizedModel, tuple[str, ...], Any],
+    calibration: CalibrationSet,
+    evaluation: Iterable[Batch],
+    metric: Metric,
+    stage: Path,
+) -> Precision:
+    """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
+    source, full, static, smoothing = quantized
+    auto = config.quantization.fallback == "auto"
+    record = None
+    if needs_held_evaluation(config):
+        record = run_sensitivity(config, source, full.path, list(evaluation), metric, stage)
+    search = auto_fallback(config, source, full.path, list(evaluation), metric, record) if auto else None
+    nodes = static + tuple(n for n in (search or {}).get("nodes", ()) if n not in static)
+    shipped = full
+    if static or auto:
+        excluded = with_excluded(config, nodes)
+        shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
+    ranges = shipped.ranges
+    plot_histograms(
+        {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
+    )
+    return Precision(source, full, shipped, FallbackChoice(static, nodes, search), record)

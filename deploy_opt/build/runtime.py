@@ -1,0 +1,55 @@
+"""The evaluate and benchmark stages: every runtime scored in one pass, then FP32 vs INT8 latency."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.build import benchmark
+from deploy_opt.build.evaluate import Evaluation, evaluate, session_runner, torch_runner
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BenchmarkConfig
+from dopt_common.ort import create_session
+
+
+@dataclass(frozen=True)
+class Runtimes:
+    """The ORT sessions of the build (FP32, shipped INT8, and the INT8 without fallback) and their scores."""
+
+    sessions: dict[str, Any]
+    scores: Evaluation
+    reference: str  # the runner every other is compared with: torch FP32 when there is a torch model
+
+
+def evaluate_runtimes(
+    models: dict[str, Path],
+    input_names: list[str],
+    torch_model: Any,
+    evaluation: Iterable[Batch],
+    metric: Metric,
+    threads: int,
+    progress: bool,
+) -> Runtimes:
+    """Open one session per model (``ort_fp32``, ``ort_int8``, ...) and score them all in one pass."""
+    sessions = {name: create_session(path, threads=threads) for name, path in models.items()}
+    runners = {name: session_runner(s) for name, s in sessions.items()}
+    if torch_model is not None:
+        runners = {"torch_fp32": torch_runner(torch_model, input_names)} | runners
+    reference = "torch_fp32" if torch_model is not None else "ort_fp32"
+    return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference)
+
+
+def run_benchmark(bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batch) -> dict[str, Any] | None:
+    """Median latencies at each batch size with the FP32/INT8 speedup, or None when benchmarking is off."""
+    if not bench.enabled:
+        return None
+    return {
+        "threads": bench.threads,
+        "warmup": bench.warmup,
+        "repeats": bench.repeats,
+        "input_shapes": {k: list(v.shape[1:]) for k, v in sample.inputs.items()},
+        "batches": benchmark.compare(sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats),
+    }

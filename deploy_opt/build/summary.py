@@ -1,0 +1,53 @@
+"""The metrics, targets and sensitivity sections of build.json, from the stage results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.runtime import Runtimes
+from deploy_opt.config.build import DeployConfig
+
+
+def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool) -> dict[str, Any]:
+    """Every runtime's score and the FP32 → INT8 drop (and the drop without fallback, when there is one)."""
+    scores = runtimes.scores
+    record = {
+        "name": metric.name,
+        "higher_is_better": metric.higher_is_better,
+        "samples": scores.samples,
+        "reference": "labels" if labelled else f"{runtimes.reference} output",
+        **scores.values,
+        "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
+        "drop_vs": "ort_fp32",
+    }
+    if "ort_int8_no_fallback" in scores.values:
+        record["drop_no_fallback"] = metric.drop(scores.values["ort_fp32"], scores.values["ort_int8_no_fallback"])
+    return record
+
+
+def target_status(deploy: DeployConfig, backends: dict[str, Any]) -> dict[str, str]:
+    """One line per deploy target: what was built for it, or why not."""
+    status = {}
+    for target in deploy.targets:
+        if target == "ort-cpu":
+            status[target] = "built: model.int8.onnx (ONNX Runtime CPU, Q/DQ)"
+        elif target == "ort-cuda":
+            status[target] = "built: model.int8.onnx runs on ORT CUDA as is (compare.json says whether it ran here)"
+        else:
+            status[target] = (backends.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
+    return status
+
+
+def sensitivity_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The top of the ranking for build.json; the whole analysis is in sensitivity.json."""
+    if record is None:
+        return None
+    top = sorted(record["nodes"], key=lambda n: n["rank"])[:10]
+    return {
+        "mode": record["mode"],
+        "metric": record["metric"],
+        "timings_s": record["timings_s"],
+        "files": ["sensitivity.json", "sensitivity.png", "sensitivity.html"],
+        "top": [{k: n[k] for k in ("rank", "name", "op_type", "drop_both", "proxy")} for n in top],
+    }

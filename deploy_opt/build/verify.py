@@ -1,0 +1,86 @@
+"""The verification stages: other backends' artifacts and compat reports, then the comparison and align verify."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.analysis.align import AlignReport, verify_alignment
+from deploy_opt.analysis.compare import compare_backends, fixed_samples
+from deploy_opt.analysis.compat import check_compat, write_compat
+from deploy_opt.build.backends import write_backend_artifacts
+from deploy_opt.build.quantize import QuantizedModel
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BuildConfig, CompareConfig
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The cross-backend comparison (None when disabled) and the align verify verdict."""
+
+    comparison: dict[str, Any] | None
+    alignment: AlignReport
+
+    def comparison_summary(self) -> dict[str, Any] | None:
+        """The verdict and first divergence for build.json; the whole comparison is in compare.json."""
+        record = self.comparison
+        if record is None:
+            return None
+        return {
+            "file": "compare.json",
+            "verdict": record.get("verdict"),
+            "first_divergence": record.get("first_divergence"),
+            "backends": {name: b.get("status") for name, b in (record.get("backends") or {}).items()},
+        }
+
+    def alignment_summary(self) -> dict[str, Any]:
+        """The align verify verdict and one line per artifact, for build.json."""
+        return {"verdict": self.alignment.verdict, "artifacts": [c.to_json() for c in self.alignment.checks]}
+
+
+def write_backends(
+    config: BuildConfig, fp32_path: Path, shipped: QuantizedModel, sample: Batch, stage: Path
+) -> dict[str, Any]:
+    """AIMET, TensorRT cache and engine from scales.json, plus compat reports of the FP32 and Q/DQ models."""
+    backends = write_backend_artifacts(config, shipped, sample, stage)
+    compat = {}
+    for name, model in (("compat", fp32_path), ("compat.int8", shipped.path)):
+        report = check_compat(model, config.deploy.targets)
+        write_compat(report, stage, name=name)
+        compat[name] = {"summary": report.get("summary"), "flagged": len(report.get("flagged") or [])}
+    return {**backends, "compat": compat}
+
+
+def compare_and_align(
+    compare: CompareConfig,
+    models: tuple[Path, Path],
+    samples: Sequence[Batch],
+    stage: Path,
+    seed: int,
+    torch_model: Any,
+    threads: int,
+    judge_top1: bool,
+) -> Verification:
+    """Compare every backend on fixed samples (when enabled), then read every artifact's scales back."""
+    comparison = None
+    if compare.enabled:
+        seed = seed if compare.seed is None else compare.seed
+        extra = {}
+        if (stage / "model.engine").is_file():
+            from exporters.tensorrt.engine import engine_runner
+
+            extra["tensorrt_int8"] = engine_runner(stage / "model.engine")
+        comparison = compare_backends(
+            *models,
+            fixed_samples(list(samples), compare.samples, seed),
+            stage,
+            config=compare,
+            seed=seed,
+            torch_model=torch_model,
+            extra_runners=extra,
+            threads=threads,
+            judge_top1=judge_top1,
+        )
+    return Verification(comparison, verify_alignment(stage))

@@ -1,0 +1,56 @@
+"""The code base keeps its layers: checked on the real tree, and shown to fail on a tree that breaks them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from layering import PACKAGES, violations
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_tree_keeps_its_layers() -> None:
+    assert violations(REPO) == []
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the first-party packages, for a test to break."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "path,code,expected",
+    [
+        ("calibrators/bad.py", "def f():\n    from deploy_opt.build import sources\n", "never import deploy_opt"),
+        ("exporters/bad.py", "import deploy_opt\n", "never import deploy_opt"),
+        ("deploy_opt/build/bad.py", "import torch\n", "top-level import of torch"),
+        ("deploy_opt/analysis/compat_extra.py", "from tensorrt import Builder\n", "top-level import of tensorrt"),
+        ("deploy_opt/config/bad.py", "import deploy_opt.report.gate\n", "import cycle"),
+    ],
+)
+def test_a_forbidden_import_fails(tree: Path, path: str, code: str, expected: str) -> None:
+    if "cycle" in expected:  # close a cycle: gate -> config.bad -> gate
+        gate = tree / "deploy_opt/report/gate.py"
+        gate.write_text(gate.read_text() + "\n\ndef _cycle():\n    from deploy_opt.config import bad  # noqa\n")
+    (tree / path).write_text(code)
+    found = violations(tree)
+    assert any(expected in line and ("cycle" in expected or path in line) for line in found), found
+
+
+def test_heavy_imports_inside_functions_are_allowed(tree: Path) -> None:
+    (tree / "deploy_opt/build/lazy.py").write_text("def f():\n    import torch\n    return torch\n")
+    assert violations(tree) == []
+
+
+def test_the_import_test_covers_every_module() -> None:
+    from test_imports import all_modules
+
+    import deploy_opt
+
+    assert "deploy_opt.build.pipeline" in all_modules() and len(all_modules()) > 80
+    assert deploy_opt.__name__ == "deploy_opt"
