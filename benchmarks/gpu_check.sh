@@ -38,7 +38,7 @@ PY
 
 export DEPLOY_OPT_CACHE="$OUT/cache"
 status=0
-for cfg in configs/digits.yaml configs/minilm.yaml; do
+for cfg in deploy_opt/demo/digits.yaml deploy_opt/demo/minilm.yaml; do
   log "build $cfg (profile a100: symmetric int8, targets tensorrt + ort-cuda)"
   (cd "$REPO" && timeout 240 "$PY" -m deploy_opt build "$cfg" --profile a100 --output-dir "$OUT/reports" \
       --set benchmark.batch_sizes=[1,32] --set benchmark.repeats=30 --set gate.min_speedup=null) \

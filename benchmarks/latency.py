@@ -4,7 +4,7 @@ Not a test: run by hand. Each config is built with the given profile; FP32 and I
 the same loop (median of ``--repeats`` after warm-up), so the machine's noise hits both alike.
 
     python benchmarks/latency.py                  # both configs, 200 repeats, 2 threads
-    python benchmarks/latency.py --configs configs/digits.yaml --repeats 500
+    python benchmarks/latency.py --configs deploy_opt/demo/digits.yaml --repeats 500
 """
 
 from __future__ import annotations

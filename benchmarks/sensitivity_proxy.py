@@ -1,7 +1,7 @@
 """How well each one-pass sensitivity proxy predicts the exhaustive ranking, and what the report costs.
 
 Not a test: run by hand. Two ``sensitivity`` runs of the same config (default: all-MiniLM-L6-v2,
-``configs/minilm.yaml``, profile ``ci``), each a full ``build`` with the analysis on and latency off:
+``deploy_opt/demo/minilm.yaml``, profile ``ci``), each a full ``build`` with the analysis on and latency off:
 
 * ``proxy+topk`` (the default mode): the wall time of the whole command, and the analysis's own timings
   (``timings_s`` in ``sensitivity.json``: proxy, exact evaluations of the top K);
@@ -19,7 +19,7 @@ It prints the Spearman rank correlation of each proxy with the exhaustive drops 
 and the top-K overlap, the share of the exhaustive top K that the proxy's top K holds.
 
     python benchmarks/sensitivity_proxy.py
-    python benchmarks/sensitivity_proxy.py --config configs/digits.yaml --subset 0.2
+    python benchmarks/sensitivity_proxy.py --config deploy_opt/demo/digits.yaml --subset 0.2
 """
 
 from __future__ import annotations

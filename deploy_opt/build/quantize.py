@@ -76,21 +76,10 @@ def quantize(
     tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, cal.weights)
     tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
-    provenance = {
-        "model_sha256": sha256_file(fp32_path),
-        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
-        "calibration": {
-            "method": cal.method,
-            "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],
-            "weights": cal.weights,
-            "samples": ranges.samples,
-            "sample_hash": calibration.selection.sample_hash,
-        },
-        "deploy_opt_version": __version__,
-    }
-    if smoothing:
-        provenance["smoothing"] = smoothing
-    candidate = ScaleFile(quant.activations, tensors, provenance, tuple(quant.exclude_nodes))
+    candidate = ScaleFile(
+        quant.activations, tensors, _provenance(config, model, fp32_path, ranges, calibration, smoothing),
+        tuple(quant.exclude_nodes),
+    )  # fmt: skip
     int8_path = write_ort_qdq(
         fp32_path,
         candidate,
@@ -106,6 +95,39 @@ def quantize(
     diff = compare_scales(load_scale_file(scales_path).tensors, carried)
     if not diff.ok:
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
+    return QuantizedModel(int8_path, scales_path, scales, _info(config, ranges, scales), ranges)
+
+
+def _provenance(
+    config: BuildConfig,
+    model: onnx.ModelProto,
+    fp32_path: Path,
+    ranges: ActivationRanges,
+    calibration: CalibrationSet,
+    smoothing: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Where the scales came from: the model's hash and opset, the calibration and any smoothing."""
+    cal = config.calibration
+    provenance = {
+        "model_sha256": sha256_file(fp32_path),
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "calibration": {
+            "method": cal.method,
+            "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],
+            "weights": cal.weights,
+            "samples": ranges.samples,
+            "sample_hash": calibration.selection.sample_hash,
+        },
+        "deploy_opt_version": __version__,
+    }
+    if smoothing:
+        provenance["smoothing"] = smoothing
+    return provenance
+
+
+def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile) -> dict[str, Any]:
+    """The build.json ``quantization`` section: the settings, the tensor counts and each tensor's range."""
+    quant, cal = config.quantization, config.calibration
     roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
     log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
     info = {
@@ -128,4 +150,4 @@ def quantize(
         },
         "plotted": ranges.plotted,
     }
-    return QuantizedModel(int8_path, scales_path, scales, info, ranges)
+    return info

@@ -9,7 +9,8 @@ from typing import Any
 
 from deploy_opt.analysis.align import AlignReport, verify_alignment
 from deploy_opt.analysis.compare import compare_backends, fixed_samples
-from deploy_opt.analysis.compat import check_compat, write_compat
+from deploy_opt.analysis.compat import check_compat
+from deploy_opt.analysis.compat_report import write_compat
 from deploy_opt.build.backends import write_backend_artifacts
 from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.build.sources import Batch

@@ -36,7 +36,8 @@ def cmd_scales(args: argparse.Namespace) -> int:
 
 
 def cmd_compat(args: argparse.Namespace) -> int:
-    from deploy_opt.analysis.compat import check_compat, write_compat
+    from deploy_opt.analysis.compat import check_compat
+    from deploy_opt.analysis.compat_report import write_compat
 
     targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
     unknown = sorted(set(targets) - {"ort-cpu", "ort-cuda", "tensorrt"})
