@@ -95,6 +95,7 @@ def _corrupt_overrides(out: Path) -> str:
     return name
 
 
+@pytest.mark.slow
 def test_every_artifact_of_a_symmetric_build_carries_scales_json(symmetric_build: Path) -> None:
     report = verify_alignment(symmetric_build)
     status = {c.artifact: c.status for c in report.checks}
@@ -115,6 +116,7 @@ def test_every_artifact_of_a_symmetric_build_carries_scales_json(symmetric_build
     assert "pass" in (symmetric_build / "summary.md").read_text().split("## Scale alignment")[1]
 
 
+@pytest.mark.slow
 def test_without_tensorrt_the_build_records_why_and_carries_on(symmetric_build: Path) -> None:
     from exporters.tensorrt.engine import tensorrt_status
 
@@ -129,6 +131,7 @@ def test_without_tensorrt_the_build_records_why_and_carries_on(symmetric_build: 
     assert "tensorrt" in compat["summary"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("artifact", "corrupt"),
     [
@@ -154,6 +157,7 @@ def test_one_drifted_scale_fails_and_is_named(symmetric_build: Path, tmp_path: P
     assert name in result.stdout and "FAIL" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_tensor_missing_from_an_artifact_is_listed(symmetric_build: Path, tmp_path: Path) -> None:
     out = tmp_path / "copy"
     shutil.copytree(symmetric_build, out)
@@ -164,6 +168,7 @@ def test_a_tensor_missing_from_an_artifact_is_listed(symmetric_build: Path, tmp_
     assert check.status == "fail" and check.missing == (dropped,)
 
 
+@pytest.mark.slow
 def test_asymmetric_build_writes_no_cache_and_verifies_the_rest(tmp_path: Path, tiny_model: Path) -> None:
     out = _build(tmp_path, tiny_model, "asymmetric")
     assert not (out / "calibration.cache").exists()
@@ -186,6 +191,7 @@ def test_a_folder_without_scales_json_is_a_clear_error(tmp_path: Path) -> None:
     assert "has no scales.json" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_engine_scales_equal_scales_json(symmetric_build: Path) -> None:
     pytest.importorskip("tensorrt")

@@ -69,6 +69,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     return _cli("build", "--profile", "ci", "--output-dir", str(root), "-q"), root / "digits-mlp"
 
 
+@pytest.mark.slow
 def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
     result, out = demo
     assert result.returncode == 0, result.stderr
@@ -92,6 +93,7 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
     assert "gate: PASSED" in result.stdout
 
 
+@pytest.mark.slow
 def test_gate_on_the_demo_build(demo: tuple, tmp_path: Path) -> None:
     _, out = demo
     assert _cli("gate", str(out / "build.json"), "--max-drop", "1.0", "--min-speedup", "0.01").returncode == 0
@@ -99,6 +101,7 @@ def test_gate_on_the_demo_build(demo: tuple, tmp_path: Path) -> None:
     assert _cli("gate", str(out / "missing.json")).returncode == 2
 
 
+@pytest.mark.slow
 def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> None:
     result = _cli(
         "build",
@@ -117,6 +120,7 @@ def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> 
     assert build["gate"]["passed"] is False and build["benchmark"] is None
 
 
+@pytest.mark.slow
 def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     config, profile = load_build_config(
         example_config("minilm"),
@@ -140,6 +144,7 @@ def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
         assert emb.shape == (batch, 384) and np.all(np.isfinite(emb))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["asymmetric", "symmetric"])
 def test_onnx_file_not_made_by_the_exporter_builds(tmp_path: Path, tiny_model: Path, scheme: str) -> None:
     path = write_config(
@@ -177,6 +182,7 @@ gate:
     assert result.gate.passed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_factory_and_checkpoint_build_with_either_exporter(tmp_path: Path, exporter: str) -> None:
     import tiny_torch
@@ -238,6 +244,7 @@ gate: {{max_drop: 100}}
     )
 
 
+@pytest.mark.slow
 def test_large_models_use_external_data(tmp_path: Path, tiny_model: Path) -> None:
     path = write_config(
         tmp_path,
@@ -259,6 +266,7 @@ benchmark: {{enabled: false}}
     assert session.run(None, {"x": np.zeros((2, 16), np.float32)})[0].shape == (2, 4)
 
 
+@pytest.mark.slow
 def test_overlapping_calibration_and_evaluation_is_refused(tmp_path: Path) -> None:
     (tmp_path / "overlap.py").write_text(
         "import tiny_torch\n"

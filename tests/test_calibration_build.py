@@ -116,6 +116,7 @@ def test_entropy_thresholds_against_onnxruntime(tmp_path: Path, tiny_model: Path
             assert mine >= theirs, (name, mine, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minmax", "percentile", "entropy", "mse"])
 def test_every_method_builds_and_is_recorded(tmp_path: Path, tiny_model: Path, method: str) -> None:
     config, profile = _config(tmp_path, tiny_model, f"  method: {method}\n  weights: mse")
@@ -133,6 +134,7 @@ def test_every_method_builds_and_is_recorded(tmp_path: Path, tiny_model: Path, m
     assert result.build["metrics"]["drop"] < 10
 
 
+@pytest.mark.slow
 def test_method_overrides_by_pattern(tmp_path: Path, tiny_model: Path) -> None:
     config, profile = _config(
         tmp_path, tiny_model, "  method: entropy\n  overrides:\n    - {pattern: 'x', method: minmax}"
@@ -153,6 +155,7 @@ def test_stratified_choice_is_seeded_and_recorded(tmp_path: Path, tiny_model: Pa
     assert len(hashes[0]) == 1 and hashes[0] != hashes[1]
 
 
+@pytest.mark.slow
 def test_stratum_below_minimum_is_an_error(tmp_path: Path, tiny_model: Path) -> None:
     config, profile = _config(tmp_path, tiny_model, "  min_per_stratum: 100")
     with pytest.raises(CalibrationError, match=r"calibration stratum '\d' has \d+ candidates, fewer than"):
@@ -204,6 +207,7 @@ def _nan_model(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_nan_activation_names_the_tensor_and_the_sample(tmp_path: Path) -> None:
     model = _nan_model(tmp_path / "nan.onnx")
     (tmp_path / "nandata.py").write_text(
@@ -227,6 +231,7 @@ benchmark: {{enabled: false}}
     assert list((tmp_path / "reports").iterdir()) == []  # no partial artifact
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad,message",
     [
@@ -251,6 +256,7 @@ def test_bad_calibration_inputs_fail_the_build_cleanly(tmp_path: Path, tiny_mode
     assert list((tmp_path / "reports").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_build_json_records_the_calibration(tmp_path: Path, tiny_model: Path) -> None:
     config, profile = _config(tmp_path, tiny_model, "  samples: 100\n  mode: proportional")
     result = run_build(config, profile, tmp_path / "reports", progress=False)

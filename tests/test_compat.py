@@ -18,7 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from deploy_opt.analysis import compat_data
-from deploy_opt.analysis.compat import TARGETS, check_compat, render_compat_markdown, write_compat
+from deploy_opt.analysis.compat import TARGETS, check_compat
+from deploy_opt.analysis.compat_report import render_compat_markdown, write_compat
 from dopt_common.errors import ConfigError, ModelError
 
 TRT_VERSIONS = ("8.6", "9.3", "10.0", "10.1")

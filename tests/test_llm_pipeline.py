@@ -33,6 +33,7 @@ def _config(folder: Path, method: str, **quant):
     return load_llm_config(None, flags)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gptq", "awq", "rtn"])
 def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Path, method: str) -> None:
     result = run_quantize_llm(_config(tiny_folder, method), tmp_path, progress=False)
@@ -65,12 +66,14 @@ def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Pa
     assert report["serve_command"][3] == str(result.out_dir / "checkpoint")
 
 
+@pytest.mark.slow
 def test_group_size_that_does_not_divide_is_an_error_naming_the_layer(tiny_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"group_size 128 does not divide .*q_proj \(in_features 64\)"):
         run_quantize_llm(_config(tiny_folder, "gptq", group_size=128), tmp_path, progress=False)
     assert not any(tmp_path.iterdir()), "a failed run left files behind"
 
 
+@pytest.mark.slow
 def test_evaluation_text_that_is_also_calibration_text_is_refused(tiny_folder: Path, tmp_path: Path) -> None:
     text = tmp_path / "corpus.txt"
     text.write_text("The same words for both. " * 200)
@@ -87,6 +90,7 @@ def test_evaluation_text_that_is_also_calibration_text_is_refused(tiny_folder: P
         run_quantize_llm(config, tmp_path / "out", progress=False)
 
 
+@pytest.mark.slow
 def test_torchao_int8_weight_only_runs_with_the_same_checks(tiny_folder: Path, tmp_path: Path) -> None:
     pytest.importorskip("torchao")
     result = run_quantize_llm(_config(tiny_folder, "torchao-int8-wo"), tmp_path, progress=False)

@@ -48,6 +48,7 @@ sensitivity: {{enabled: true, mode: exhaustive}}
     return json.loads((result.out_dir / "sensitivity.json").read_text()), result.out_dir
 
 
+@pytest.mark.slow
 def test_the_proxy_follows_the_noise_through_the_softmax(tmp_path: Path) -> None:
     """On an attention block, local noise ranks badly; noise carried to the output predicts each exact drop."""
     record, _ = _build(tmp_path, "tiny_attention_onnx", tiny_attention_onnx.make_model)
@@ -67,6 +68,7 @@ def test_the_proxy_follows_the_noise_through_the_softmax(tmp_path: Path) -> None
     assert min(nodes, key=lambda n: n["proxy"]["propagated_sqnr_db"])["name"] == worst["name"] == "ffn_down"
 
 
+@pytest.mark.slow
 def test_the_fragile_layer_is_first_by_the_proxy_too(tmp_path: Path) -> None:
     record, _ = _build(tmp_path, "fragile_onnx", fragile_onnx.make_model)
     by_proxy = sorted(record["nodes"], key=lambda n: n["proxy"]["propagated_sqnr_db"])
@@ -76,6 +78,7 @@ def test_the_fragile_layer_is_first_by_the_proxy_too(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_estimate_is_seeded_and_draws_are_independent(tmp_path: Path) -> None:
     _, out = _build(tmp_path, "tiny_attention_onnx", tiny_attention_onnx.make_model)
     fp32, qdq = onnx.load(str(out / "model.onnx")), onnx.load(str(out / "model.int8.onnx"))
@@ -89,6 +92,7 @@ def test_the_estimate_is_seeded_and_draws_are_independent(tmp_path: Path) -> Non
     assert predicted_drop("cosine", 0.001) == pytest.approx(0.05) and predicted_drop("top1", 0.001) is None
 
 
+@pytest.mark.slow
 def test_an_operator_the_evaluator_lacks_falls_back_to_the_local_proxy(tmp_path: Path, caplog) -> None:
     def with_elu(path: Path) -> Path:
         fragile_onnx.make_model(path)

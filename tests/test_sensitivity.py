@@ -36,6 +36,7 @@ gate: {{max_drop: {max_drop}}}
     return load_build_config(write_config(tmp_path, text), "ci", [])
 
 
+@pytest.mark.slow
 def test_the_fragile_layer_ranks_first(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "keep_head: false", "sensitivity: {enabled: true, mode: exhaustive}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
@@ -55,6 +56,7 @@ def test_the_fragile_layer_ranks_first(tmp_path: Path) -> None:
     assert result.build["sensitivity"]["top"][0]["name"] == "fc2"
 
 
+@pytest.mark.slow
 def test_variants_reproduce_the_full_and_the_float_model(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "keep_head: false")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
@@ -66,6 +68,7 @@ def test_variants_reproduce_the_full_and_the_float_model(tmp_path: Path) -> None
     np.testing.assert_array_equal(run(make_variant(qdq, fp32, {})), run(fp32))
 
 
+@pytest.mark.slow
 def test_auto_fallback_stops_once_the_gate_holds(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=1.0)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
@@ -81,6 +84,7 @@ def test_auto_fallback_stops_once_the_gate_holds(tmp_path: Path) -> None:
     assert "fc2" not in {n.name for n in quantized_nodes(qdq)}
 
 
+@pytest.mark.slow
 def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=-1.0)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
@@ -92,6 +96,7 @@ def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> N
     assert "cannot meet" in (result.out_dir / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_fallback_patterns(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: ['fc[23]'], keep_head: false")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
@@ -100,6 +105,7 @@ def test_fallback_patterns(tmp_path: Path) -> None:
     assert {n.name for n in quantized_nodes(qdq)} == {"fc1"}
 
 
+@pytest.mark.slow
 def test_a_pattern_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: ['attention*']")
     with pytest.raises(ConfigError, match="quantization.fallback pattern 'attention\\*' matches no quantizable node"):
@@ -107,6 +113,7 @@ def test_a_pattern_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
     assert list((tmp_path / "reports").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_head_stays_in_high_precision_by_default(tmp_path: Path) -> None:
     model = onnx.load(str(fragile_onnx.make_model(tmp_path / "m.onnx")))
     assert head_nodes(model, ["MatMul"]) == ["fc3"]
@@ -115,6 +122,7 @@ def test_the_head_stays_in_high_precision_by_default(tmp_path: Path) -> None:
     assert result.build["fallback"]["nodes"] == ["fc3"]
 
 
+@pytest.mark.slow
 def test_smoothquant_in_the_build_is_recorded_and_keeps_the_model(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "smoothing: smoothquant, smoothing_alpha: 0.8, keep_head: false")
     result = run_build(config, profile, tmp_path / "reports", progress=False)

@@ -65,8 +65,8 @@ def run_sensitivity(
     subset = pick_subset(evaluation, sens.subset, config.seed)
     scorer = SubsetScorer(subset, _references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
-    record = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
-    record["model"] = config.name
+    analysis = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
+    record = {"model": config.name, **analysis}  # a new record: the analysis itself is never mutated
     write_json(stage / "sensitivity.json", record)
     write_heatmap(record, stage / "sensitivity.png")
     write_html(record, stage / "sensitivity.png", stage / "sensitivity.html")
