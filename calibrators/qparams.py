@@ -33,7 +33,11 @@ def channel_axis(node: onnx.NodeProto, rank: int) -> int:
 
 
 def weight_scales(
-    model: onnx.ModelProto, op_types: Iterable[str], exclude: Iterable[str] = (), method: str = "absmax"
+    model: onnx.ModelProto,
+    op_types: Iterable[str],
+    exclude: Iterable[str] = (),
+    method: str = "absmax",
+    levels: int = 127,
 ) -> dict[str, TensorScale]:
     """Per-channel int8 parameters (``absmax`` or ``mse``) for every weight feeding a quantizable node."""
     inits = {i.name: i for i in model.graph.initializer}
@@ -47,7 +51,7 @@ def weight_scales(
         if name in inits and name not in out:
             array = numpy_helper.to_array(inits[name])
             if array.dtype.kind == "f" and array.ndim >= 2:
-                out[name] = weight_scale(name, array, channel_axis(node, array.ndim), method)
+                out[name] = weight_scale(name, array, channel_axis(node, array.ndim), method, levels)
     return out
 
 
@@ -69,9 +73,12 @@ def bias_scales(
     return out
 
 
-def symmetric_scale(amax: np.ndarray | float) -> np.ndarray:
-    """amax / 127 rounded once to float32 (computed in float64, as ONNX Runtime does); 1.0 for empty ranges."""
-    exact = np.asarray(amax, dtype=np.float32).astype(np.float64) / 127.0
+def symmetric_scale(amax: np.ndarray | float, levels: int = 127) -> np.ndarray:
+    """amax / levels (127; 63 for 7-bit weights) rounded once to float32 (in float64, as ONNX Runtime does).
+
+    1.0 for empty ranges.
+    """
+    exact = np.asarray(amax, dtype=np.float32).astype(np.float64) / float(levels)
     return np.where(exact < np.finfo(np.float32).tiny, 1.0, exact).astype(np.float32)
 
 
@@ -96,16 +103,18 @@ def activation_scale(name: str, low: float, high: float, scheme: str, method: st
     return TensorScale(name, "activation", "uint8", (scale,), (zero,), None, amax, (low, high), method)
 
 
-def weight_scale(name: str, weight: np.ndarray, axis: int, method: str = "absmax") -> TensorScale:
+def weight_scale(
+    name: str, weight: np.ndarray, axis: int, method: str = "absmax", levels: int = 127
+) -> TensorScale:
     """Per-channel symmetric int8 parameters along ``axis``: each channel's absmax, or its MSE-optimal clip."""
     axis = axis % weight.ndim
     moved = np.moveaxis(np.asarray(weight, dtype=np.float32), axis, 0).reshape(weight.shape[axis], -1)
     amax = np.abs(moved).max(axis=1).astype(np.float32)
     if method == "mse":
-        amax = mse_clip(moved, amax)
+        amax = mse_clip(moved, amax, levels=levels)
     elif method != "absmax":
         raise ConfigError(f"calibration.weights '{method}' is unknown; use absmax or mse")
-    scale = symmetric_scale(amax)
+    scale = symmetric_scale(amax, levels)
     return TensorScale(
         name,
         "weight",
@@ -119,13 +128,13 @@ def weight_scale(name: str, weight: np.ndarray, axis: int, method: str = "absmax
     )
 
 
-def mse_clip(rows: np.ndarray, amax: np.ndarray, steps: int = 50) -> np.ndarray:
+def mse_clip(rows: np.ndarray, amax: np.ndarray, steps: int = 50, levels: int = 127) -> np.ndarray:
     """Per row, the clip in [amax/2, amax] whose int8 round trip has the least squared error."""
     best, best_err = amax.copy(), np.full(amax.shape, np.inf)
     for fraction in np.linspace(1.0, 0.5, steps + 1):  # from no clipping down: ties keep the larger clip
         clip = (amax * np.float32(fraction)).astype(np.float32)
-        scale = symmetric_scale(clip)[:, None]
-        err = ((rows - np.clip(np.round(rows / scale), -127, 127) * scale) ** 2).sum(axis=1)
+        scale = symmetric_scale(clip, levels)[:, None]
+        err = ((rows - np.clip(np.round(rows / scale), -levels, levels) * scale) ** 2).sum(axis=1)
         better = err < best_err
         best[better], best_err[better] = clip[better], err[better]
     return best

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -34,3 +35,28 @@ def create_session(
         name = "<in-memory model>" if isinstance(model, bytes) else os.fspath(model)
         first = str(exc).strip().splitlines()[0][:300]
         raise ModelError(f"ONNX Runtime cannot load '{name}': {first}") from exc
+
+
+@functools.cache
+def int8_pairs_saturate() -> bool:
+    """True when this machine's ORT CPU kernels saturate uint8 x int8 products (x86 without VNNI).
+
+    Without VNNI, MLAS multiplies u8 x s8 with VPMADDUBSW, whose pairwise sums saturate at int16:
+    255*127 + 255*127 = 64770 comes back as 32767. ORT fuses DQ -> MatMul/Conv into those kernels (and turns int8
+    activations into uint8 first on such CPUs), so a full-range int8 model computes something else than its
+    scales say. 7-bit weights (ORT's ``reduce_range``) keep every pair sum below 32768. One MatMulInteger tells.
+    """
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.full((2, 1), 127, np.int8), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "u8s8_probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    (y,) = create_session(model.SerializeToString(), threads=1).run(None, {"a": np.full((1, 2), 255, np.uint8)})
+    return int(y.ravel()[0]) != 2 * 255 * 127

@@ -119,7 +119,9 @@ def test_entropy_thresholds_against_onnxruntime(tmp_path: Path, tiny_model: Path
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["minmax", "percentile", "entropy", "mse"])
 def test_every_method_builds_and_is_recorded(tmp_path: Path, tiny_model: Path, method: str) -> None:
-    config, profile = _config(tmp_path, tiny_model, f"  method: {method}\n  weights: mse")
+    # Full-range weights: 7-bit ones (auto, on CPUs without VNNI) always take absmax (tested in test_weight_range).
+    overrides = ["quantization.weight_range=full"]
+    config, profile = _config(tmp_path, tiny_model, f"  method: {method}\n  weights: mse", overrides)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     scales = load_scale_file(result.out_dir / "scales.json")
     activations = [t for t in scales.tensors.values() if t.role == "activation"]

@@ -25,6 +25,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.report.calibration_plot import tensor_summary
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
+from dopt_common.ort import int8_pairs_saturate
 from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,10 @@ def quantize(
         name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
         for name, (low, high) in ranges.chosen.items()
     }
-    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, cal.weights)
+    levels, why = weight_levels(quant.weight_range, config.deploy.targets)
+    # ORT clips weight codes to the full int8 range, so a clipped (mse) 7-bit scale would let outliers past ±63.
+    method = "absmax" if levels < 127 else cal.weights
+    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, method, levels)
     tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(
@@ -95,7 +99,24 @@ def quantize(
     diff = compare_scales(load_scale_file(scales_path).tensors, carried)
     if not diff.ok:
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
-    return QuantizedModel(int8_path, scales_path, scales, _info(config, ranges, scales), ranges)
+    info = _info(config, ranges, scales) | {"weight_range": why}
+    return QuantizedModel(int8_path, scales_path, scales, info, ranges)
+
+
+def weight_levels(weight_range: str, targets: tuple[str, ...]) -> tuple[int, str]:
+    """The weight levels (127 or 63) for ``quantization.weight_range``, and why, for build.json."""
+    if weight_range == "full":
+        return 127, "full (int8 ±127, set in the config)"
+    if weight_range == "reduced":
+        return 63, "reduced (7-bit ±63, set in the config)"
+    if "ort-cpu" in targets and int8_pairs_saturate():
+        log.warning(
+            "ONNX Runtime's int8 CPU kernels saturate u8×s8 products on this machine (no VNNI): weights use 7 bits "
+            "(±63) so the ORT CPU model computes what its scales say; set quantization.weight_range to override"
+        )
+        return 63, "reduced (7-bit ±63): this machine's ORT int8 CPU kernels saturate u8×s8 pairs (no VNNI)"
+    return 127, "full (int8 ±127)"
+
 
 
 def _provenance(

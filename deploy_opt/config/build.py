@@ -169,6 +169,9 @@ class QuantizationConfig:
     quantize_outputs: bool = True
     # SmoothQuant: move activation outlier channels into the following MatMul/Gemm weights before calibration.
     smoothing: Literal["none", "smoothquant"] = "none"
+    # Weight levels: full (±127) or reduced (±63, ORT's reduce_range). auto: reduced when the build targets ORT
+    # CPU and this machine's ORT int8 kernels saturate u8×s8 pair sums (x86 without VNNI), else full.
+    weight_range: Literal["auto", "full", "reduced"] = "auto"
     smoothing_alpha: float = 0.5
 
     def __post_init__(self) -> None:
