@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -110,10 +111,7 @@ def weight_levels(weight_range: str, targets: tuple[str, ...]) -> tuple[int, str
     if weight_range == "reduced":
         return 63, "reduced (7-bit ±63, set in the config)"
     if "ort-cpu" in targets and int8_pairs_saturate():
-        log.warning(
-            "ONNX Runtime's int8 CPU kernels saturate u8×s8 products on this machine (no VNNI): weights use 7 bits "
-            "(±63) so the ORT CPU model computes what its scales say; set quantization.weight_range to override"
-        )
+        _warn_saturation()
         return 63, "reduced (7-bit ±63): this machine's ORT int8 CPU kernels saturate u8×s8 pairs (no VNNI)"
     return 127, "full (int8 ±127)"
 
@@ -172,3 +170,12 @@ def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile) -> d
         "plotted": ranges.plotted,
     }
     return info
+
+
+@functools.cache
+def _warn_saturation() -> None:
+    """Once per process: a fallback build quantizes twice, and both would say the same."""
+    log.warning(
+        "ONNX Runtime's int8 CPU kernels saturate u8×s8 products on this machine (no VNNI): weights use 7 bits "
+        "(±63) so the ORT CPU model computes what its scales say; set quantization.weight_range to override"
+    )
