@@ -95,3 +95,16 @@ def test_gate_writes_junit(tmp_path: Path) -> None:
     cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert cases["max_drop"].find("failure") is not None
     assert cases["min_speedup"].find("failure") is None
+
+
+def test_a_build_with_no_quantized_node_fails_unless_fp32_is_allowed() -> None:
+    """A model.int8.onnx that quantizes nothing is the FP32 model: never reported as an INT8 pass."""
+    build = {"metrics": {"name": "top1", "drop": 0.0}, "quantization": {"quantized_nodes": 0}}
+    refused = apply_gate(build, 1.0, None)
+    assert not refused.passed
+    assert any(c.name == "int8_nodes" and "0 nodes" in c.text and "allow_fp32" in c.text for c in refused.criteria)
+    allowed = apply_gate(build, 1.0, None, allow_fp32=True)
+    assert allowed.passed and any("FP32 ships" in c.text for c in allowed.criteria)
+    quantized = {**build, "quantization": {"quantized_nodes": 3}}
+    assert apply_gate(quantized, 1.0, None).passed
+    assert [c.name for c in apply_gate(quantized, 1.0, None).criteria] == ["max_drop"]

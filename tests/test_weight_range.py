@@ -86,3 +86,28 @@ benchmark: {{enabled: false}}
     weights = [t for t in load_scale_file(result.out_dir / "scales.json").tensors.values() if t.role == "weight"]
     assert weights and {t.method for t in weights} == {"absmax"}
     assert result.build["quantization"]["weight_range"].startswith("reduced")
+
+
+@pytest.mark.slow
+def test_a_build_that_quantizes_no_node_fails_the_gate(tmp_path) -> None:
+    """op_types that match nothing leave model.int8.onnx without a quantized node: the gate says so and fails."""
+    import tiny_onnx
+    from conftest import write_config
+
+    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.config.profiles import load_build_config
+
+    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    text = f"""
+name: tiny
+model: {{onnx: {model.name}}}
+data: {{calibration: "{tiny_onnx.__file__}:calibration", evaluation: "{tiny_onnx.__file__}:evaluation", metric: top1}}
+quantization: {{op_types: [Conv]}}
+benchmark: {{enabled: false}}
+"""
+    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    assert result.build["quantization"]["quantized_nodes"] == 0
+    assert not result.gate.passed and "0 nodes" in (result.out_dir / "summary.md").read_text()
+    config, profile = load_build_config(write_config(tmp_path, text), "ci", ["gate.allow_fp32=true"])
+    assert run_build(config, profile, tmp_path / "reports", progress=False).gate.passed

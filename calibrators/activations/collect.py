@@ -96,6 +96,8 @@ def collect(
     available = {o.name for o in session.get_outputs()}
     outputs = [name for name in names if name in available]  # graph order: the first bad tensor is reported
     samples = 0
+    if not outputs:  # nothing to observe (no quantizable tensor); ORT would run every output for an empty list
+        return sum(int(next(iter(feed.values())).shape[0]) for feed in batches)
     # While ORT runs batch k+1 (it releases the GIL), one worker thread folds batch k into the statistics,
     # so the second core is not idle. At most two batches of activations are alive at once.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="calibration") as pool:

@@ -47,6 +47,9 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
 
     cal = config.calibration
     names = select_tensors(onnx.load(str(fp32_path), load_external_data=False), config.quantization.op_types)
+    if not names:  # no node of quantization.op_types: nothing to calibrate (the gate reports an FP32 model)
+        log.warning("calibration: no tensor feeds a node of op_types %s", list(config.quantization.op_types))
+        return ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
 
     def feeds(label: str):  # noqa: ANN202 - a generator of feed dicts
         bar = tqdm(calibration.batches, desc=label, unit="batch", leave=False, disable=None)

@@ -20,6 +20,7 @@ from calibrators.scales.format import (
     save_scale_file,
 )
 from deploy_opt import __version__
+from deploy_opt.analysis.sensitivity.variants import quantized_nodes
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
@@ -100,7 +101,8 @@ def quantize(
     diff = compare_scales(load_scale_file(scales_path).tensors, carried)
     if not diff.ok:
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
-    info = _info(config, ranges, scales) | {"weight_range": why}
+    nodes = len(quantized_nodes(onnx.load(str(int8_path), load_external_data=False)))
+    info = _info(config, ranges, scales) | {"weight_range": why, "quantized_nodes": nodes}
     return QuantizedModel(int8_path, scales_path, scales, info, ranges)
 
 

@@ -25,7 +25,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     max_drop = args.max_drop if args.max_drop is not None else configured.get("max_drop")
     min_speedup = args.min_speedup if args.min_speedup is not None else configured.get("min_speedup")
     batch = args.speedup_batch or configured.get("speedup_batch")
-    result = apply_gate(build, max_drop, min_speedup, batch)
+    result = apply_gate(build, max_drop, min_speedup, batch, bool(configured.get("allow_fp32", False)))
     if not result.criteria:
         raise DeployOptError("gate: no criterion to check; pass --max-drop and/or --min-speedup")
     for line in result.lines():

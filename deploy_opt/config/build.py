@@ -231,6 +231,8 @@ class GateConfig:
     max_drop: float = 1.0
     min_speedup: float | None = 1.0
     speedup_batch: int | None = None
+    # A "model.int8.onnx" with no quantized node is the FP32 model: it fails the gate unless this is true.
+    allow_fp32: bool = False
 
 
 @dataclass(frozen=True)

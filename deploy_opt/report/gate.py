@@ -116,10 +116,17 @@ def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateRes
 
 
 def apply_gate(
-    build: dict[str, Any], max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None
+    build: dict[str, Any],
+    max_drop: float | None,
+    min_speedup: float | None,
+    speedup_batch: int | None = None,
+    allow_fp32: bool = False,
 ) -> GateResult:
-    """Judge a build: metric drop (FP32 → INT8, in metric points) and INT8 speedup at one batch size."""
-    criteria: list[Criterion] = []
+    """Judge a build: metric drop (FP32 → INT8, in metric points) and INT8 speedup at one batch size.
+
+    A build whose Q/DQ model quantizes no node is never passed off as INT8: it fails unless ``allow_fp32``.
+    """
+    criteria: list[Criterion] = _int8_criterion(build, allow_fp32)
     if max_drop is not None:
         metrics = build["metrics"]
         try:
@@ -154,6 +161,17 @@ def apply_gate(
             )
         )
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def _int8_criterion(build: dict[str, Any], allow_fp32: bool) -> list[Criterion]:
+    """A failing criterion when model.int8.onnx quantizes no node (a passing one when FP32 is allowed)."""
+    count = (build.get("quantization") or {}).get("quantized_nodes")
+    if count is None or count > 0:
+        return []
+    if allow_fp32:
+        return [Criterion("int8_nodes", 0, 0, True, "no node is quantized: FP32 ships (gate.allow_fp32 is true)")]
+    text = "model.int8.onnx quantizes 0 nodes, so it is the FP32 model; set gate.allow_fp32: true to ship it"
+    return [Criterion("int8_nodes", 0, 1, False, text)]
 
 
 def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
