@@ -74,7 +74,9 @@ def _specs(model: Path):
 @pytest.mark.parametrize("scheme", ["symmetric", "asymmetric"])
 def test_percentile_ranges_equal_onnxruntime(tmp_path: Path, tiny_model: Path, percentile: float, scheme: str) -> None:
     calibration = f"  method: percentile\n  percentile: {percentile}\n  stratify: none"
-    config, _ = _config(tmp_path, tiny_model, calibration, [f"quantization.activations={scheme}"])
+    # Guards off: this compares the bare method with ORT's (the guard would give the graph input min/max).
+    overrides = [f"quantization.activations={scheme}", "calibration.guards=false"]
+    config, _ = _config(tmp_path, tiny_model, calibration, overrides)
     ours = calibrate_activations(config, tiny_model, choose_calibration(config, _specs(tiny_model))).chosen
     # ORT's own default is symmetric=True (|x| percentile); its symmetric=False cuts each tail.
     ort = _ort_ranges(
@@ -99,7 +101,7 @@ def test_minmax_ranges_equal_onnxruntime(tmp_path: Path, tiny_model: Path) -> No
 
 
 def test_entropy_thresholds_against_onnxruntime(tmp_path: Path, tiny_model: Path) -> None:
-    config, _ = _config(tmp_path, tiny_model, "  method: entropy\n  stratify: none")
+    config, _ = _config(tmp_path, tiny_model, "  method: entropy\n  stratify: none\n  guards: false")
     ranges = calibrate_activations(config, tiny_model, choose_calibration(config, _specs(tiny_model)))
     ort = _ort_ranges(tiny_model, tmp_path, CalibrationMethod.Entropy, num_bins=2048, num_quantized_bins=128)
     for name in set(ranges.chosen) & set(ort):
@@ -120,7 +122,7 @@ def test_entropy_thresholds_against_onnxruntime(tmp_path: Path, tiny_model: Path
 @pytest.mark.parametrize("method", ["minmax", "percentile", "entropy", "mse"])
 def test_every_method_builds_and_is_recorded(tmp_path: Path, tiny_model: Path, method: str) -> None:
     # Full-range weights: 7-bit ones (auto, on CPUs without VNNI) always take absmax (tested in test_weight_range).
-    overrides = ["quantization.weight_range=full"]
+    overrides = ["quantization.weight_range=full", "calibration.guards=false"]
     config, profile = _config(tmp_path, tiny_model, f"  method: {method}\n  weights: mse", overrides)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     scales = load_scale_file(result.out_dir / "scales.json")

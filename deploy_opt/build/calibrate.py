@@ -10,12 +10,13 @@ ranges match ORT's exactly. Either way memory is bins × tensors, whatever the s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from calibrators.activations.collect import collect, select_tensors
+from calibrators.activations.guards import guard_reason
 from calibrators.activations.histogram import Histogram, HistogramObserver
 from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
@@ -39,6 +40,7 @@ class ActivationRanges:
     absolute: dict[str, Histogram]
     samples: int
     plotted: list[str]
+    guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
 
 
 def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
@@ -78,10 +80,17 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
         observed, signed, absolute = streaming.ranges(), {}, streaming.abs_histograms()
         plotted = widest(observed, PLOTTED)
     methods = {name: methods[name] for name in observed}
-    chosen = {}
+    chosen: dict[str, tuple[float, float]] = {}
+    guards: dict[str, str] = {}
+    inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
     for name, (low, high) in observed.items():
         kind = histogram_kind(methods[name], symmetric)
         hist = signed.get(name) if kind == "signed" else absolute.get(name)
         chosen[name] = range_for(methods[name], low, high, hist, cal.percentile, symmetric)
+        reason = guard_reason(methods[name], name in inputs, hist, chosen[name]) if cal.guards else None
+        if reason is not None:
+            log.warning("calibration guard: tensor '%s': %s", name, reason)
+            guards[name], methods[name] = reason, "minmax"
+            chosen[name] = range_for("minmax", low, high, hist, cal.percentile, symmetric)
     log.info("calibration: %d tensors over %d samples (%s)", len(chosen), samples, cal.method)
-    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted)
+    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted, guards)

@@ -166,6 +166,7 @@ def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile) -> d
                 ranges.chosen[name],
                 ranges.signed.get(name) or ranges.absolute.get(name),
             )
+            | ({"guard": ranges.guards[name]} if name in ranges.guards else {})
             for name in ranges.chosen
             if name in scales.tensors
         },

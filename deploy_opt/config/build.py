@@ -129,6 +129,9 @@ class CalibrationConfig:
     seed: int = 0
     percentile: float = 99.99
     bins: int = 2048
+    # A clipping method (entropy, percentile, mse) gives way to min/max on graph inputs and wherever it would clip
+    # 1% or more of a tensor's values (few distinct levels); each decision is logged and recorded in build.json.
+    guards: bool = True
     weights: Literal["absmax", "mse"] = "absmax"
     overrides: tuple[MethodOverride, ...] = ()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from calibrators.activations.guards import clipped_fraction
 from calibrators.activations.histogram import Histogram
 from dopt_common.deps import require
 from dopt_common.files import atomic_path
@@ -25,16 +26,10 @@ def tensor_summary(
     entry: dict[str, Any] = {"method": method, "observed": list(observed), "range": list(chosen)}
     if hist is None or hist.counts.sum() == 0:
         return entry
-    centers = (hist.edges[:-1] + hist.edges[1:]) / 2
-    low, high = chosen
-    if hist.edges[0] < 0:  # a signed histogram: clipped means outside [low, high]
-        clipped = hist.counts[(centers < low) | (centers > high)].sum()
-    else:  # an |x| histogram: clipped means beyond the symmetric threshold
-        clipped = hist.counts[centers > max(abs(low), abs(high))].sum()
     entry["histogram"] = {
         "bins": int(hist.counts.size),
         "nonzero_bins": int(np.count_nonzero(hist.counts)),
-        "clipped_fraction": float(clipped) / float(hist.counts.sum()),
+        "clipped_fraction": clipped_fraction(hist, chosen),
     }
     return entry
 
