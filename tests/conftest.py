@@ -28,3 +28,20 @@ def write_config(tmp_path: Path, text: str, name: str = "build.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text.replace("@TINY@", str(HERE / "tiny_onnx.py")), encoding="utf-8")
     return path
+
+
+def build_tiny(tmp_path: Path, sections: str, overrides: list[str] | None = None):
+    """Build the tiny MLP (profile ci, no benchmark) with extra YAML ``sections``; returns the BuildResult."""
+    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.config.profiles import load_build_config
+
+    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    text = f"""
+name: tiny
+model: {{onnx: {model.name}}}
+data: {{calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", metric: top1}}
+benchmark: {{enabled: false}}
+{sections}
+"""
+    config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides or [])
+    return run_build(config, profile, tmp_path / "reports", progress=False)

@@ -59,23 +59,10 @@ def test_minmax_is_never_guarded() -> None:
 
 @pytest.mark.slow
 def test_a_build_records_each_guard_decision(tmp_path) -> None:
-    import tiny_onnx
-    from conftest import write_config
+    from conftest import build_tiny
 
-    from deploy_opt.build.pipeline import run_build
-    from deploy_opt.config.profiles import load_build_config
-
-    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
-    text = f"""
-name: tiny
-model: {{onnx: {model.name}}}
-data: {{calibration: "{tiny_onnx.__file__}:calibration", evaluation: "{tiny_onnx.__file__}:evaluation", metric: top1}}
-calibration: {{method: entropy}}
-quantization: {{op_types: [MatMul]}}
-benchmark: {{enabled: false}}
-"""
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
-    tensors = run_build(config, profile, tmp_path / "reports", progress=False).build["quantization"]["tensors"]
+    result = build_tiny(tmp_path, "calibration: {method: entropy}\nquantization: {op_types: [MatMul]}")
+    tensors = result.build["quantization"]["tensors"]
     inputs = [name for name, entry in tensors.items() if "graph input" in entry.get("guard", "")]
     assert inputs and all(tensors[name]["method"] == "minmax" for name in inputs)
     assert any(entry["method"] == "entropy" for entry in tensors.values())  # the others keep their method

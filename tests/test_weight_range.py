@@ -63,51 +63,28 @@ def test_an_unknown_weight_range_is_a_config_error() -> None:
         build_dataclass(QuantizationConfig, {"weight_range": "8bit"}, "quantization")
 
 
-def test_mse_weights_fall_back_to_absmax_with_7_bit_weights(tmp_path, monkeypatch) -> None:
+def test_mse_weights_fall_back_to_absmax_with_7_bit_weights(tmp_path) -> None:
     """ORT clips weight codes to ±127, so a clipped 7-bit scale would let outliers past ±63: absmax is used."""
-    import tiny_onnx
-    from conftest import write_config
+    from conftest import build_tiny
 
     from calibrators.scales.format import load_scale_file
-    from deploy_opt.build.pipeline import run_build
-    from deploy_opt.config.profiles import load_build_config
 
-    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
-    text = f"""
-name: tiny
-model: {{onnx: {model.name}}}
-data: {{calibration: "{tiny_onnx.__file__}:calibration", evaluation: "{tiny_onnx.__file__}:evaluation", metric: top1}}
-calibration: {{weights: mse}}
-quantization: {{op_types: [MatMul], weight_range: reduced}}
-benchmark: {{enabled: false}}
-"""
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
-    result = run_build(config, profile, tmp_path / "reports", progress=False)
-    weights = [t for t in load_scale_file(result.out_dir / "scales.json").tensors.values() if t.role == "weight"]
+    sections = "calibration: {weights: mse}\nquantization: {op_types: [MatMul], weight_range: reduced}"
+    result = build_tiny(tmp_path, sections)
+    scales = load_scale_file(result.out_dir / "scales.json")
+    weights = [t for t in scales.tensors.values() if t.role == "weight"]
     assert weights and {t.method for t in weights} == {"absmax"}
+    # What was used, not what was asked, in the provenance and build.json alike.
+    assert scales.provenance["calibration"]["weights"] == result.build["quantization"]["weights"] == "absmax"
     assert result.build["quantization"]["weight_range"].startswith("reduced")
 
 
 @pytest.mark.slow
 def test_a_build_that_quantizes_no_node_fails_the_gate(tmp_path) -> None:
     """op_types that match nothing leave model.int8.onnx without a quantized node: the gate says so and fails."""
-    import tiny_onnx
-    from conftest import write_config
+    from conftest import build_tiny
 
-    from deploy_opt.build.pipeline import run_build
-    from deploy_opt.config.profiles import load_build_config
-
-    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
-    text = f"""
-name: tiny
-model: {{onnx: {model.name}}}
-data: {{calibration: "{tiny_onnx.__file__}:calibration", evaluation: "{tiny_onnx.__file__}:evaluation", metric: top1}}
-quantization: {{op_types: [Conv]}}
-benchmark: {{enabled: false}}
-"""
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
-    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    result = build_tiny(tmp_path, "quantization: {op_types: [Conv]}")
     assert result.build["quantization"]["quantized_nodes"] == 0
     assert not result.gate.passed and "0 nodes" in (result.out_dir / "summary.md").read_text()
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", ["gate.allow_fp32=true"])
-    assert run_build(config, profile, tmp_path / "reports", progress=False).gate.passed
+    assert build_tiny(tmp_path, "quantization: {op_types: [Conv]}", ["gate.allow_fp32=true"]).gate.passed

@@ -48,7 +48,8 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
     from tqdm import tqdm
 
     cal = config.calibration
-    names = select_tensors(onnx.load(str(fp32_path), load_external_data=False), config.quantization.op_types)
+    graph_model = onnx.load(str(fp32_path), load_external_data=False)
+    names = select_tensors(graph_model, config.quantization.op_types)
     if not names:  # no node of quantization.op_types: nothing to calibrate (the gate reports an FP32 model)
         log.warning("calibration: no tensor feeds a node of op_types %s", list(config.quantization.op_types))
         return ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
@@ -82,7 +83,7 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
     methods = {name: methods[name] for name in observed}
     chosen: dict[str, tuple[float, float]] = {}
     guards: dict[str, str] = {}
-    inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
+    inputs = {i.name for i in graph_model.graph.input}
     for name, (low, high) in observed.items():
         kind = histogram_kind(methods[name], symmetric)
         hist = signed.get(name) if kind == "signed" else absolute.get(name)

@@ -88,10 +88,10 @@ def choose_precision(
     """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
     source, full, static, smoothing = quantized
     auto = config.quantization.fallback == "auto"
-    record = None
-    if needs_held_evaluation(config):
-        record = run_sensitivity(config, source, full.path, list(evaluation), metric, stage)
-    search = auto_fallback(config, source, full.path, list(evaluation), metric, record) if auto else None
+    analyze = needs_held_evaluation(config)
+    held = list(evaluation) if analyze else []  # sensitivity and the fallback search read the same batches
+    record = run_sensitivity(config, source, full.path, held, metric, stage) if analyze else None
+    search = auto_fallback(config, source, full.path, held, metric, record) if auto else None
     nodes = static + tuple(n for n in (search or {}).get("nodes", ()) if n not in static)
     shipped = full
     if static or auto:

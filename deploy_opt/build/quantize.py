@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,12 +77,12 @@ def quantize(
     }
     levels, why = weight_levels(quant.weight_range, config.deploy.targets)
     # ORT clips weight codes to the full int8 range, so a clipped (mse) 7-bit scale would let outliers past ±63.
-    method = "absmax" if levels < 127 else cal.weights
-    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, method, levels)
+    weights = "absmax" if levels < 127 else cal.weights
+    tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, weights, levels)
     tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(
-        quant.activations, tensors, _provenance(config, model, fp32_path, ranges, calibration, smoothing),
+        quant.activations, tensors, _provenance(config, model, fp32_path, ranges, calibration, smoothing, weights),
         tuple(quant.exclude_nodes),
     )  # fmt: skip
     int8_path = write_ort_qdq(
@@ -95,14 +94,15 @@ def quantize(
         external_data_mb=config.export.external_data_mb,
         quantize_outputs=quant.quantize_outputs,
     )
-    carried = read_qdq_scales(int8_path)
+    written = onnx.load(str(int8_path))
+    carried = read_qdq_scales(int8_path, written)
     scales = candidate.restricted_to(carried)
     scales_path = save_scale_file(scales, stage / "scales.json")
     diff = compare_scales(load_scale_file(scales_path).tensors, carried)
     if not diff.ok:
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
-    nodes = len(quantized_nodes(onnx.load(str(int8_path), load_external_data=False)))
-    info = _info(config, ranges, scales) | {"weight_range": why, "quantized_nodes": nodes}
+    nodes = len(quantized_nodes(written))
+    info = _info(config, ranges, scales, weights) | {"weight_range": why, "quantized_nodes": nodes}
     return QuantizedModel(int8_path, scales_path, scales, info, ranges)
 
 
@@ -113,10 +113,8 @@ def weight_levels(weight_range: str, targets: tuple[str, ...]) -> tuple[int, str
     if weight_range == "reduced":
         return 63, "reduced (7-bit ±63, set in the config)"
     if "ort-cpu" in targets and int8_pairs_saturate():
-        _warn_saturation()
         return 63, "reduced (7-bit ±63): this machine's ORT int8 CPU kernels saturate u8×s8 pairs (no VNNI)"
     return 127, "full (int8 ±127)"
-
 
 
 def _provenance(
@@ -126,6 +124,7 @@ def _provenance(
     ranges: ActivationRanges,
     calibration: CalibrationSet,
     smoothing: dict[str, Any] | None,
+    weights: str,
 ) -> dict[str, Any]:
     """Where the scales came from: the model's hash and opset, the calibration and any smoothing."""
     cal = config.calibration
@@ -135,7 +134,7 @@ def _provenance(
         "calibration": {
             "method": cal.method,
             "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],
-            "weights": cal.weights,
+            "weights": weights,  # the method used (7-bit weights always take absmax)
             "samples": ranges.samples,
             "sample_hash": calibration.selection.sample_hash,
         },
@@ -146,14 +145,14 @@ def _provenance(
     return provenance
 
 
-def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile) -> dict[str, Any]:
+def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weights: str) -> dict[str, Any]:
     """The build.json ``quantization`` section: the settings, the tensor counts and each tensor's range."""
     quant, cal = config.quantization, config.calibration
     roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
     log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
     info = {
         "method": cal.method,
-        "weights": cal.weights,
+        "weights": weights,
         "samples": ranges.samples,
         "activations": quant.activations,
         "op_types": list(quant.op_types),
@@ -173,12 +172,3 @@ def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile) -> d
         "plotted": ranges.plotted,
     }
     return info
-
-
-@functools.cache
-def _warn_saturation() -> None:
-    """Once per process: a fallback build quantizes twice, and both would say the same."""
-    log.warning(
-        "ONNX Runtime's int8 CPU kernels saturate u8×s8 products on this machine (no VNNI): weights use 7 bits "
-        "(±63) so the ORT CPU model computes what its scales say; set quantization.weight_range to override"
-    )

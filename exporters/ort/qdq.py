@@ -100,9 +100,12 @@ def _tensor_names(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def read_qdq_scales(path: str | Path) -> dict[str, TensorScale]:
-    """The quantization parameters a Q/DQ model really carries, keyed by the original tensor name."""
-    model = onnx.load(str(path))
+def read_qdq_scales(path: str | Path, model: onnx.ModelProto | None = None) -> dict[str, TensorScale]:
+    """The quantization parameters the Q/DQ model at ``path`` really carries, keyed by the original tensor name.
+
+    ``model`` is that file already loaded, for a caller that reads it anyway.
+    """
+    model = model if model is not None else onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
     found: dict[str, TensorScale] = {}
     for node in model.graph.node:
