@@ -19,7 +19,6 @@ from calibrators.scales.format import (
     save_scale_file,
 )
 from deploy_opt import __version__
-from deploy_opt.analysis.sensitivity.variants import quantized_nodes
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
@@ -27,6 +26,7 @@ from deploy_opt.report.calibration_plot import tensor_summary
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
 from dopt_common.ort import int8_pairs_saturate
+from exporters.ort.graph import quantized_nodes
 from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
 
 log = logging.getLogger(__name__)

@@ -20,12 +20,11 @@ from calibrators.scales.format import ScaleFile, TensorScale
 from dopt_common.deps import require
 from dopt_common.errors import ModelError
 from exporters.onnx.io import save_onnx
+from exporters.ort.graph import INITIALIZER_SUFFIX, OUTPUT_SUFFIX, keep_quantized, kept_nodes
 from exporters.ort.overrides import ort_quant_overrides, overrides_data
 
 log = logging.getLogger(__name__)
-# ORT's naming (quant_utils.QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX): a quantized graph output is renamed
-# to <name>_QuantizeLinear_Input, a quantized initializer to <name>_quantized.
-OUTPUT_SUFFIX, INITIALIZER_SUFFIX = "_QuantizeLinear_Input", "_quantized"
+__all__ = ["INITIALIZER_SUFFIX", "OUTPUT_SUFFIX", "compare_scales", "read_qdq_scales", "write_ort_qdq"]
 QTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT32: "int32"}
 
 
@@ -81,15 +80,20 @@ def write_ort_qdq(
             "ActivationSymmetric": symmetric,
             "WeightSymmetric": True,
             "TensorQuantOverrides": overrides,
-            # Off: a tensor is quantized only as the input of a quantized node, so excluding a node really keeps
-            # its inputs float, and MatMul/Gemm outputs feeding float ops (MiniLM's residual stream, ranges up to
-            # ~200) keep their precision.
+            # Off: a tensor is quantized only as the input of a quantized node (the "inputs" placement below).
             "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
         },
     )
     quantizer.quantize_model()
     quantizer.model.topological_sort()  # ORT appends Q/DQ nodes at the end; ONNX requires graph order
-    return save_onnx(quantizer.model.model, out_path, external_data_mb=external_data_mb)
+    written = quantizer.model.model
+    if not quantize_outputs:
+        # ORT hands every reader of a quantized tensor its dequantized value; here only the quantized nodes get
+        # it, so a residual stream or LayerNorm input that also feeds a MatMul stays float, and an excluded
+        # node's inputs are really float.
+        kept = kept_nodes(written, op_types, exclude_nodes)
+        written = keep_quantized(written, onnx.load(str(fp32_path)).graph.initializer, kept, "inputs")
+    return save_onnx(written, out_path, external_data_mb=external_data_mb)
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -77,24 +76,29 @@ class FallbackSearch:
 
 
 def greedy_fallback(
-    qdq: onnx.ModelProto,
-    fp32: onnx.ModelProto,
     order: list[list[str]],
+    variant_for: Callable[[list[str]], onnx.ModelProto],
     score: Callable[[onnx.ModelProto], float],
     baseline: float,
     drop: Callable[[float, float], float],
     max_drop: float,
     latency: Callable[[onnx.ModelProto], float],
+    deadline: float | None = None,
 ) -> FallbackSearch:
-    """Add groups of nodes (in ``order``, most sensitive first) to the fallback set until ``max_drop`` holds."""
-    nodes = quantized_nodes(qdq)
-    full = all_roles(nodes)
+    """Add groups of nodes (in ``order``, most sensitive first) to the fallback set until ``max_drop`` holds.
+
+    ``variant_for(excluded)`` is the model with those nodes in high precision (``exclusion_variant``); past
+    ``deadline`` (a ``time.perf_counter`` value) the search stops with the verdict that it ran out of time.
+    """
     excluded: list[str] = []
     steps = []
     for step in range(len(order) + 1):
         if step:
             excluded += order[step - 1]
-        variant = make_variant(qdq, fp32, {k: v for k, v in full.items() if k not in set(excluded)})
+        if deadline is not None and step and time.perf_counter() > deadline:
+            verdict = f"stopped at step {step}: the search budget ran out before max_drop {max_drop:g} held"
+            return FallbackSearch(tuple(excluded[: -len(order[step - 1])]), False, steps, verdict)
+        variant = variant_for(excluded)
         started = time.perf_counter()
         value = score(variant)
         lost = drop(baseline, value)

@@ -23,6 +23,7 @@ from deploy_opt.analysis.sensitivity.fallback import (
     sensitivity_order,
 )
 from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
+from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig
@@ -88,10 +89,11 @@ def auto_fallback(
     baseline = scorer.score(fp32)
     one = evaluation[0].head(1).inputs
     latency = median_latency_ms(lambda m: create_session(m.SerializeToString(), threads=threads), one)
+    quant = config.quantization
+    placement = "outputs" if quant.quantize_outputs else "inputs"
     search = greedy_fallback(
-        qdq,
-        fp32,
-        sensitivity_order(record, config.quantization.fallback_by),
+        sensitivity_order(record, quant.fallback_by),
+        lambda excluded: exclusion_variant(qdq, fp32, quant.op_types, excluded, placement),
         scorer.score,
         baseline,
         metric.drop,
