@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from calibrators.activations.collect import collect, select_tensors
@@ -21,12 +22,15 @@ from calibrators.activations.histogram import Histogram, HistogramObserver
 from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
+from deploy_opt.analysis.sensitivity.range_noise import noise_db, pick_methods, propagated_range_noise
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.report.calibration_plot import widest
 
 log = logging.getLogger(__name__)
 PLOTTED = 8
+AUTO_METHODS = ("minmax", "entropy", "mse")
+AUTO_SAMPLES = 16  # calibration samples that the propagated-error estimate of ``method: auto`` runs
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class ActivationRanges:
     samples: int
     plotted: list[str]
     guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
+    # method: auto, per tensor: each candidate method's propagated output SQNR in dB (the evidence for the choice)
+    evidence: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
@@ -60,6 +66,8 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
 
     symmetric = config.quantization.activations == "symmetric"
     methods = {name: cal.method_for(name) for name in names}
+    wanted = methods
+    methods = {name: "mse" if m == "auto" else m for name, m in methods.items()}  # auto reads mse's histogram
     threads = config.benchmark.threads
     if "percentile" in methods.values():
         # Percentile reproduces ORT's exact histogram edges, which need the global bounds first: two passes.
@@ -81,17 +89,63 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
         observed, signed, absolute = streaming.ranges(), {}, streaming.abs_histograms()
         plotted = widest(observed, PLOTTED)
     methods = {name: methods[name] for name in observed}
+    inputs = {i.name for i in graph_model.graph.input}
+    auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
+    picked, evidence = choose_methods(graph_model, auto, observed, absolute, config, calibration) if auto else ({}, {})
+    methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
+    methods.update(picked)
     chosen: dict[str, tuple[float, float]] = {}
     guards: dict[str, str] = {}
-    inputs = {i.name for i in graph_model.graph.input}
     for name, (low, high) in observed.items():
         kind = histogram_kind(methods[name], symmetric)
         hist = signed.get(name) if kind == "signed" else absolute.get(name)
         chosen[name] = range_for(methods[name], low, high, hist, cal.percentile, symmetric)
-        reason = guard_reason(methods[name], name in inputs, hist, chosen[name]) if cal.guards else None
+        guarded = cal.guards and name not in evidence  # auto's choice stands on its measured output error
+        reason = guard_reason(methods[name], name in inputs, hist, chosen[name]) if guarded else None
         if reason is not None:
             log.warning("calibration guard: tensor '%s': %s", name, reason)
             guards[name], methods[name] = reason, "minmax"
             chosen[name] = range_for("minmax", low, high, hist, cal.percentile, symmetric)
     log.info("calibration: %d tensors over %d samples (%s)", len(chosen), samples, cal.method)
-    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted, guards)
+    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted, guards, evidence)
+
+
+def choose_methods(
+    model: onnx.ModelProto,
+    names: list[str],
+    observed: dict[str, tuple[float, float]],
+    absolute: dict[str, Histogram],
+    config: BuildConfig,
+    calibration: CalibrationSet,
+) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+    """``calibration.method: auto``: per tensor, the chosen method and each candidate's propagated output SQNR.
+
+    Empty when the torch evaluator cannot run the graph: those tensors keep mse's range, under the guards.
+    """
+    symmetric = config.quantization.activations == "symmetric"
+    candidates = {
+        name: {m: range_for(m, *observed[name], absolute.get(name), symmetric=symmetric) for m in AUTO_METHODS}
+        for name in names
+    }
+    feeds = list(_rows(calibration, AUTO_SAMPLES))
+    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds)
+    if noise is None:
+        return {}, {}
+    picked = pick_methods(noise)
+    log.info(
+        "calibration auto: %s over %d tensors (propagated output error, %d samples)",
+        {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS}, len(picked), len(feeds),
+    )  # fmt: skip
+    return picked, {n: {m: round(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}
+
+
+def _rows(calibration: CalibrationSet, count: int):  # noqa: ANN202 - a generator of one-row feed dicts
+    """The first ``count`` calibration samples, one at a time (each is an independent draw for the estimator)."""
+    seen = 0
+    for batch in calibration.batches:
+        size = len(next(iter(batch.inputs.values())))
+        for row in range(size):
+            if seen == count:
+                return
+            yield {k: np.asarray(v)[row : row + 1] for k, v in batch.inputs.items()}
+            seen += 1

@@ -15,7 +15,7 @@ from typing import Any
 from deploy_opt.build.export import prepare_fp32
 from deploy_opt.build.inputs import load_inputs
 from deploy_opt.build.metrics import resolve_metric
-from deploy_opt.build.precision import choose_precision, needs_held_evaluation, quantize_model
+from deploy_opt.build.precision import auto_precision, choose_precision, needs_held_evaluation, quantize_model
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import compare_and_align, write_backends
@@ -54,12 +54,16 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])
         fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
-    with times.stage("calibrate_quantize"):
-        quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
     metric = resolve_metric(config.data.metric, config.base_dir)
     evaluation = inputs.evaluation(hold=needs_held_evaluation(config))
-    with times.stage("sensitivity_fallback"):
-        precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
+    if config.quantization.mode == "auto":
+        with times.stage("auto_search"):
+            precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
+    else:
+        with times.stage("calibrate_quantize"):
+            quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
+        with times.stage("sensitivity_fallback"):
+            precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
     shipped = precision.shipped
     with times.stage("backends"):
         backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage)
@@ -96,6 +100,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         targets=target_status(config.deploy, backends),
         calibration=inputs.calibration.to_json(),
         fallback=precision.fallback.to_json(),
+        auto=precision.auto.to_json() if precision.auto else None,
         backends=backends,
         alignment=verified.alignment_summary(),
         comparison=verified.comparison_summary(),

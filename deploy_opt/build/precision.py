@@ -6,10 +6,13 @@ searches from it; the model that ships is then quantized again with the chosen n
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import onnx
 
 from deploy_opt.analysis.sensitivity.mixed_precision import (
     auto_fallback,
@@ -17,6 +20,9 @@ from deploy_opt.analysis.sensitivity.mixed_precision import (
     static_fallback,
     with_excluded,
 )
+from deploy_opt.autotune.candidates import Candidate, configured
+from deploy_opt.autotune.search import run_search
+from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.quantize import QuantizedModel, quantize
@@ -51,6 +57,7 @@ class Precision:
     shipped: QuantizedModel
     fallback: FallbackChoice
     sensitivity: dict[str, Any] | None
+    auto: AutoSearch | None = None  # the auto search's record (quantization.mode: auto)
 
     @property
     def mixed(self) -> bool:
@@ -59,8 +66,50 @@ class Precision:
 
 
 def needs_held_evaluation(config: BuildConfig) -> bool:
-    """Sensitivity and auto fallback revisit the evaluation set, so it must be held in memory."""
-    return config.sensitivity.enabled or config.quantization.fallback == "auto"
+    """Sensitivity, auto fallback and the auto search revisit the evaluation set, so it must be held in memory."""
+    quant = config.quantization
+    return config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto"
+
+
+def auto_precision(
+    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, evaluation: Iterable[Batch], metric: Metric,
+    stage: Path,
+) -> Precision:  # fmt: skip
+    """``quantization.mode: auto``: search, then write the chosen model (or the FP32 one) as model.int8.onnx."""
+    held = list(evaluation)
+    static = static_fallback(config, fp32_path)
+    work = stage / ".auto"
+    try:
+        outcome = run_search(config, fp32_path, calibration, held, metric, static, work)
+        base, chosen = outcome.base, outcome.search.chosen
+        if base is None or chosen is None:  # FP32 ships: every quantizable node excluded
+            every = tuple(n.name for n in onnx.load(str(fp32_path), load_external_data=False).graph.node
+                          if n.op_type in config.quantization.op_types)  # fmt: skip
+            setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
+            ranges = None
+            source, smoothing = fp32_path, None
+        else:
+            setup, ranges = configured(config, chosen), base.model.ranges
+            source, smoothing = base.source, base.smoothing
+        mixed = base is not None and chosen is not None and chosen.excluded != base.candidate.excluded
+        shipped = quantize(setup, source, calibration, stage, ranges=ranges, smoothing=smoothing)
+        full = shipped
+        if mixed:
+            full = quantize(configured(config, base.candidate), source, calibration, stage / ".full",
+                            ranges=base.model.ranges, smoothing=smoothing)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    record = run_sensitivity(config, source, full.path, held, metric, stage) if config.sensitivity.enabled else None
+    _plot(shipped, stage)
+    nodes = chosen.excluded if chosen is not None else ()
+    return Precision(source, full, shipped, FallbackChoice(static, nodes), record, outcome.search)
+
+
+def _plot(shipped: QuantizedModel, stage: Path) -> None:
+    ranges = shipped.ranges
+    plot_histograms(
+        {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
+    )
 
 
 def quantize_model(
@@ -97,8 +146,5 @@ def choose_precision(
     if static or auto:
         excluded = with_excluded(config, nodes)
         shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
-    ranges = shipped.ranges
-    plot_histograms(
-        {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
-    )
+    _plot(shipped, stage)
     return Precision(source, full, shipped, FallbackChoice(static, nodes, search), record)

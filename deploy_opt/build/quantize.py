@@ -166,6 +166,7 @@ def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weig
                 ranges.signed.get(name) or ranges.absolute.get(name),
             )
             | ({"guard": ranges.guards[name]} if name in ranges.guards else {})
+            | ({"propagated_sqnr_db": ranges.evidence[name]} if name in ranges.evidence else {})
             for name in ranges.chosen
             if name in scales.tensors
         },

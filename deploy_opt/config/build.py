@@ -106,7 +106,7 @@ class ExportConfig:
         return self.opset or (18 if self.exporter == "dynamo" else 17)
 
 
-Method = Literal["minmax", "percentile", "entropy", "mse"]
+Method = Literal["auto", "minmax", "percentile", "entropy", "mse"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,9 @@ class MethodOverride:
 class CalibrationConfig:
     """How calibration samples are chosen and how activation ranges are computed."""
 
-    method: Method = "minmax"
+    # auto: per tensor, min/max, entropy or mse, whichever range carries the least quantization noise to the
+    # model's output (graph inputs take min/max); see deploy_opt/analysis/sensitivity/range_noise.py.
+    method: Method = "auto"
     samples: int = 512
     stratify: str = "auto"
     mode: Literal["balanced", "proportional"] = "balanced"
@@ -158,6 +160,9 @@ class CalibrationConfig:
 class QuantizationConfig:
     """What is quantized, with which activation scheme, and what stays in high precision."""
 
+    # auto: search placement, scheme, SmoothQuant, fallback and latency for the fastest INT8 model that meets
+    # the gate (see the ``auto`` section); manual: quantize exactly as the settings below say.
+    mode: Literal["auto", "manual"] = "auto"
     activations: Activation = "asymmetric"
     op_types: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
     exclude_nodes: tuple[str, ...] = ()
@@ -184,6 +189,25 @@ class QuantizationConfig:
             raise ConfigError(
                 f"quantization.fallback '{self.fallback}' is unknown; use none, auto or a list of node patterns"
             )
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """The auto search (``quantization.mode: auto``): its time budget and when INT8 is worth shipping."""
+
+    budget_s: float = 240.0
+    # INT8 ships only where it is at least this much faster than FP32 on this machine (ModelOpt's autotune uses
+    # 1.02); null: never judge by latency (CI runners, where speed is noise).
+    min_gain: float | None = 1.02
+    smoothquant_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0:
+            raise ConfigError(f"auto.budget_s must be positive, got {self.budget_s}")
+        if self.min_gain is not None and self.min_gain <= 0:
+            raise ConfigError(f"auto.min_gain must be positive or null, got {self.min_gain}")
+        if not 0.0 <= self.smoothquant_alpha <= 1.0:
+            raise ConfigError(f"auto.smoothquant_alpha must be in [0, 1], got {self.smoothquant_alpha}")
 
 
 @dataclass(frozen=True)
@@ -284,6 +308,7 @@ class BuildConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)

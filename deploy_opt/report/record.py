@@ -98,6 +98,7 @@ def render_summary(build: dict[str, Any]) -> str:
                 )
         if fallback.get("auto"):
             lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
+    lines += _search_lines(build.get("auto"), build["quantization"])
     lines += ["", "## Scale alignment", "", f"- {(build.get('alignment') or {}).get('verdict', 'not checked')}"]
     for check in (build.get("alignment") or {}).get("artifacts", []):
         lines.append(f"  - {check['artifact']}: {check['status']}" + (f" ({check['note']})" if check["note"] else ""))
@@ -110,6 +111,28 @@ def render_summary(build: dict[str, Any]) -> str:
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _search_lines(auto: dict[str, Any] | None, quantization: dict[str, Any]) -> list[str]:
+    """The auto search's verdict and a table of every trial (quantization.mode: auto)."""
+    if not auto:
+        return []
+    lines = ["", "## Search", "", f"- {auto['verdict']} ({auto['seconds']:.0f} s)"]
+    if quantization.get("quantized_nodes") == 0:
+        lines.append("- model.int8.onnx quantizes no node: it is the FP32 model, not an INT8 one")
+    batch = f" (batch {auto['latency_batch']})" if auto.get("latency_batch") else ""
+    lines += [
+        "",
+        f"| step | candidate | quantized nodes | predicted drop | drop | speedup{batch} |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for t in auto["trials"]:
+        speed = f"{t['speedup']:.2f}x" if t["speedup"] is not None else "n/a"
+        lines.append(
+            f"| {t['step']} | {t['label']} | {t['quantized_nodes']} | {_fmt(t['predicted_drop'])} | "
+            f"{t['drop']:.3f} | {speed} |"
+        )
+    return lines
 
 
 def _fmt(value: Any) -> str:

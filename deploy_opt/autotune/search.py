@@ -1,0 +1,250 @@
+"""The auto search: quantize a few candidates, measure each on the evaluation set and on the target runtime, and
+keep the fastest that meets the gate.
+
+1. **Placement × scheme**: ``inputs`` (Q/DQ only into quantized nodes: residual- and LayerNorm-aware) and ORT's
+   ``outputs``, for each activation scheme the targets accept; ranges come from one calibration per scheme
+   (``calibration.method: auto`` picks each tensor's range method by propagated output error).
+2. **SmoothQuant** at ``auto.smoothquant_alpha``, when no candidate meets ``max_drop`` and the graph has
+   LayerNorm-fed MatMuls.
+3. **Fallback**: the linearised proxy ranks the nodes of the most accurate candidate; exact evaluations of
+   growing prefixes of that ranking (doubling, then bisection) find the fewest FP32 nodes that meet ``max_drop``.
+   Each variant equals the model the quantizer writes with those nodes excluded (``exclusion_variant``).
+4. **Latency**: low-intensity nodes (small reduction length) go back to FP32 where that makes the model faster.
+5. **No INT8**: when no trial that meets ``max_drop`` is ``auto.min_gain`` faster than FP32, FP32 ships.
+
+The search stops starting trials once ``auto.budget_s`` is spent, and chooses among what it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_subset
+from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
+from deploy_opt.analysis.sensitivity.variants import exclusion_variant
+from deploy_opt.autotune.candidates import Candidate, allowed_schemes, configured
+from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
+from deploy_opt.autotune.latency import LatencyProbe
+from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
+from deploy_opt.build.benchmark import feed_of_size
+from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
+from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.quantize import QuantizedModel, quantize
+from deploy_opt.build.smoothing import smooth_model
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BuildConfig
+from dopt_common.ort import create_session
+from exporters.ort.graph import PLACEMENTS, quantized_nodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Base:
+    """A fully quantized candidate (only the static fallback in FP32): what fallback and latency trials vary."""
+
+    candidate: Candidate
+    source: Path  # the FP32 model it quantizes (SmoothQuant-ed or not)
+    model: QuantizedModel
+    smoothing: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """The search record and the base the chosen candidate derives from (None when FP32 ships)."""
+
+    search: AutoSearch
+    base: Base | None
+
+
+@dataclass
+class _Context:
+    """What every trial needs: the models, the scorer, the latency probe and the clock."""
+
+    config: BuildConfig
+    fp32: onnx.ModelProto
+    scorer: SubsetScorer
+    baseline: float
+    metric: Metric
+    probe: LatencyProbe | None
+    deadline: float
+    trials: list[Trial]
+
+    def time_left(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+    def measure(self, step: str, candidate: Candidate, model: onnx.ModelProto, predicted: float | None = None) -> Trial:
+        started = time.perf_counter()
+        data = model.SerializeToString()
+        value = self.scorer.score(data)
+        latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
+        nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
+        trial = Trial(step, candidate, value, self.metric.drop(self.baseline, value), predicted, latency, speedup,
+                      nodes, time.perf_counter() - started)  # fmt: skip
+        self.trials.append(trial)
+        log.info(
+            "auto %-11s %-24s drop %.3f%s", step, candidate.label, trial.drop,
+            f", {speedup:.2f}x FP32" if speedup is not None else "",
+        )  # fmt: skip
+        return trial
+
+
+def run_search(
+    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, held: list[Batch], metric: Metric,
+    static: tuple[str, ...], work: Path,
+) -> SearchOutcome:  # fmt: skip
+    """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
+    started = time.perf_counter()
+    ctx = _context(config, fp32_path, held, metric, started)
+    bases = _placement_trials(ctx, fp32_path, calibration, static, work)
+    max_drop = config.gate.max_drop
+    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left() and _has_smoothing_targets(ctx.fp32):
+        bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
+    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
+        _fallback_trials(ctx, _most_accurate(ctx.trials, bases), held)
+    accurate = best_trial(ctx.trials, max_drop, None)
+    if accurate is not None and ctx.probe is not None and ctx.time_left():
+        _latency_trials(ctx, accurate, _base_of(accurate, bases))
+    chosen = best_trial(ctx.trials, max_drop, config.auto.min_gain)
+    verdict = _verdict(ctx, chosen)
+    log.info("auto: %s", verdict)
+    search = AutoSearch(
+        chosen.candidate if chosen else None, tuple(ctx.trials), verdict, time.perf_counter() - started,
+        len(next(iter(ctx.probe.feed.values()))) if ctx.probe else None,
+    )  # fmt: skip
+    return SearchOutcome(search, _base_of(chosen, bases) if chosen else None)
+
+
+def _context(config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Metric, started: float) -> _Context:
+    threads = config.benchmark.threads
+    fp32 = onnx.load(str(fp32_path))
+    session = create_session(fp32_path, threads=threads)
+    references = [session.run(None, b.inputs)[0] for b in held]
+    scorer = SubsetScorer(held, references, metric, threads)
+    timed = config.auto.min_gain is not None and "ort-cpu" in config.deploy.targets and config.benchmark.enabled
+    batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
+    probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
+    deadline = started + config.auto.budget_s
+    return _Context(config, fp32, scorer, scorer.score(fp32), metric, probe, deadline, [])
+
+
+def _placement_trials(
+    ctx: _Context, fp32_path: Path, calibration: CalibrationSet, static: tuple[str, ...], work: Path
+) -> list[Base]:
+    config, bases = ctx.config, []
+    for scheme in allowed_schemes(config.deploy.targets, config.quantization.activations):
+        ranges: ActivationRanges | None = None
+        for placement in PLACEMENTS:
+            if bases and not ctx.time_left():
+                return bases
+            candidate = Candidate(placement, scheme, None, static)
+            setup = configured(config, candidate)
+            ranges = ranges or calibrate_activations(setup, fp32_path, calibration)
+            model = quantize(setup, fp32_path, calibration, work / f"{placement}-{scheme}", ranges=ranges)
+            ctx.measure("placement", candidate, onnx.load(str(model.path)))
+            bases.append(Base(candidate, fp32_path, model, None))
+    return bases
+
+
+def _has_smoothing_targets(model: onnx.ModelProto) -> bool:
+    from calibrators.smoothquant import smoothing_targets
+
+    return bool(smoothing_targets(model))
+
+
+def _smoothquant_trial(
+    ctx: _Context, fp32_path: Path, calibration: CalibrationSet, bases: list[Base], work: Path
+) -> list[Base]:
+    """The most accurate placement again, on the SmoothQuant-ed model."""
+    base = _most_accurate(ctx.trials, bases)
+    candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.config.auto.smoothquant_alpha)
+    setup = configured(ctx.config, candidate)
+    source, smoothing = smooth_model(setup, fp32_path, calibration, work / "smoothed.onnx")
+    model = quantize(setup, source, calibration, work / "smoothquant", smoothing=smoothing)
+    ctx.measure("smoothquant", candidate, onnx.load(str(model.path)))
+    return [Base(candidate, source, model, smoothing)]
+
+
+def _most_accurate(trials: list[Trial], bases: list[Base]) -> Base:
+    measured = {t.candidate: t for t in trials}
+    return min(bases, key=lambda b: (measured[b.candidate].drop, -(measured[b.candidate].speedup or 0.0)))
+
+
+def _base_of(trial: Trial, bases: list[Base]) -> Base:
+    settings = dataclasses.replace(trial.candidate, excluded=())
+    return next(b for b in bases if dataclasses.replace(b.candidate, excluded=()) == settings)
+
+
+def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
+    """Fewest FP32 nodes, in the proxy's order, that meet max_drop: doubling prefixes, then bisection."""
+    config = ctx.config
+    qdq = onnx.load(str(base.model.path))
+    subset = pick_subset(held, config.sensitivity.subset, config.seed)
+    session = create_session(ctx.fp32.SerializeToString(), threads=config.benchmark.threads)
+    scorer = SubsetScorer(subset, [session.run(None, b.inputs)[0] for b in subset], ctx.metric,
+                          config.benchmark.threads)  # fmt: skip
+    record = analyze(base.source, base.model.path, scorer, config.quantization.op_types, "proxy", 1)
+    order = [group[0] for group in sensitivity_order(record, "node")]
+    predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
+    placement, op_types = base.candidate.placement, config.quantization.op_types
+
+    def attempt(count: int) -> Trial:
+        excluded = base.candidate.excluded + tuple(order[:count])
+        rest = [predicted[n] for n in order[count:]]
+        guess = sum(rest) if rest and all(p is not None for p in rest) else None
+        variant = exclusion_variant(qdq, ctx.fp32, op_types, excluded, placement)
+        return ctx.measure("fallback", dataclasses.replace(base.candidate, excluded=excluded), variant, guess)
+
+    low, high, count = 0, None, 1
+    while order and ctx.time_left():
+        if attempt(count).meets(config.gate.max_drop):
+            high = count
+            break
+        if count == len(order):
+            break
+        low, count = count, min(count * 2, len(order))
+    while high is not None and high - low > 1 and ctx.time_left():
+        middle = (low + high) // 2
+        low, high = (low, middle) if attempt(middle).meets(config.gate.max_drop) else (middle, high)
+
+
+def _latency_trials(ctx: _Context, accurate: Trial, base: Base) -> None:
+    """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
+    op_types = ctx.config.quantization.op_types
+    qdq = onnx.load(str(base.model.path))
+    lengths = reduction_lengths(onnx.load(str(base.source), load_external_data=False), op_types)
+    live = {n: k for n, k in lengths.items() if n not in accurate.candidate.excluded}
+    for _, group in intensity_groups(live):
+        if not ctx.time_left():
+            return
+        excluded = accurate.candidate.excluded + group
+        variant = exclusion_variant(qdq, ctx.fp32, op_types, excluded, base.candidate.placement)
+        ctx.measure("latency", dataclasses.replace(accurate.candidate, excluded=excluded), variant)
+
+
+def _verdict(ctx: _Context, chosen: Trial | None) -> str:
+    max_drop, min_gain = ctx.config.gate.max_drop, ctx.config.auto.min_gain
+    timed = " within the time budget" if not ctx.time_left() else ""
+    if chosen is not None:
+        speed = f", {chosen.speedup:.2f}x FP32" if chosen.speedup is not None else ""
+        return f"{chosen.candidate.label}: drop {chosen.drop:.3f} <= {max_drop:g}{speed} ({len(ctx.trials)} trials)"
+    accurate = [t for t in ctx.trials if t.meets(max_drop) and t.quantized_nodes > 0]
+    if accurate:
+        fastest = max(accurate, key=lambda t: t.speedup or 0.0)
+        return (
+            f"FP32 is fastest here: the fastest INT8 model that meets max_drop ({fastest.candidate.label}) runs at "
+            f"{fastest.speedup:.2f}x FP32, under the {min_gain:g}x that INT8 must gain; FP32 ships"
+        )
+    closest = min(ctx.trials, key=lambda t: t.drop)
+    return (
+        f"no INT8 model met max_drop {max_drop:g}{timed} (closest: {closest.candidate.label}, drop "
+        f"{closest.drop:.3f}); FP32 ships"
+    )
