@@ -43,5 +43,7 @@ data: {{calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", metr
 benchmark: {{enabled: false}}
 {sections}
 """
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides or [])
+    # Manual mode: these tests pin one setting each; the auto search has tests of its own.
+    overrides = ["quantization.mode=manual", *(overrides or [])]
+    config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides)
     return run_build(config, profile, tmp_path / "reports", progress=False)

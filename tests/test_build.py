@@ -84,7 +84,7 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
         row = build["benchmark"]["batches"][size]
         assert row["speedup"] == pytest.approx(row["ort_fp32"]["median_ms"] / row["ort_int8"]["median_ms"])
     assert build["benchmark"]["threads"] == 2
-    assert set(build["timings_s"]) >= {"export", "calibrate_quantize", "evaluate", "benchmark"}
+    assert set(build["timings_s"]) >= {"export", "auto_search", "evaluate", "benchmark"}
     assert build["versions"]["onnxruntime"] == ort.__version__
     assert build["gate"]["passed"] is True
     assert build["quantization"]["activations"] == "asymmetric"

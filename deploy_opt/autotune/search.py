@@ -106,7 +106,8 @@ def run_search(
     ctx = _context(config, fp32_path, held, metric, started)
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
-    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left() and _has_smoothing_targets(ctx.fp32):
+    smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
+    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left() and smoothquant:
         bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
     if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
         _fallback_trials(ctx, _most_accurate(ctx.trials, bases), held)
@@ -195,12 +196,13 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
     order = [group[0] for group in sensitivity_order(record, "node")]
     predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
     placement, op_types = base.candidate.placement, config.quantization.op_types
+    source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
 
     def attempt(count: int) -> Trial:
         excluded = base.candidate.excluded + tuple(order[:count])
         rest = [predicted[n] for n in order[count:]]
         guess = sum(rest) if rest and all(p is not None for p in rest) else None
-        variant = exclusion_variant(qdq, ctx.fp32, op_types, excluded, placement)
+        variant = exclusion_variant(qdq, source, op_types, excluded, placement)
         return ctx.measure("fallback", dataclasses.replace(base.candidate, excluded=excluded), variant, guess)
 
     low, high, count = 0, None, 1
@@ -220,13 +222,14 @@ def _latency_trials(ctx: _Context, accurate: Trial, base: Base) -> None:
     """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
     op_types = ctx.config.quantization.op_types
     qdq = onnx.load(str(base.model.path))
-    lengths = reduction_lengths(onnx.load(str(base.source), load_external_data=False), op_types)
+    source = onnx.load(str(base.source))
+    lengths = reduction_lengths(source, op_types)
     live = {n: k for n, k in lengths.items() if n not in accurate.candidate.excluded}
     for _, group in intensity_groups(live):
         if not ctx.time_left():
             return
         excluded = accurate.candidate.excluded + group
-        variant = exclusion_variant(qdq, ctx.fp32, op_types, excluded, base.candidate.placement)
+        variant = exclusion_variant(qdq, source, op_types, excluded, base.candidate.placement)
         ctx.measure("latency", dataclasses.replace(accurate.candidate, excluded=excluded), variant)
 
 
@@ -243,7 +246,8 @@ def _verdict(ctx: _Context, chosen: Trial | None) -> str:
             f"FP32 is fastest here: the fastest INT8 model that meets max_drop ({fastest.candidate.label}) runs at "
             f"{fastest.speedup:.2f}x FP32, under the {min_gain:g}x that INT8 must gain; FP32 ships"
         )
-    closest = min(ctx.trials, key=lambda t: t.drop)
+    quantized = [t for t in ctx.trials if t.quantized_nodes > 0] or ctx.trials
+    closest = min(quantized, key=lambda t: t.drop)
     return (
         f"no INT8 model met max_drop {max_drop:g}{timed} (closest: {closest.candidate.label}, drop "
         f"{closest.drop:.3f}); FP32 ships"

@@ -199,14 +199,15 @@ class AutoConfig:
     # INT8 ships only where it is at least this much faster than FP32 on this machine (ModelOpt's autotune uses
     # 1.02); null: never judge by latency (CI runners, where speed is noise).
     min_gain: float | None = 1.02
-    smoothquant_alpha: float = 0.5
+    # The SmoothQuant trial's alpha (tried when no placement meets max_drop); null: no SmoothQuant trial.
+    smoothquant_alpha: float | None = 0.5
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
             raise ConfigError(f"auto.budget_s must be positive, got {self.budget_s}")
         if self.min_gain is not None and self.min_gain <= 0:
             raise ConfigError(f"auto.min_gain must be positive or null, got {self.min_gain}")
-        if not 0.0 <= self.smoothquant_alpha <= 1.0:
+        if self.smoothquant_alpha is not None and not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise ConfigError(f"auto.smoothquant_alpha must be in [0, 1], got {self.smoothquant_alpha}")
 
 

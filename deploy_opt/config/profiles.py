@@ -22,6 +22,7 @@ PROFILE_SECTIONS = {
     "export": cfg.ExportConfig,
     "calibration": cfg.CalibrationConfig,
     "quantization": cfg.QuantizationConfig,
+    "auto": cfg.AutoConfig,
     "sensitivity": cfg.SensitivityConfig,
     "deploy": cfg.DeployConfig,
     "benchmark": cfg.BenchmarkConfig,

@@ -1,0 +1,163 @@
+"""quantization.mode: auto: the search's choices, its record, and calibration.method: auto."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fragile_onnx
+import numpy as np
+import onnx
+import pytest
+from conftest import write_config
+from onnx import TensorProto, helper, numpy_helper
+
+from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
+from deploy_opt.autotune.candidates import Candidate, allowed_schemes
+from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
+from deploy_opt.autotune.trials import Trial, best_trial
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import load_build_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def _trial(drop: float, speedup: float | None, excluded: tuple[str, ...] = (), nodes: int = 4) -> Trial:
+    return Trial("placement", Candidate("inputs", "asymmetric", None, excluded), 90.0, drop, None, 1.0, speedup,
+                 nodes, 0.1)  # fmt: skip
+
+
+def test_the_fastest_trial_that_meets_the_gate_and_pays_wins() -> None:
+    trials = [_trial(0.2, 1.3), _trial(2.0, 2.5), _trial(0.5, 1.6, ("a",)), _trial(0.1, 1.01)]
+    assert best_trial(trials, 1.0, 1.02) is trials[2]
+    # Slower than FP32 by the min_gain everywhere: nothing pays, so FP32 ships.
+    assert best_trial([_trial(0.1, 0.9), _trial(0.0, 1.01)], 1.0, 1.02) is None
+    # A variant with no quantized node is FP32, never the INT8 choice.
+    assert best_trial([_trial(0.0, 1.5, nodes=0)], 1.0, 1.02) is None
+
+
+def test_untimed_the_trial_with_the_fewest_fp32_nodes_wins() -> None:
+    trials = [_trial(3.0, None), _trial(0.4, None, ("a", "b")), _trial(0.9, None, ("a",))]
+    assert best_trial(trials, 1.0, None) is trials[2]
+
+
+def test_tensorrt_allows_only_symmetric_activations() -> None:
+    assert allowed_schemes(("tensorrt", "ort-cuda"), "asymmetric") == ("symmetric",)
+    assert allowed_schemes(("ort-cpu",), "asymmetric") == ("asymmetric", "symmetric")
+    assert allowed_schemes(("ort-cpu",), "symmetric") == ("symmetric", "asymmetric")
+
+
+def _conv_model() -> onnx.ModelProto:
+    """A 3x3 stem conv (K = 27), a depthwise 3x3 (K = 9), a pointwise conv (K = 16) and a Gemm (K = 16)."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "w0": rng.normal(size=(16, 3, 3, 3)), "w1": rng.normal(size=(16, 1, 3, 3)),
+        "w2": rng.normal(size=(16, 16, 1, 1)), "wf": rng.normal(size=(10, 16)), "axes": np.array([2, 3]),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="stem", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["a", "w1"], ["b"], name="depthwise", pads=[1, 1, 1, 1], group=16),
+        helper.make_node("Conv", ["b", "w2"], ["c"], name="pointwise"),
+        helper.make_node("ReduceMean", ["c", "axes"], ["d"], keepdims=0),
+        helper.make_node("Gemm", ["d", "wf"], ["y"], name="head", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v.astype(np.float32 if v.dtype.kind == "f" else np.int64), k)
+         for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_reduction_lengths_rank_nodes_by_what_int8_can_win() -> None:
+    lengths = reduction_lengths(_conv_model(), ("Conv", "Gemm"))
+    assert lengths == {"stem": 27, "depthwise": 9, "pointwise": 16, "head": 16}
+    groups = intensity_groups(lengths)
+    assert groups[0] == (16, ("depthwise",))  # the depthwise conv goes back to FP32 first
+    assert all("stem" not in nodes for _, nodes in groups)  # the heaviest node always stays INT8
+
+
+def _clip_model(downstream: str) -> onnx.ModelProto:
+    """x → Relu → r → (Clip to [0, 1] | Mul by 1) → y: whether r's outliers reach the output."""
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("lo", 0.0), ("hi", 1.0), ("one", 1.0))]
+    tail = (
+        helper.make_node("Clip", ["r", "lo", "hi"], ["y"], name="tail")
+        if downstream == "clip"
+        else helper.make_node("Mul", ["r", "one"], ["y"], name="tail")
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), tail], "clip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(("downstream", "expected"), [("clip", "clipped"), ("identity", "minmax")])
+def test_range_methods_are_judged_by_the_error_that_reaches_the_output(downstream: str, expected: str) -> None:
+    """r has rare outliers at 40: clipping them at 1 is free when the model clips there anyway, costly if not."""
+    rng = np.random.default_rng(1)
+    feeds = []
+    for _ in range(8):
+        x = rng.uniform(0, 1, (1, 64)).astype(np.float32)
+        x[0, rng.integers(0, 64)] = 40.0
+        feeds.append({"x": x})
+    candidates = {"r": {"minmax": (0.0, 40.0), "clipped": (0.0, 1.0)}}
+    noise = propagated_range_noise(_clip_model(downstream), candidates, "asymmetric", feeds)
+    assert noise is not None and pick_methods(noise)["r"] == expected
+
+
+def _fragile_config(tmp_path: Path, max_drop: float, extra: str = ""):
+    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
+    source = HERE / "fragile_onnx.py"
+    text = f"""
+name: fragile
+model: {{onnx: {model.name}}}
+data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
+quantization: {{op_types: [MatMul]}}
+benchmark: {{enabled: false}}
+gate: {{max_drop: {max_drop}}}
+{extra}
+"""
+    return load_build_config(write_config(tmp_path, text), "ci", [])
+
+
+@pytest.mark.slow
+def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
+    """fc2's input has one huge channel: no placement meets the gate, SmoothQuant does (no FP32 node needed)."""
+    config, profile = _fragile_config(tmp_path, 0.5)
+    assert config.quantization.mode == "auto" and config.calibration.method == "auto"
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    auto = result.build["auto"]
+    assert result.gate.passed, result.gate.lines()
+    assert [t["step"] for t in auto["trials"]] == ["placement"] * 4 + ["smoothquant"]
+    assert all(t["drop"] > 0.5 for t in auto["trials"][:4])
+    assert auto["chosen"]["smoothing_alpha"] == 0.5 and "fc2" not in auto["chosen"]["excluded"]
+
+
+@pytest.mark.slow
+def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_path: Path) -> None:
+    config, profile = _fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    auto = result.build["auto"]
+    assert result.gate.passed, result.gate.lines()
+    assert "fc2" in auto["chosen"]["excluded"]
+    steps = [t["step"] for t in auto["trials"]]
+    assert steps[:4] == ["placement"] * 4 and "fallback" in steps and "smoothquant" not in steps
+    assert result.build["metrics"]["drop"] <= 0.5 and result.build["quantization"]["quantized_nodes"] >= 1
+    summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")
+    assert "## Search" in summary and "| fallback |" in summary
+    assert json.loads((result.out_dir / "build.json").read_text())["auto"]["verdict"] == auto["verdict"]
+
+
+@pytest.mark.slow
+def test_when_no_int8_model_meets_the_gate_fp32_ships_and_is_never_called_int8(tmp_path: Path) -> None:
+    config, profile = _fragile_config(tmp_path, -1.0, "auto: {budget_s: 30}")
+    result = run_build(config, profile, tmp_path / "reports", progress=False)
+    assert result.build["auto"]["chosen"] is None and "FP32 ships" in result.build["auto"]["verdict"]
+    assert result.build["quantization"]["quantized_nodes"] == 0
+    failed = {c.name for c in result.gate.criteria if not c.passed}
+    assert "int8_nodes" in failed and not result.gate.passed
+    summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")
+    assert "quantizes no node" in summary
