@@ -158,6 +158,7 @@ data:
   evaluation: "@TINY@:evaluation"
   metric: top1
 quantization:
+  mode: manual
   activations: {scheme}
   op_types: [MatMul]
 benchmark:

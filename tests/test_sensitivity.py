@@ -28,7 +28,7 @@ def _config(tmp_path: Path, quantization: str, extra: str = "", max_drop: float 
 name: fragile
 model: {{onnx: {model.name}}}
 data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{op_types: [MatMul], quantize_outputs: false, {quantization}}}
+quantization: {{mode: manual, op_types: [MatMul], quantize_outputs: false, {quantization}}}
 benchmark: {{enabled: false}}
 gate: {{max_drop: {max_drop}}}
 {extra}

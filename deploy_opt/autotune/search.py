@@ -164,11 +164,11 @@ def _has_smoothing_targets(model: onnx.ModelProto) -> bool:
 def _smoothquant_trial(
     ctx: _Context, fp32_path: Path, calibration: CalibrationSet, bases: list[Base], work: Path
 ) -> list[Base]:
-    """The most accurate placement again, on the SmoothQuant-ed model."""
+    """The most accurate placement again, on the SmoothQuant-ed model (written next to ``work``: it may ship)."""
     base = _most_accurate(ctx.trials, bases)
     candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.config.auto.smoothquant_alpha)
     setup = configured(ctx.config, candidate)
-    source, smoothing = smooth_model(setup, fp32_path, calibration, work / "smoothed.onnx")
+    source, smoothing = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
     model = quantize(setup, source, calibration, work / "smoothquant", smoothing=smoothing)
     ctx.measure("smoothquant", candidate, onnx.load(str(model.path)))
     return [Base(candidate, source, model, smoothing)]

@@ -91,7 +91,7 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
     methods = {name: methods[name] for name in observed}
     inputs = {i.name for i in graph_model.graph.input}
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
-    picked, evidence = choose_methods(graph_model, auto, observed, absolute, config, calibration) if auto else ({}, {})
+    picked, evidence = choose_methods(fp32_path, auto, observed, absolute, config, calibration) if auto else ({}, {})
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
     chosen: dict[str, tuple[float, float]] = {}
@@ -111,7 +111,7 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
 
 
 def choose_methods(
-    model: onnx.ModelProto,
+    fp32_path: Path,
     names: list[str],
     observed: dict[str, tuple[float, float]],
     absolute: dict[str, Histogram],
@@ -128,6 +128,7 @@ def choose_methods(
         for name in names
     }
     feeds = list(_rows(calibration, AUTO_SAMPLES))
+    model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds)
     if noise is None:
         return {}, {}
