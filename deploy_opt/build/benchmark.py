@@ -31,13 +31,30 @@ def feed_of_size(batch: Batch, size: int) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in batch.inputs.items()}
 
 
-def measure(sessions: dict[str, object], feed: dict[str, np.ndarray], warmup: int, repeats: int) -> dict[str, Latency]:
-    """Time each session ``repeats`` times after ``warmup`` runs, interleaved so noise hits all alike."""
+MIN_REPEATS = 5
+
+
+def measure(
+    sessions: dict[str, object],
+    feed: dict[str, np.ndarray],
+    warmup: int,
+    repeats: int,
+    max_seconds: float | None = None,
+) -> dict[str, Latency]:
+    """Time each session ``repeats`` times after ``warmup`` runs, interleaved so noise hits all alike.
+
+    Past ``max_seconds`` (and at least ``MIN_REPEATS`` rounds) it stops early; the repeats done are recorded.
+    """
+    started = time.perf_counter()
     for session in sessions.values():
         for _ in range(warmup):
             session.run(None, feed)
+            if max_seconds is not None and time.perf_counter() - started > max_seconds / 4:
+                break  # a slow model needs few warm-up runs
     times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(repeats):
+    for done in range(repeats):
+        if max_seconds is not None and done >= MIN_REPEATS and time.perf_counter() - started > max_seconds:
+            break
         for name, session in sessions.items():
             start = time.perf_counter()
             session.run(None, feed)
@@ -51,12 +68,13 @@ def _summarize(times: list[float]) -> Latency:
 
 
 def compare(
-    sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int
-) -> dict[str, dict[str, object]]:
+    sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int,
+    max_seconds: float | None = None,
+) -> dict[str, dict[str, object]]:  # fmt: skip
     """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians)."""
     results: dict[str, dict[str, object]] = {}
     for size in sizes:
-        stats = measure(sessions, feed_of_size(batch, size), warmup, repeats)
+        stats = measure(sessions, feed_of_size(batch, size), warmup, repeats, max_seconds)
         row: dict[str, object] = {name: latency.to_json() for name, latency in stats.items()}
         for name in stats:
             if name.startswith("ort_int8") and "ort_fp32" in stats:

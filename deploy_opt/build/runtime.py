@@ -51,5 +51,8 @@ def run_benchmark(bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batc
         "warmup": bench.warmup,
         "repeats": bench.repeats,
         "input_shapes": {k: list(v.shape[1:]) for k, v in sample.inputs.items()},
-        "batches": benchmark.compare(sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats),
+        "max_seconds": bench.max_seconds,
+        "batches": benchmark.compare(
+            sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds
+        ),
     }

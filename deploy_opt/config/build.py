@@ -244,10 +244,14 @@ class BenchmarkConfig:
     batch_sizes: tuple[int, ...] = (1, 32)
     warmup: int = 10
     repeats: int = 50
+    # Per batch size: a slow model stops repeating past this many seconds (after at least 5 rounds); null: never.
+    max_seconds: float | None = 20.0
 
     def __post_init__(self) -> None:
         if self.threads <= 0 or self.warmup < 0 or self.repeats <= 0:
             raise ConfigError("benchmark: threads and repeats must be positive and warmup non-negative")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ConfigError(f"benchmark.max_seconds must be positive or null, got {self.max_seconds}")
         if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
             raise ConfigError(f"benchmark.batch_sizes must be positive integers, got {list(self.batch_sizes)}")
 
