@@ -20,6 +20,7 @@ and the top-K overlap, the share of the exhaustive top K that the proxy's top K 
 
     python benchmarks/sensitivity_proxy.py
     python benchmarks/sensitivity_proxy.py --config deploy_opt/demo/digits.yaml --subset 0.2
+    python benchmarks/sensitivity_proxy.py --config benchmarks/unseen/encoder.yaml   # transformers BertModel, dynamo
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ PROXIES = {
 }
 
 
-def run_mode(config: Path, mode: str, subset: float, out: Path) -> tuple[dict, float]:
-    """One ``sensitivity`` command; its record and wall time."""
+def run_mode(config: Path, mode: str, subset: float, out: Path, extra: list[str]) -> tuple[dict, float]:
+    """One ``sensitivity`` command (manual mode: both runs analyze the same Q/DQ model); record and wall time."""
     command = [
         sys.executable, "-m", "deploy_opt", "sensitivity", "--config", str(config), "--profile", "ci",
         "--mode", mode, "--output-dir", str(out), "--quiet", "--set", f"sensitivity.subset={subset}",
+        "--set", "quantization.mode=manual", *[a for s in extra for a in ("--set", s)],
     ]  # fmt: skip
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT)
@@ -64,13 +66,16 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "minilm.yaml")
+    parser.add_argument("--config", type=Path, default=ROOT / "deploy_opt" / "demo" / "minilm.yaml")
+    parser.add_argument("--set", action="append", default=[], help="a config override for both runs (repeatable)")
     parser.add_argument("--subset", type=float, default=0.1, help="evaluation subset of both runs (default 0.1)")
     parser.add_argument("--top-k", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="deploy_opt.sens_bench.") as tmp:
-        topk, topk_wall = run_mode(args.config, "proxy+topk", args.subset, Path(tmp) / "topk")
-        exhaustive, exhaustive_wall = run_mode(args.config, "exhaustive", args.subset, Path(tmp) / "exhaustive")
+        topk, topk_wall = run_mode(args.config, "proxy+topk", args.subset, Path(tmp) / "topk", args.set)
+        exhaustive, exhaustive_wall = run_mode(
+            args.config, "exhaustive", args.subset, Path(tmp) / "exhaustive", args.set
+        )
     nodes = exhaustive["nodes"]
     drops = [n["drop_both"] for n in nodes]
     worst = {n["name"] for n in sorted(nodes, key=lambda n: -n["drop_both"])[: args.top_k]}

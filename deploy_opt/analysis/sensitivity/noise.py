@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, run_node, unsupported_ops
+from deploy_opt.analysis.onnx_torch import initializer_tensors, model_opset, run_graph, run_node, unsupported_ops
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode
 from deploy_opt.build.sources import Batch
 from dopt_common.deps import require
@@ -86,7 +86,7 @@ def propagated_noise(
     draws = 0
     with torch.enable_grad():
         for feeds in _samples(batches):
-            tap = _Taps(wanted, local_fns)
+            tap = _Taps(wanted, local_fns, model_opset(fp32))
             y = run_graph(fp32, feeds, tap, constants)[output].float()
             names = [n for n in tap.leaves if n in tap.noise]
             flat = y.reshape(y.shape[0], -1)
@@ -113,8 +113,8 @@ class _Taps:
     output keeps its link to the taps upstream (detaching it instead would cut their paths to the model output).
     """
 
-    def __init__(self, wanted: set[str], local_fns: dict[str, dict[int, Callable]]) -> None:
-        self.wanted, self.local_fns = wanted, local_fns
+    def __init__(self, wanted: set[str], local_fns: dict[str, dict[int, Callable]], opset: int | None = None) -> None:
+        self.wanted, self.local_fns, self.opset = wanted, local_fns, opset
         self.noise: dict[str, Any] = {}
         self.leaves: dict[str, Any] = {}
 
@@ -126,7 +126,7 @@ class _Taps:
         with torch.no_grad():
             fns = self.local_fns[node.name]
             quantized = [fns[i](x) if i in fns else x for i, x in enumerate(inputs)]
-            self.noise[node.name] = run_node(node, quantized)[0] - outputs[0]
+            self.noise[node.name] = run_node(node, quantized, self.opset)[0] - outputs[0]
         self.leaves[node.name] = torch.zeros_like(outputs[0], requires_grad=True)
         return [outputs[0] + self.leaves[node.name], *outputs[1:]]
 
