@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.version_converter
 
 from deploy_opt.build.evaluate import torch_runner
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import DTYPES, BuildConfig, InputSpec
-from dopt_common.errors import InputError
+from dopt_common.errors import InputError, ModelError
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
 from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)
+MIN_QDQ_OPSET = 13
 ONNX_DTYPES = {onnx.helper.tensor_dtype_to_np_dtype(t).name: t for t in (1, 10, 7, 6, 9)}
 
 
@@ -73,8 +75,11 @@ def prepare_fp32(
     info: dict[str, Any] = {}
     if config.model.onnx:
         source = (Path(config.base_dir) / config.model.onnx).resolve()
-        save_onnx(check_onnx(source), raw, config.export.external_data_mb)
+        model, converted = upgrade_opset(check_onnx(source))
+        save_onnx(model, raw, config.export.external_data_mb)
         info.update(source=str(source), exporter="none (model.onnx)")
+        if converted:
+            info["opset_converted"] = converted
     else:
         specs = config.model.inputs
         names = [s.name for s in specs]
@@ -124,6 +129,26 @@ def prepare_fp32(
     else:
         info["parity"] = "n/a: no torch model (model.onnx)"
     return Fp32Model(out, inputs, info)
+
+
+def upgrade_opset(model: onnx.ModelProto, minimum: int = MIN_QDQ_OPSET) -> tuple[onnx.ModelProto, str | None]:
+    """``model`` at ``minimum`` opset or newer, and what was converted (None when nothing was).
+
+    Per-channel DequantizeLinear (its ``axis``) needs opset 13: an older file from another framework is converted
+    with onnx's version converter first.
+    """
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), minimum)
+    if version >= minimum:
+        return model, None
+    try:
+        converted = onnx.version_converter.convert_version(model, minimum)
+    except Exception as exc:  # the converter raises plain RuntimeError/ValueError with its reason
+        raise ModelError(
+            f"model.onnx is opset {version} and onnx's version converter cannot raise it to {minimum} "
+            f"(per-channel INT8 needs it): {str(exc).splitlines()[0][:200]}; fix: re-export at opset {minimum}+"
+        ) from exc
+    log.info("model.onnx: opset %d converted to %d (per-channel Q/DQ needs %d)", version, minimum, minimum)
+    return converted, f"{version} -> {minimum}: per-channel Q/DQ needs opset {minimum}"
 
 
 def _to_tensor(array: Any) -> Any:

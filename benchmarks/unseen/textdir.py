@@ -1,0 +1,171 @@
+"""Unseen model (c): PaddleOCR's text-direction classifier, an ONNX file from another framework.
+
+The model is ``ch_ppocr_mobile_v2.0_cls_infer.onnx`` (MobileNetV3-small, 585 KB, exported by Paddle2ONNX at
+opset 11; input ``x`` [batch, 3, 48, 192] float, output the softmax over ("0", "180") degrees). It ships
+inside the PyPI wheel ``rapidocr-onnxruntime``; install it without its OpenCV and other dependencies::
+
+    pip install rapidocr-onnxruntime --no-deps
+
+``model.onnx`` in a build config is a path relative to the config, so ``prepare()`` copies the packaged file
+to ``.cache/`` beside this module (``python benchmarks/unseen/textdir.py --prepare``; run.py does it).
+
+Data: real text lines rendered with PIL in the DejaVu fonts that matplotlib ships, half of them turned
+180 degrees (label 1) and half upright (label 0). Calibration lines come from Debian's license texts,
+evaluation lines from the Python standard library's comments. Preprocessing is RapidOCR's
+``TextClassifier.resize_norm_img``: resize to height 48 keeping the aspect ratio (width at most 192),
+scale to (x/255 - 0.5)/0.5, and pad on the right with zeros to width 192.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import shutil
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+MODEL_FILE = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+CACHE = Path(__file__).resolve().parent / ".cache"
+HEIGHT, WIDTH = 48, 192
+CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 512, 512
+FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
+WORDS_PER_LINE = (2, 3, 4, 5)
+SEED = 0
+Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
+
+
+def _texts() -> ModuleType:
+    # Build configs load this file by path, so its sibling is loaded the same way (not via sys.path).
+    spec = importlib.util.spec_from_file_location("unseen_texts", Path(__file__).with_name("texts.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def packaged_model() -> Path:
+    """The classifier's path inside the installed ``rapidocr_onnxruntime`` package."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("rapidocr_onnxruntime is not installed: pip install rapidocr-onnxruntime --no-deps")
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / MODEL_FILE
+
+
+def prepare(cache: Path = CACHE) -> Path:
+    """Copy the packaged ONNX file to ``cache`` (where textdir.yaml's model.onnx points) and return its path."""
+    out = cache / MODEL_FILE
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.copyfile(packaged_model(), tmp)
+    tmp.replace(out)
+    return out
+
+
+def _lines(sentences: list[str], count: int) -> list[str]:
+    """Cut sentences into short text lines of 2-5 words, the size of a detected OCR text box."""
+    lines: list[str] = []
+    for index, sentence in enumerate(sentences):
+        words = sentence.split()
+        step = WORDS_PER_LINE[index % len(WORDS_PER_LINE)]
+        lines += [" ".join(words[i : i + step]) for i in range(0, len(words), step) if len(words[i : i + step]) > 1]
+        if len(lines) >= count:
+            break
+    return lines[:count]
+
+
+def _font(index: int) -> Any:
+    import matplotlib
+    from PIL import ImageFont
+
+    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / FONTS[index % len(FONTS)]
+    return ImageFont.truetype(str(path), size=20 + (index * 7) % 17)
+
+
+def render(text: str, index: int, rotated: bool) -> Any:
+    """A tight grey-level text-line image (PIL, RGB), dark ink on a light page, turned 180° if ``rotated``."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(SEED + index)
+    font = _font(index)
+    left, top, right, bottom = font.getbbox(text)
+    margin_x, margin_y = int(rng.integers(2, 10)), int(rng.integers(2, 8))
+    size = (right - left + 2 * margin_x, bottom - top + 2 * margin_y)
+    paper, ink = int(rng.integers(200, 256)), int(rng.integers(0, 70))
+    image = Image.new("RGB", size, (paper,) * 3)
+    ImageDraw.Draw(image).text((margin_x - left, margin_y - top), text, font=font, fill=(ink,) * 3)
+    return image.transpose(Image.Transpose.ROTATE_180) if rotated else image
+
+
+def preprocess(image: Any) -> np.ndarray:
+    """RapidOCR's resize_norm_img: [3, 48, 192] float32, aspect kept, (x/255-0.5)/0.5, zero-padded right."""
+    from PIL import Image
+
+    width = min(WIDTH, math.ceil(HEIGHT * image.width / image.height))
+    resized = np.asarray(image.resize((width, HEIGHT), Image.Resampling.BILINEAR), dtype=np.float32)
+    out = np.zeros((3, HEIGHT, WIDTH), dtype=np.float32)
+    out[:, :, :width] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    return out
+
+
+def _samples(lines: list[str], prefix: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    labels = np.arange(len(lines), dtype=np.int64) % 2  # alternate upright (0) and turned 180° (1)
+    pixels = np.stack([preprocess(render(t, i, bool(labels[i]))) for i, t in enumerate(lines)])
+    return pixels, labels, [f"{prefix}-{i}" for i in range(len(lines))]
+
+
+def _batches(lines: list[str], prefix: str, batch_size: int) -> list[Item]:
+    x, y, ids = _samples(lines, prefix)
+    return [
+        ({"x": x[i : i + batch_size]}, y[i : i + batch_size], ids[i : i + batch_size])
+        for i in range(0, len(x), batch_size)
+    ]
+
+
+def calibration_data(batch_size: int = 32) -> list[Item]:
+    """512 rendered lines of Debian license text as ``(inputs, labels, ids)`` batches."""
+    return _batches(_lines(_texts().license_sentences(), CALIBRATION_SAMPLES), "license", batch_size)
+
+
+def evaluation_data(batch_size: int = 32) -> list[Item]:
+    """512 rendered lines of Python standard-library comments (labels: 0 upright, 1 turned 180°)."""
+    return _batches(_lines(_texts().comment_sentences(), EVALUATION_SAMPLES), "comment", batch_size)
+
+
+def fp32_top1(data: list[Item], model: Path | None = None) -> float:
+    """Top-1 (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model or packaged_model()), providers=["CPUExecutionProvider"])
+    hits = [session.run(None, inputs)[0].argmax(axis=1) == labels for inputs, labels, _ in data]
+    return float(np.concatenate(hits).mean() * 100.0)
+
+
+def main() -> None:
+    """CLI: ``--prepare`` copies the model next to the config; ``--check`` prints the FP32 top-1 per split."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", action="store_true", help=f"copy {MODEL_FILE} into {CACHE}")
+    parser.add_argument("--check", action="store_true", help="FP32 top-1 on the calibration and evaluation data")
+    parser.add_argument("--save-examples", metavar="DIR", help="write a few rendered lines as PNG files")
+    args = parser.parse_args()
+    if args.prepare:
+        print(f"copied {prepare()}")
+    if args.check:
+        calibration, evaluation = fp32_top1(calibration_data()), fp32_top1(evaluation_data())
+        print(f"FP32 top-1: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
+    if args.save_examples:
+        _save_examples(Path(args.save_examples))
+
+
+def _save_examples(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = _lines(_texts().comment_sentences(), 8)
+    for i, text in enumerate(lines):
+        render(text, i, bool(i % 2)).save(folder / f"line{i}.png")
+
+
+if __name__ == "__main__":
+    main()
