@@ -25,7 +25,7 @@ def create_session(
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = usable_threads(threads)
         options.inter_op_num_threads = 1
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -36,8 +36,24 @@ def create_session(
         )
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         name = "<in-memory model>" if isinstance(model, bytes) else os.fspath(model)
-        first = str(exc).strip().splitlines()[0][:300]
+        first = str(exc).strip().splitlines()[0]
+        if len(first) > 400:  # ORT names the node first and the reason last: keep both ends
+            first = f"{first[:150]} … {first[-240:]}"
         raise ModelError(f"ONNX Runtime cannot load '{name}': {first}") from exc
+
+
+def usable_threads(threads: int) -> int:
+    """``threads``, but no more than the cores this process may run on: a profile written for an 8-core server
+    oversubscribes a 2-core machine, which makes every timing there meaningless and every run slower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:
+        _warn_threads(threads, cores)
+    return max(1, min(threads, cores))
+
+
+@functools.cache
+def _warn_threads(threads: int, cores: int) -> None:
+    log.warning("%d threads asked for, %d cores here: ORT sessions use %d", threads, cores, cores)
 
 
 @functools.cache

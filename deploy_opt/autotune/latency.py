@@ -14,27 +14,35 @@ from dopt_common.ort import create_session
 
 @dataclass(frozen=True)
 class LatencyProbe:
-    """Times a model and the FP32 model alternately at one batch; the ratio of medians is the speedup."""
+    """Times a model and the FP32 model alternately at one batch; the ratio of medians is the speedup.
+
+    Rounds go on until both ``min_rounds`` and ``min_seconds`` are reached (a millisecond model gets hundreds of
+    rounds, so its median is stable) and stop at ``max_seconds`` (a slow model gets at least three).
+    """
 
     fp32: Any  # an open ORT session of the FP32 model
     feed: dict[str, np.ndarray]
     threads: int
-    rounds: int = 7
-    budget_s: float = 4.0  # per measurement: fewer rounds for a slow model
+    min_rounds: int = 7
+    min_seconds: float = 1.0
+    max_seconds: float = 4.0
 
-    def speedup(self, model: bytes) -> tuple[float, float]:
-        """(median ms of ``model``, FP32 median ÷ its median)."""
+    def speedup(self, model: bytes, scale: float = 1.0) -> tuple[float, float]:
+        """(median ms of ``model``, FP32 median ÷ its median); ``scale`` stretches the time limits."""
         session = create_session(model, threads=self.threads)
         for s in (session, self.fp32):
             s.run(None, self.feed)
         times: dict[int, list[float]] = {0: [], 1: []}
         started = time.perf_counter()
-        for _ in range(self.rounds):
+        while True:
             for key, s in ((0, session), (1, self.fp32)):
                 begin = time.perf_counter()
                 s.run(None, self.feed)
                 times[key].append((time.perf_counter() - begin) * 1e3)
-            if time.perf_counter() - started > self.budget_s and len(times[0]) >= 3:
+            elapsed, rounds = time.perf_counter() - started, len(times[0])
+            if rounds >= 3 and elapsed > self.max_seconds * scale:
+                break
+            if rounds >= self.min_rounds and elapsed > self.min_seconds * scale:
                 break
         ms, fp32_ms = statistics.median(times[0]), statistics.median(times[1])
         return ms, fp32_ms / ms

@@ -23,6 +23,7 @@ from deploy_opt.analysis.sensitivity.mixed_precision import (
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
+from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.quantize import QuantizedModel, quantize
@@ -86,7 +87,7 @@ def auto_precision(
             every = tuple(n.name for n in onnx.load(str(fp32_path), load_external_data=False).graph.node
                           if n.op_type in config.quantization.op_types)  # fmt: skip
             setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
-            ranges = None
+            ranges = ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
             source, smoothing = fp32_path, None
         else:
             setup, ranges = configured(config, chosen), base.model.ranges

@@ -12,7 +12,7 @@ from deploy_opt.build.evaluate import Evaluation, evaluate, session_runner, torc
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BenchmarkConfig
-from dopt_common.ort import create_session
+from dopt_common.ort import create_session, usable_threads
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def run_benchmark(bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batc
     if not bench.enabled:
         return None
     return {
-        "threads": bench.threads,
+        "threads": usable_threads(bench.threads),
         "warmup": bench.warmup,
         "repeats": bench.repeats,
         "input_shapes": {k: list(v.shape[1:]) for k, v in sample.inputs.items()},
