@@ -34,7 +34,7 @@ from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
 from deploy_opt.build.benchmark import feed_of_size
-from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
+from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations, rescheme
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.quantize import QuantizedModel, quantize
@@ -154,6 +154,7 @@ def _placement_trials(
     ctx: _Context, fp32_path: Path, calibration: CalibrationSet, static: tuple[str, ...], work: Path
 ) -> list[Base]:
     config, bases = ctx.config, []
+    first: ActivationRanges | None = None  # one calibration pass; each further scheme only re-chooses ranges
     for scheme in allowed_schemes(config.deploy.targets, config.quantization.activations):
         ranges: ActivationRanges | None = None
         for placement in PLACEMENTS:
@@ -161,7 +162,10 @@ def _placement_trials(
                 return bases
             candidate = Candidate(placement, scheme, None, static)
             setup = configured(config, candidate)
+            if ranges is None and first is not None:
+                ranges = rescheme(first, setup, fp32_path, calibration)
             ranges = ranges or calibrate_activations(setup, fp32_path, calibration)
+            first = first or ranges
             model = quantize(setup, fp32_path, calibration, work / f"{placement}-{scheme}", ranges=ranges)
             ctx.measure("placement", candidate, onnx.load(str(model.path)))
             bases.append(Base(candidate, fp32_path, model, None))

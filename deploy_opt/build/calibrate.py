@@ -49,47 +49,89 @@ class ActivationRanges:
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Statistics:
+    """What the calibration passes observed: per tensor its min/max and histograms."""
+
+    observed: dict[str, tuple[float, float]]
+    signed: dict[str, Histogram]
+    absolute: dict[str, Histogram]
+    samples: int
+    plotted: list[str]
+
+
 def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
     """Observe every quantizable activation and choose its range with its configured method."""
-    from tqdm import tqdm
-
-    cal = config.calibration
     graph_model = onnx.load(str(fp32_path), load_external_data=False)
     names = select_tensors(graph_model, config.quantization.op_types)
     if not names:  # no node of quantization.op_types: nothing to calibrate (the gate reports an FP32 model)
         log.warning("calibration: no tensor feeds a node of op_types %s", list(config.quantization.op_types))
         return ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
+    stats = _observe(config, fp32_path, calibration, names)
+    return choose_ranges(config, fp32_path, calibration, stats)
+
+
+def rescheme(
+    ranges: ActivationRanges, config: BuildConfig, fp32_path: Path, calibration: CalibrationSet
+) -> ActivationRanges | None:
+    """The same statistics with ranges chosen for ``config``'s activation scheme, without another pass.
+
+    None when a tensor takes percentile, whose histogram itself depends on the scheme.
+    """
+    if any(config.calibration.method_for(n) == "percentile" for n in ranges.observed):
+        return None
+    stats = Statistics(ranges.observed, ranges.signed, ranges.absolute, ranges.samples, ranges.plotted)
+    return choose_ranges(config, fp32_path, calibration, stats)
+
+
+def _observe(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, names: list[str]) -> Statistics:
+    """One streaming pass (minmax, entropy, mse, auto), or two for percentile."""
+    from tqdm import tqdm
+
+    cal = config.calibration
 
     def feeds(label: str):  # noqa: ANN202 - a generator of feed dicts
         bar = tqdm(calibration.batches, desc=label, unit="batch", leave=False, disable=None)
         return (b.inputs for b in bar)
 
     symmetric = config.quantization.activations == "symmetric"
-    methods = {name: cal.method_for(name) for name in names}
-    wanted = methods
-    methods = {name: "mse" if m == "auto" else m for name, m in methods.items()}  # auto reads mse's histogram
+    methods = {name: _basis(cal.method_for(name)) for name in names}
     threads = config.benchmark.threads
-    if "percentile" in methods.values():
-        # Percentile reproduces ORT's exact histogram edges, which need the global bounds first: two passes.
-        magnitude = {n for n in names if symmetric and methods[n] == "percentile"}
-        minmax = MinMaxObserver(magnitude)
-        samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
-        observed = minmax.ranges()
-        plotted = widest(observed, PLOTTED)
-        kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name], symmetric))}
-        for name in plotted:
-            kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
-        histograms = HistogramObserver(observed, kinds, cal.bins, abs_floors=minmax.magnitude_floors())
-        collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
-        signed, absolute = histograms.signed_histograms(), histograms.abs_histograms()
-    else:
+    if "percentile" not in methods.values():
         # minmax, entropy and mse: ranges and growing |x| histograms in one inference pass.
         streaming = StreamingObserver(set(names), cal.bins)
         samples = collect(fp32_path, feeds("calibrate"), names, streaming, threads=threads)
-        observed, signed, absolute = streaming.ranges(), {}, streaming.abs_histograms()
-        plotted = widest(observed, PLOTTED)
-    methods = {name: methods[name] for name in observed}
-    inputs = {i.name for i in graph_model.graph.input}
+        observed = streaming.ranges()
+        return Statistics(observed, {}, streaming.abs_histograms(), samples, widest(observed, PLOTTED))
+    # Percentile reproduces ORT's exact histogram edges, which need the global bounds first: two passes.
+    magnitude = {n for n in names if symmetric and methods[n] == "percentile"}
+    minmax = MinMaxObserver(magnitude)
+    samples = collect(fp32_path, feeds("calibrate: ranges"), names, minmax, threads=threads)
+    observed = minmax.ranges()
+    plotted = widest(observed, PLOTTED)
+    kinds = {name: kind for name in observed if (kind := histogram_kind(methods[name], symmetric))}
+    for name in plotted:
+        kinds[name] = "both" if kinds.get(name) == "signed" else "abs"
+    histograms = HistogramObserver(observed, kinds, cal.bins, abs_floors=minmax.magnitude_floors())
+    collect(fp32_path, feeds("calibrate: histograms"), list(kinds), histograms, threads=threads)
+    return Statistics(observed, histograms.signed_histograms(), histograms.abs_histograms(), samples, plotted)
+
+
+def _basis(method: str) -> str:
+    """The method whose statistics a tensor needs: ``auto`` chooses among min/max, entropy and mse (|x|)."""
+    return "mse" if method == "auto" else method
+
+
+def choose_ranges(
+    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
+) -> ActivationRanges:
+    """Each tensor's range by its method (``auto``: by propagated output error), then the guards."""
+    cal = config.calibration
+    symmetric = config.quantization.activations == "symmetric"
+    observed, signed, absolute = stats.observed, stats.signed, stats.absolute
+    wanted = {name: cal.method_for(name) for name in observed}
+    methods = {name: _basis(m) for name, m in wanted.items()}
+    inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
     picked, evidence = choose_methods(fp32_path, auto, observed, absolute, config, calibration) if auto else ({}, {})
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
@@ -106,8 +148,10 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
             log.warning("calibration guard: tensor '%s': %s", name, reason)
             guards[name], methods[name] = reason, "minmax"
             chosen[name] = range_for("minmax", low, high, hist, cal.percentile, symmetric)
-    log.info("calibration: %d tensors over %d samples (%s)", len(chosen), samples, cal.method)
-    return ActivationRanges(observed, chosen, methods, signed, absolute, samples, plotted, guards, evidence)
+    log.info("calibration: %d tensors over %d samples (%s)", len(chosen), stats.samples, cal.method)
+    return ActivationRanges(
+        observed, chosen, methods, signed, absolute, stats.samples, stats.plotted, guards, evidence
+    )
 
 
 def choose_methods(
