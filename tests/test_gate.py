@@ -108,3 +108,12 @@ def test_a_build_with_no_quantized_node_fails_unless_fp32_is_allowed() -> None:
     quantized = {**build, "quantization": {"quantized_nodes": 3}}
     assert apply_gate(quantized, 1.0, None).passed
     assert [c.name for c in apply_gate(quantized, 1.0, None).criteria] == ["max_drop"]
+
+
+def test_the_speed_of_an_fp32_model_against_itself_is_not_judged() -> None:
+    bench = {"benchmark": {"batches": {"32": {"speedup": 0.97}}}}
+    fp32 = {"metrics": {"name": "top1", "drop": 0.0}, "quantization": {"quantized_nodes": 0}, **bench}
+    speed = next(c for c in apply_gate(fp32, 1.0, 1.0, allow_fp32=True).criteria if c.name == "min_speedup")
+    assert speed.passed and "not judged" in speed.text
+    int8 = {**fp32, "quantization": {"quantized_nodes": 2}}
+    assert not next(c for c in apply_gate(int8, 1.0, 1.0).criteria if c.name == "min_speedup").passed

@@ -140,27 +140,28 @@ def apply_gate(
         )
         criteria.append(Criterion("max_drop", drop, max_drop, drop <= max_drop, text))
     if min_speedup is not None:
-        batches = (build.get("benchmark") or {}).get("batches") or {}
-        if not batches:
-            raise ReportError(
-                "build report has no benchmark; fix: rebuild with benchmark.enabled=true or drop --min-speedup"
-            )
-        size = str(speedup_batch or max(int(b) for b in batches))
-        if size not in batches or "speedup" not in batches[size]:
-            raise ReportError(
-                f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
-            )
-        speedup = float(batches[size]["speedup"])
-        criteria.append(
-            Criterion(
-                "min_speedup",
-                speedup,
-                min_speedup,
-                speedup >= min_speedup,
-                f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x",
-            )
-        )
+        criteria.append(_speed_criterion(build, min_speedup, speedup_batch))
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: int | None) -> Criterion:
+    """INT8 speedup at one batch size; not judged when model.int8.onnx is the FP32 model (timed against itself)."""
+    batches = (build.get("benchmark") or {}).get("batches") or {}
+    if not batches:
+        raise ReportError(
+            "build report has no benchmark; fix: rebuild with benchmark.enabled=true or drop --min-speedup"
+        )
+    size = str(speedup_batch or max(int(b) for b in batches))
+    if size not in batches or "speedup" not in batches[size]:
+        raise ReportError(
+            f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
+        )
+    speedup = float(batches[size]["speedup"])
+    if (build.get("quantization") or {}).get("quantized_nodes") == 0:
+        text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
+        return Criterion("min_speedup", speedup, min_speedup, True, text)
+    text = f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x"
+    return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
 
 
 def _int8_criterion(build: dict[str, Any], allow_fp32: bool) -> list[Criterion]:

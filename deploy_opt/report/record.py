@@ -69,7 +69,8 @@ def render_summary(build: dict[str, Any]) -> str:
     if bench.get("batches"):
         lines += [
             "",
-            f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of {bench['repeats']})",
+            f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of at least "
+            f"{bench['repeats']} runs)",
             "|---:|---:|---:|---:|",
         ]
         for size, row in bench["batches"].items():
