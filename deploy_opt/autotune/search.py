@@ -262,7 +262,7 @@ def _verdict(ctx: _Context, chosen: Trial | None) -> str:
         fastest = confirm[-1] if confirm else max(accurate, key=lambda t: t.speedup or 0.0)
         return (
             f"FP32 is fastest here: the fastest INT8 model that meets max_drop ({fastest.candidate.label}) runs at "
-            f"{fastest.speedup:.2f}x FP32, under the {min_gain:g}x that INT8 must gain; FP32 ships"
+            f"{fastest.speedup:.3f}x FP32, under the {min_gain:g}x that INT8 must gain; FP32 ships"
         )
     quantized = [t for t in ctx.trials if t.quantized_nodes > 0] or ctx.trials
     closest = min(quantized, key=lambda t: t.drop)
