@@ -36,10 +36,9 @@ def create_session(
         )
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         name = "<in-memory model>" if isinstance(model, bytes) else os.fspath(model)
-        first = str(exc).strip().splitlines()[0]
-        if len(first) > 400:  # ORT names the node first and the reason last: keep both ends
-            first = f"{first[:150]} … {first[-240:]}"
-        raise ModelError(f"ONNX Runtime cannot load '{name}': {first}") from exc
+        # Whole: ORT names the node first and the reason last, and a cut message loses one of them.
+        reason = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+        raise ModelError(f"ONNX Runtime cannot load '{name}': {reason}") from exc
 
 
 def usable_threads(threads: int) -> int:

@@ -7,8 +7,9 @@ reads what the written model really carries, for a bit-exact comparison with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def write_ort_qdq(
             "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
         },
     )
-    quantizer.quantize_model()
+    with ort_logging_summarised():
+        quantizer.quantize_model()
     quantizer.model.topological_sort()  # ORT appends Q/DQ nodes at the end; ONNX requires graph order
     written = quantizer.model.model
     if not quantize_outputs:
@@ -93,7 +95,52 @@ def write_ort_qdq(
         # node's inputs are really float.
         kept = kept_nodes(written, op_types, exclude_nodes)
         written = keep_quantized(written, onnx.load(str(fp32_path)).graph.initializer, kept, "inputs")
-    return save_onnx(written, out_path, external_data_mb=external_data_mb)
+    path = save_onnx(written, out_path, external_data_mb=external_data_mb)
+    validate_qdq(path)
+    return path
+
+
+def validate_qdq(path: Path) -> None:
+    """``onnx.checker`` and an ORT session on the written Q/DQ model, before anything is published.
+
+    A failure names the node and the cause in full (ORT's own message, never cut).
+    """
+    from dopt_common.ort import create_session
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ModelError(
+            f"the Q/DQ model '{path.name}' is invalid ONNX: {reason}; fix: report it with the model's opset, or "
+            "exclude the named node (quantization.exclude_nodes)"
+        ) from exc
+    create_session(path, threads=1)
+
+
+@contextlib.contextmanager
+def ort_logging_summarised() -> Iterator[None]:
+    """ORT's quantizer logs through the root logger at INFO, once per tensor: hold those records, then log each
+    distinct notice once, with its count, through this module's logger (warnings stay warnings)."""
+    root = logging.getLogger()
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    handler, handlers, level = Hold(), root.handlers[:], root.level
+    root.handlers, root.level = [handler], min(level or logging.WARNING, logging.INFO)
+    try:
+        yield
+    finally:
+        root.handlers, root.level = handlers, level
+        counts: dict[tuple[int, str], int] = {}
+        for record in held:
+            key = (max(record.levelno, logging.DEBUG), str(record.msg).split("%")[0].split(" '")[0][:80])
+            counts[key] = counts.get(key, 0) + 1
+        for (levelno, text), count in counts.items():
+            log.log(levelno if levelno >= logging.WARNING else logging.DEBUG, "ORT quantizer: %s (x%d)", text, count)
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
