@@ -10,6 +10,7 @@ compared with the FP32 model tensor by tensor, naming the first layer that diver
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import math
@@ -92,7 +93,12 @@ def compare_backends(
     """
     started = time.perf_counter()
     fp32_path, int8_path = Path(fp32_path), Path(int8_path)
-    output_names = [o.name for o in onnx.load(str(fp32_path), load_external_data=False).graph.output]
+    graph = onnx.load(str(fp32_path), load_external_data=False).graph
+    output_names = [o.name for o in graph.output]
+    batch_size = _fixed_batch(graph) or config.batch_size
+    total = len(next(iter(samples.values())))
+    keep = max(total - total % batch_size, min(total, batch_size))  # whole batches for a fixed batch size
+    samples = {k: v[:keep] for k, v in samples.items()}
     runners = _runners(fp32_path, int8_path, torch_model, extra_runners, threads)
     reference = "torch_fp32" if torch_model is not None else "ort_fp32_cpu"
     outputs: dict[str, list[np.ndarray]] = {}
@@ -103,17 +109,17 @@ def compare_backends(
             backends[name] = {"status": runner, "precision": precision, "pass": None}
             continue
         try:
-            outputs[name] = _run(runner, samples, config.batch_size)
+            outputs[name] = _run(runner, samples, batch_size)
             backends[name] = {"status": "ran", "precision": precision}
         except Exception as exc:  # a backend that breaks on the samples is a finding, not a crash
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            first = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
             backends[name] = {"status": f"failed: {type(exc).__name__}: {first}", "precision": precision, "pass": False}
     if reference not in outputs:
         raise InputError(f"the reference backend {reference} could not run: {backends[reference]['status']}")
     for name, outs in outputs.items():
         is_reference = name == reference
         backends[name] |= _judge(is_reference, outputs[reference], outs, output_names, config, name, judge_top1)
-    layers = compare_layers(fp32_path, int8_path, samples, config, threads)
+    layers = compare_layers(fp32_path, int8_path, samples, dataclasses.replace(config, batch_size=batch_size), threads)
     failures = [f"{name}: {'; '.join(b['failures'])}" for name, b in backends.items() if b.get("failures")]
     failures += [f"{name}: {b['status']}" for name, b in backends.items() if b["status"].startswith("failed")]
     first = layers["first_divergence"]
@@ -196,6 +202,16 @@ def _cuda_runner(int8_path: Path, threads: int | None) -> Runner | str:
     if session.get_providers()[0] != "CUDAExecutionProvider":
         return f"not available: the session fell back to {session.get_providers()}"
     return session_runner(session)
+
+
+def _fixed_batch(graph: onnx.GraphProto) -> int | None:
+    """The batch size a graph input fixes on axis 0 (an exported file with batch 1), or None when dynamic."""
+    inits = {i.name for i in graph.initializer}
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in inits and dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            return int(dims[0].dim_value)
+    return None
 
 
 def _run(runner: Runner, samples: dict[str, np.ndarray], batch_size: int) -> list[np.ndarray]:

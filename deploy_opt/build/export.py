@@ -17,6 +17,7 @@ from dopt_common.errors import InputError, ModelError
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
 from exporters.onnx.io import save_onnx
+from exporters.onnx.normalize import unshare_biases
 
 log = logging.getLogger(__name__)
 MIN_QDQ_OPSET = 13
@@ -105,6 +106,10 @@ def prepare_fp32(
     for leftover in stage.glob(".raw.onnx*"):
         leftover.unlink()
     proto = check_onnx(out)
+    unshared = unshare_biases(proto)
+    if unshared:
+        save_onnx(proto, out, config.export.external_data_mb)
+        info["biases_unshared"] = unshared
     inputs = input_specs_from_onnx(proto)
     if config.model.inputs:
         check_declared_inputs(config.model.inputs, inputs, out)
