@@ -12,14 +12,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     config, profile = load_build_config(args.config, args.profile, args.overrides)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet)
     metrics = result.build["metrics"]
+    fp32_ships = (result.build.get("quantization") or {}).get("quantized_nodes") == 0
+    shipped = "shipped FP32 (no INT8 node)" if fp32_ships else "INT8"
     print(
         f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
-        f"INT8 {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})"
+        f"{shipped} {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})"
     )
+    if result.build.get("auto"):
+        print(f"  auto: {result.build['auto']['verdict']}")
     for size, row in ((result.build.get("benchmark") or {}).get("batches") or {}).items():
         print(
-            f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, INT8 {row['ort_int8']['median_ms']:.3f} ms,"
-            f" speedup {row['speedup']:.2f}x"
+            f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, {shipped} "
+            f"{row['ort_int8']['median_ms']:.3f} ms, speedup {row['speedup']:.2f}x"
         )
     for line in result.gate.lines():
         print(f"  {line}")
