@@ -117,3 +117,12 @@ def test_the_speed_of_an_fp32_model_against_itself_is_not_judged() -> None:
     assert speed.passed and "not judged" in speed.text
     int8 = {**fp32, "quantization": {"quantized_nodes": 2}}
     assert not next(c for c in apply_gate(int8, 1.0, 1.0).criteria if c.name == "min_speedup").passed
+
+
+def test_the_summary_counts_int8_nodes_and_flags_unrecognised_weights() -> None:
+    from deploy_opt.report.record import _coverage_lines
+
+    healthy = {"quantized_nodes": 6, "quantizable_nodes": 7, "quantized_tensors": {"activation": 6, "weight": 6}}
+    assert _coverage_lines(healthy) == ["- INT8 nodes: 6 of 7 quantizable; tensors: 6 activations, 6 weights, 0 biases"]
+    foreign = {"quantized_nodes": 38, "quantizable_nodes": 38, "quantized_tensors": {"activation": 40, "weight": 6}}
+    assert "only 6 weights recognised for 38 INT8 nodes" in _coverage_lines(foreign)[1]

@@ -102,7 +102,10 @@ def quantize(
     if not diff.ok:
         raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
     nodes = len(quantized_nodes(written))
-    info = _info(config, ranges, scales, weights) | {"weight_range": why, "quantized_nodes": nodes}
+    quantizable = sum(n.op_type in quant.op_types for n in model.graph.node)
+    info = _info(config, ranges, scales, weights) | {
+        "weight_range": why, "quantized_nodes": nodes, "quantizable_nodes": quantizable,
+    }  # fmt: skip
     return QuantizedModel(int8_path, scales_path, scales, info, ranges)
 
 

@@ -51,6 +51,7 @@ def render_summary(build: dict[str, Any]) -> str:
         f"- {m['name']} on {m['samples']} evaluation samples: torch FP32 {_fmt(m.get('torch_fp32'))}, "
         f"ORT FP32 {_fmt(m['ort_fp32'])}, ORT INT8 {_fmt(m['ort_int8'])}; drop {m['drop']:.3f} points",
         f"- scales: {build['quantization']['scale_check']}",
+        *_coverage_lines(build["quantization"]),
     ]
     parity = build["export"].get("parity")
     if isinstance(parity, dict):
@@ -112,6 +113,28 @@ def render_summary(build: dict[str, Any]) -> str:
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build["gate"])]
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build["targets"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _coverage_lines(quantization: dict[str, Any]) -> list[str]:
+    """How much of the model is INT8: quantized nodes of the quantizable ones, and the tensors by role.
+
+    Fewer recognised weights than quantized nodes that carry one (a foreign file's weights behind Constant or
+    Transpose nodes) is flagged: those nodes then quantize activations only.
+    """
+    roles = quantization.get("quantized_tensors") or {}
+    nodes, total = quantization.get("quantized_nodes"), quantization.get("quantizable_nodes")
+    if nodes is None or total is None:
+        return []
+    lines = [
+        f"- INT8 nodes: {nodes} of {total} quantizable; tensors: {roles.get('activation', 0)} activations, "
+        f"{roles.get('weight', 0)} weights, {roles.get('bias', 0)} biases"
+    ]
+    if nodes and roles.get("weight", 0) < nodes / 2:
+        lines.append(
+            f"- **WARNING**: only {roles.get('weight', 0)} weights recognised for {nodes} INT8 nodes: the rest "
+            "quantize activations only (weights held by Constant or Transpose nodes are not initializers)"
+        )
+    return lines
 
 
 def _search_lines(auto: dict[str, Any] | None, quantization: dict[str, Any]) -> list[str]:
