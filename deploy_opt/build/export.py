@@ -10,7 +10,7 @@ from typing import Any
 import onnx
 import onnx.version_converter
 
-from deploy_opt.build.evaluate import torch_runner
+from deploy_opt.build.evaluate import session_runner, torch_runner
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import DTYPES, BuildConfig, InputSpec
 from dopt_common.errors import InputError, ModelError
@@ -132,8 +132,31 @@ def prepare_fp32(
             "samples": parity.samples,
         }
     else:
-        info["parity"] = "n/a: no torch model (model.onnx)"
+        info["parity"] = _import_parity(config, out, parity_batches)
     return Fp32Model(out, inputs, info)
+
+
+def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) -> dict[str, Any]:
+    """The imported model (opset-converted, simplified, normalised) against the user's file, both on ORT."""
+    from dopt_common.ort import create_session
+
+    source = (Path(config.base_dir) / str(config.model.onnx)).resolve()
+    original = create_session(source, threads=config.benchmark.threads)
+    parity = check_parity(
+        session_runner(original),
+        out,
+        (b.inputs for b in parity_batches),
+        atol=config.export.parity_atol,
+        rtol=config.export.parity_rtol,
+        threads=config.benchmark.threads,
+    )
+    return {
+        "reference": "the original model.onnx on ONNX Runtime",
+        "max_abs": parity.max_abs,
+        "max_rel": parity.max_rel,
+        "tolerance": parity.tolerance,
+        "samples": parity.samples,
+    }
 
 
 def upgrade_opset(model: onnx.ModelProto, minimum: int = MIN_QDQ_OPSET) -> tuple[onnx.ModelProto, str | None]:

@@ -56,7 +56,8 @@ def render_summary(build: dict[str, Any]) -> str:
     parity = build["export"].get("parity")
     if isinstance(parity, dict):
         lines.append(
-            f"- torch vs ORT FP32 parity: max-abs {parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})"
+            f"- {'imported vs original ONNX' if 'reference' in parity else 'torch vs ORT FP32'} parity: max-abs "
+            f"{parity['max_abs']:.3g} (tolerance {parity['tolerance']:.3g})"
         )
     calibration = build.get("calibration") or {}
     if calibration:
