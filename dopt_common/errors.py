@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's whole message on one line (never cut: the cause is often at its end)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 class DeployOptError(Exception):
     """Base of every error deploy_opt raises on purpose: bad input, missing packages, failed checks."""
 

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from dopt_common.deps import require
-from dopt_common.errors import ModelError
+from dopt_common.errors import ModelError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def create_session(
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         name = "<in-memory model>" if isinstance(model, bytes) else os.fspath(model)
         # Whole: ORT names the node first and the reason last, and a cut message loses one of them.
-        reason = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+        reason = one_line(exc)
         raise ModelError(f"ONNX Runtime cannot load '{name}': {reason}") from exc
 
 

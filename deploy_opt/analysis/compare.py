@@ -26,7 +26,7 @@ from deploy_opt.analysis.compare_layers import compare_layers
 from deploy_opt.build.evaluate import session_runner, torch_runner
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import CompareConfig
-from dopt_common.errors import InputError
+from dopt_common.errors import InputError, one_line
 from dopt_common.files import atomic_path, sha256_file, write_json
 from dopt_common.ort import create_session
 
@@ -112,7 +112,7 @@ def compare_backends(
             outputs[name] = _run(runner, samples, batch_size)
             backends[name] = {"status": "ran", "precision": precision}
         except Exception as exc:  # a backend that breaks on the samples is a finding, not a crash
-            first = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+            first = one_line(exc)
             backends[name] = {"status": f"failed: {type(exc).__name__}: {first}", "precision": precision, "pass": False}
     if reference not in outputs:
         raise InputError(f"the reference backend {reference} could not run: {backends[reference]['status']}")

@@ -28,6 +28,7 @@ import onnx
 
 from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_subset
 from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
+from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.autotune.candidates import Candidate, allowed_schemes, configured
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
@@ -70,6 +71,7 @@ class _Context:
     """What every trial needs: the models, the scorer, the latency probe and the clock."""
 
     config: BuildConfig
+    fp32_path: Path
     fp32: onnx.ModelProto
     scorer: SubsetScorer
     baseline: float
@@ -147,7 +149,7 @@ def _context(config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Me
     batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
     deadline = started + config.auto.budget_s
-    return _Context(config, fp32, scorer, scorer.score(fp32), metric, probe, deadline, [])
+    return _Context(config, fp32_path, fp32, scorer, scorer.score(fp32), metric, probe, deadline, [])
 
 
 def _placement_trials(
@@ -206,9 +208,8 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
     config = ctx.config
     qdq = onnx.load(str(base.model.path))
     subset = pick_subset(held, config.sensitivity.subset, config.seed)
-    session = create_session(ctx.fp32.SerializeToString(), threads=config.benchmark.threads)
-    scorer = SubsetScorer(subset, [session.run(None, b.inputs)[0] for b in subset], ctx.metric,
-                          config.benchmark.threads)  # fmt: skip
+    threads = config.benchmark.threads
+    scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
     record = analyze(base.source, base.model.path, scorer, config.quantization.op_types, "proxy", 1)
     order = [group[0] for group in sensitivity_order(record, "node")]
     predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}

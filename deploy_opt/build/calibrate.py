@@ -9,11 +9,11 @@ ranges match ORT's exactly. Either way memory is bins × tensors, whatever the s
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from calibrators.activations.collect import collect, select_tensors
@@ -24,6 +24,7 @@ from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
 from deploy_opt.analysis.sensitivity.range_noise import noise_db, pick_methods, propagated_range_noise
 from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.sources import single_rows
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.report.calibration_plot import widest
 
@@ -171,7 +172,8 @@ def choose_methods(
         name: {m: range_for(m, *observed[name], absolute.get(name), symmetric=symmetric) for m in AUTO_METHODS}
         for name in names
     }
-    feeds = list(_rows(calibration, AUTO_SAMPLES))
+    # The first samples, one at a time: each is an independent draw for the estimator.
+    feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds)
     if noise is None:
@@ -182,15 +184,3 @@ def choose_methods(
         {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS}, len(picked), len(feeds),
     )  # fmt: skip
     return picked, {n: {m: round(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}
-
-
-def _rows(calibration: CalibrationSet, count: int):  # noqa: ANN202 - a generator of one-row feed dicts
-    """The first ``count`` calibration samples, one at a time (each is an independent draw for the estimator)."""
-    seen = 0
-    for batch in calibration.batches:
-        size = len(next(iter(batch.inputs.values())))
-        for row in range(size):
-            if seen == count:
-                return
-            yield {k: np.asarray(v)[row : row + 1] for k, v in batch.inputs.items()}
-            seen += 1

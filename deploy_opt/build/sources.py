@@ -235,6 +235,13 @@ def iter_batches(
             return
 
 
+def single_rows(batches: Iterable[Batch]) -> Iterator[dict[str, np.ndarray]]:
+    """Each sample alone, as a batch of one (with its batch's padding kept)."""
+    for batch in batches:
+        for row in range(batch.size):
+            yield {k: np.asarray(v)[row : row + 1] for k, v in batch.inputs.items()}
+
+
 def select_rows(batches: Iterable[Batch], chosen: set[int]) -> list[Batch]:
     """The samples whose position in the whole stream is in ``chosen``, batch by batch (shapes kept)."""
     out, start = [], 0

@@ -14,7 +14,7 @@ model: a variant is then exactly the model that the quantizer writes with those 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import onnx
@@ -109,8 +109,8 @@ def keep_quantized(
             elif (q.role == "weight" and q.float_name not in weights) or (q.role == "bias" and qnode.name not in kept):
                 node.input[q.index] = f"{q.float_name}{FLOAT_SUFFIX}"
                 restore.add(q.float_name)
-    model.graph.initializer.extend(_float_copies(float_inits, restore))
-    _unquantize_outputs(model, quantized)
+    model.graph.initializer.extend(float_copies(float_inits, restore))
+    unquantize_outputs(model, lambda tensor: quantized_activation(tensor, quantized))
     return prune(model)
 
 
@@ -119,7 +119,8 @@ def quantized_activation(float_name: str, quantized: set[str]) -> bool:
     return float_name in quantized or float_name.removesuffix(OUTPUT_SUFFIX) in quantized
 
 
-def _float_copies(inits: Iterable[onnx.TensorProto], names: set[str]) -> list[onnx.TensorProto]:
+def float_copies(inits: Iterable[onnx.TensorProto], names: set[str]) -> list[onnx.TensorProto]:
+    """Copies of the named float initializers under ``<name>__fp32``, for readers that drop their DQ."""
     copies = []
     for init in inits:
         if init.name in names:
@@ -130,8 +131,9 @@ def _float_copies(inits: Iterable[onnx.TensorProto], names: set[str]) -> list[on
     return copies
 
 
-def _unquantize_outputs(model: onnx.ModelProto, quantized: set[str]) -> None:
-    """Turn a graph output's DequantizeLinear into an Identity of the float tensor when it is no longer quantized."""
+def unquantize_outputs(model: onnx.ModelProto, stays_quantized: Callable[[str], bool]) -> None:
+    """Turn a graph output's DequantizeLinear into an Identity of its float tensor (``<name>_QuantizeLinear_Input``)
+    unless ``stays_quantized(that float tensor)``."""
     producer = {o: n for n in model.graph.node for o in n.output}
     outputs = {o.name for o in model.graph.output}
     for node in model.graph.node:
@@ -140,7 +142,7 @@ def _unquantize_outputs(model: onnx.ModelProto, quantized: set[str]) -> None:
         quantize = producer.get(node.input[0])
         if quantize is None or quantize.op_type != "QuantizeLinear" or not quantize.input[0].endswith(OUTPUT_SUFFIX):
             continue
-        if not quantized_activation(quantize.input[0], quantized):
+        if not stays_quantized(quantize.input[0]):
             node.op_type, node.domain = "Identity", ""
             del node.input[:]
             node.input.append(quantize.input[0])

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from calibrators.scales.format import ScaleFile, TensorScale
 from dopt_common.deps import require
-from dopt_common.errors import ModelError
+from dopt_common.errors import ModelError, one_line
 from exporters.onnx.io import save_onnx
 from exporters.ort.graph import INITIALIZER_SUFFIX, OUTPUT_SUFFIX, keep_quantized, kept_nodes
 from exporters.ort.overrides import ort_quant_overrides, overrides_data
@@ -110,7 +110,7 @@ def validate_qdq(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        reason = one_line(exc)
         raise ModelError(
             f"the Q/DQ model '{path.name}' is invalid ONNX: {reason}; fix: report it with the model's opset, or "
             "exclude the named node (quantization.exclude_nodes)"

@@ -51,7 +51,8 @@ def with_excluded(config: BuildConfig, nodes: tuple[str, ...]) -> BuildConfig:
     return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, exclude_nodes=nodes))
 
 
-def _references(fp32_path: Path, batches: list[Batch], threads: int) -> list:
+def fp32_references(fp32_path: Path, batches: list[Batch], threads: int) -> list:
+    """The FP32 model's first output on each batch: what a variant is scored against."""
     session = create_session(fp32_path, threads=threads)
     return [session.run(None, b.inputs)[0] for b in batches]
 
@@ -64,7 +65,7 @@ def run_sensitivity(
 
     sens, threads = config.sensitivity, config.benchmark.threads
     subset = pick_subset(evaluation, sens.subset, config.seed)
-    scorer = SubsetScorer(subset, _references(fp32_path, subset, threads), metric, threads)
+    scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
     analysis = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
     record = {"model": config.name, **analysis}  # a new record: the analysis itself is never mutated
@@ -84,7 +85,7 @@ def auto_fallback(
 ) -> dict[str, Any]:
     """Greedy fallback in sensitivity order until the gate's max_drop holds on the evaluation set."""
     threads = config.benchmark.threads
-    scorer = SubsetScorer(evaluation, _references(fp32_path, evaluation, threads), metric, threads)
+    scorer = SubsetScorer(evaluation, fp32_references(fp32_path, evaluation, threads), metric, threads)
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
     baseline = scorer.score(fp32)
     one = evaluation[0].head(1).inputs

@@ -21,12 +21,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import onnx
 
 from deploy_opt.analysis.onnx_torch import initializer_tensors, model_opset, run_graph, run_node, unsupported_ops
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode
-from deploy_opt.build.sources import Batch
+from deploy_opt.build.sources import Batch, single_rows
 from dopt_common.deps import require
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ def propagated_noise(
     totals = dict.fromkeys(wanted, 0.0)
     draws = 0
     with torch.enable_grad():
-        for feeds in _samples(batches):
+        for feeds in single_rows(batches):
             tap = _Taps(wanted, local_fns, model_opset(fp32))
             y = run_graph(fp32, feeds, tap, constants)[output].float()
             names = [n for n in tap.leaves if n in tap.noise]
@@ -129,13 +128,6 @@ class _Taps:
             self.noise[node.name] = run_node(node, quantized, self.opset)[0] - outputs[0]
         self.leaves[node.name] = torch.zeros_like(outputs[0], requires_grad=True)
         return [outputs[0] + self.leaves[node.name], *outputs[1:]]
-
-
-def _samples(batches: list[Batch]) -> Any:
-    """Each evaluation sample alone (batch of one), with its batch's padding kept."""
-    for batch in batches:
-        for row in range(batch.size):
-            yield {k: np.asarray(v)[row : row + 1] for k, v in batch.inputs.items()}
 
 
 def noise_db(value: float) -> float:

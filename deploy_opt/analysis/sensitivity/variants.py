@@ -16,12 +16,13 @@ import onnx
 
 from exporters.ort.graph import (
     FLOAT_SUFFIX,
-    OUTPUT_SUFFIX,
     QuantizedInput,
     QuantizedNode,
+    float_copies,
     keep_quantized,
     prune,
     quantized_nodes,
+    unquantize_outputs,
 )
 
 __all__ = ["QuantizedInput", "QuantizedNode", "all_roles", "exclusion_variant", "make_variant", "quantized_nodes"]
@@ -34,7 +35,6 @@ def make_variant(qdq: onnx.ModelProto, fp32: onnx.ModelProto, keep: Mapping[str,
     variant = onnx.ModelProto()
     variant.CopyFrom(qdq)
     by_name = {n.name: n for n in variant.graph.node}
-    float_inits = {i.name: i for i in fp32.graph.initializer}
     restored: set[str] = set()
     for qnode in quantized_nodes(qdq):
         node = by_name[qnode.name]
@@ -47,32 +47,11 @@ def make_variant(qdq: onnx.ModelProto, fp32: onnx.ModelProto, keep: Mapping[str,
                 continue
             # ORT may name a DequantizeLinear's output after the float tensor: restore it under a new name.
             node.input[q.index] = f"{q.float_name}{FLOAT_SUFFIX}"
-            if q.float_name in float_inits and q.float_name not in restored:
-                restored.add(q.float_name)
-                copy = onnx.TensorProto()
-                copy.CopyFrom(float_inits[q.float_name])
-                copy.name = f"{q.float_name}{FLOAT_SUFFIX}"
-                variant.graph.initializer.append(copy)
-    _unquantize_outputs(variant, keep)
+            restored.add(q.float_name)
+    variant.graph.initializer.extend(float_copies(fp32.graph.initializer, restored))
+    owner = {o: n.name for n in variant.graph.node for o in n.output}
+    unquantize_outputs(variant, lambda tensor: tensor not in owner or "activation" in keep.get(owner[tensor], set()))
     return prune(variant)
-
-
-def _unquantize_outputs(variant: onnx.ModelProto, keep: Mapping[str, set[str]]) -> None:
-    """Turn a graph output's DequantizeLinear into an Identity of the float tensor when its producer is float."""
-    producer = {o: n for n in variant.graph.node for o in n.output}
-    outputs = {o.name for o in variant.graph.output}
-    for node in variant.graph.node:
-        if node.op_type != "DequantizeLinear" or node.output[0] not in outputs:
-            continue
-        quantize = producer.get(node.input[0])
-        if quantize is None or quantize.op_type != "QuantizeLinear" or not quantize.input[0].endswith(OUTPUT_SUFFIX):
-            continue
-        owner = producer.get(quantize.input[0])
-        if owner is not None and "activation" not in keep.get(owner.name, set()):
-            node.op_type, node.domain = "Identity", ""
-            del node.input[:]
-            node.input.append(quantize.input[0])
-            del node.attribute[:]
 
 
 def all_roles(nodes: list[QuantizedNode]) -> dict[str, set[str]]:
