@@ -6,6 +6,7 @@ Runtime's and TensorRT's conventions: the output-channel axis of each op's weigh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -18,6 +19,9 @@ from dopt_common.errors import ConfigError
 # Which input of each op holds the weight, and its output-channel axis (matching ORT's own defaults).
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+# Data-movement ops whose quantized output ONNX Runtime gives its input's parameters (QDQDirect8BitOp and kin).
+PASSTHROUGH = frozenset({"AveragePool", "Flatten", "MaxPool", "Reshape", "Resize", "Slice", "Split", "Squeeze",
+                         "Transpose", "Unsqueeze"})  # fmt: skip
 
 
 def channel_axis(node: onnx.NodeProto, rank: int) -> int:
@@ -70,6 +74,68 @@ def bias_scales(
         if bias in inits and act in tensors and weight in tensors:
             beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
             out[bias] = bias_scale(bias, tensors[act], tensors[weight], beta)
+    return out
+
+
+def share_passthrough_scales(
+    model: onnx.ModelProto, tensors: Mapping[str, TensorScale], op_types: Iterable[str], exclude: Iterable[str] = ()
+) -> dict[str, TensorScale]:
+    """The outputs of data-movement nodes (Reshape, Transpose, MaxPool, …) with their input's parameters.
+
+    ONNX Runtime's writer quantizes such an output with its input's scale and zero point (``quantize_output_same_as_
+    input``), so an integer tensor passes through unchanged; the scale file says the same, in graph order so that
+    chains follow.
+    """
+    wanted, skipped = set(op_types) & PASSTHROUGH, set(exclude)
+    current = dict(tensors)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        if node.op_type not in wanted or node.name in skipped or not node.input or node.input[0] not in current:
+            continue
+        source = current[node.input[0]]
+        if source.role != "activation":
+            continue
+        for name in node.output:
+            shared = dataclasses.replace(source, name=name, method="shared", derived_from=(source.name,))
+            current[name] = out[name] = shared
+    return out
+
+
+def widen_weights_for_bias(
+    model: onnx.ModelProto, tensors: Mapping[str, TensorScale], op_types: Iterable[str], exclude: Iterable[str] = ()
+) -> dict[str, TensorScale]:
+    """Weight scales widened where the int32 bias would overflow; returns only the widened ones.
+
+    A channel whose weights are almost zero (a dead channel: |w| ~ 1e-15) gets a tiny weight scale, so input scale
+    × weight scale is too fine for its bias to fit in int32 and the bias would be clipped to nothing. Each such
+    channel's weight scale is raised until ``2 |b| × 1.0001 / (2^32 - 2)`` fits, ONNX Runtime's own rule
+    (``_adjust_weight_scale_for_int32_bias``); its writer's adjustment is then switched off, so the artifact
+    carries exactly these scales.
+    """
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted, skipped = set(op_types), set(exclude)
+    qrange = float(np.iinfo(np.int32).max) - float(np.iinfo(np.int32).min + 1)
+    out: dict[str, TensorScale] = {}
+    for node in model.graph.node:
+        index = BIAS_INPUT.get(node.op_type)
+        if node.op_type not in wanted or node.name in skipped or index is None or len(node.input) <= index:
+            continue
+        bias, act, weight = node.input[index], node.input[0], node.input[1]
+        if bias not in inits or act not in tensors or weight not in tensors:
+            continue
+        current = out.get(weight, tensors[weight])
+        values = np.abs(numpy_helper.to_array(inits[bias]).astype(np.float64)).reshape(-1)
+        if current.axis is None:
+            values = np.array([values.max(initial=0.0)])
+        smallest = 1.0001 * 2.0 * values / qrange
+        candidate = float(tensors[act].scale[0]) * np.asarray(current.scale, dtype=np.float64)
+        low = (candidate > 0) & (candidate < smallest)
+        if low.any():
+            wider = np.asarray(current.scale, dtype=np.float64)
+            exact = wider[low] * smallest[low] / candidate[low]
+            rounded = exact.astype(np.float32)
+            wider[low] = np.where(rounded < exact, np.nextafter(rounded, np.float32(np.inf)), rounded)
+            out[weight] = dataclasses.replace(current, scale=tuple(float(np.float32(s)) for s in wider))
     return out
 
 

@@ -136,7 +136,7 @@ def _from_legacy(name: str, encodings: Any, source: str) -> dict[str, Any]:
 
 def _entry(item: Any, is_param: bool, axes: Mapping[str, Any], source: str, guessed: list[str]) -> TensorScale | None:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        raise ConfigError(f"{source}: every encoding needs a string 'name', got {str(item)[:80]}")
+        raise ConfigError(f"{source}: every encoding needs a string 'name', got {item!r}")
     name = item["name"]
     where = f"{source} tensor '{name}'"
     if str(item.get("dtype", "INT")).upper() == "FLOAT":

@@ -131,8 +131,10 @@ def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["auto"]
     assert result.gate.passed, result.gate.lines()
-    assert [t["step"] for t in auto["trials"]] == ["placement"] * 4 + ["smoothquant"]
-    assert all(t["drop"] > 0.5 for t in auto["trials"][:4])
+    # inputs, outputs and outputs+chain (fc1's bias Add reads a MatMul) for each scheme, then SmoothQuant
+    assert [t["step"] for t in auto["trials"]] == ["placement"] * 6 + ["smoothquant"]
+    assert [t["settings"]["coverage"] for t in auto["trials"][:3]] == ["weighted", "weighted", "chain"]
+    assert all(t["drop"] > 0.5 for t in auto["trials"][:6])
     assert auto["chosen"]["smoothing_alpha"] == 0.5 and "fc2" not in auto["chosen"]["excluded"]
 
 
@@ -144,7 +146,7 @@ def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_pat
     assert result.gate.passed, result.gate.lines()
     assert "fc2" in auto["chosen"]["excluded"]
     steps = [t["step"] for t in auto["trials"]]
-    assert steps[:4] == ["placement"] * 4 and "fallback" in steps and "smoothquant" not in steps
+    assert steps[:6] == ["placement"] * 6 and "fallback" in steps and "smoothquant" not in steps
     assert result.build["metrics"]["drop"] <= 0.5 and result.build["quantization"]["quantized_nodes"] >= 1
     summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")
     assert "## Search" in summary and "| fallback |" in summary

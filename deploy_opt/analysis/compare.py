@@ -198,7 +198,7 @@ def _cuda_runner(int8_path: Path, threads: int | None) -> Runner | str:
     try:
         session = create_session(int8_path, threads=threads, providers=("CUDAExecutionProvider",))
     except Exception as exc:  # CUDA libraries missing or no device: ORT says why
-        return f"not available: {type(exc).__name__}: {str(exc).strip()[:200]}"
+        return f"not available: {type(exc).__name__}: {one_line(exc)}"
     if session.get_providers()[0] != "CUDAExecutionProvider":
         return f"not available: the session fell back to {session.get_providers()}"
     return session_runner(session)

@@ -9,6 +9,12 @@ from typing import Any
 from deploy_opt.config.build import BuildConfig
 
 SCHEMES = ("asymmetric", "symmetric")
+# "chain" coverage also quantizes the ops between weighted ones that ONNX Runtime's CPU kernels run on integers
+# (QLinearAdd/Mul/Sigmoid/Concat/GlobalAveragePool/LeakyRelu; Relu and Clip fold into the Q; data movement keeps
+# its input's scale), so a CNN's Conv → activation → Conv runs as one integer chain instead of converting back
+# to float at every activation. ORT's own quantize_static quantizes all of these by default.
+CHAIN_OPS = ("Add", "Mul", "Sigmoid", "GlobalAveragePool", "Concat", "LeakyRelu", "Relu", "Clip", "Reshape",
+             "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "AveragePool", "MaxPool")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -19,11 +25,12 @@ class Candidate:
     activations: str
     smoothing_alpha: float | None = None
     excluded: tuple[str, ...] = ()
+    coverage: str = "weighted"  # "weighted": quantization.op_types; "chain": those and CHAIN_OPS
 
     @property
     def label(self) -> str:
         """A short name for logs and the summary's search table."""
-        parts = [self.placement, self.activations[:4]]
+        parts = [self.placement + ("+chain" if self.coverage == "chain" else ""), self.activations[:4]]
         if self.smoothing_alpha is not None:
             parts.append(f"sq{self.smoothing_alpha:g}")
         if self.excluded:
@@ -37,7 +44,14 @@ class Candidate:
             "activations": self.activations,
             "smoothing_alpha": self.smoothing_alpha,
             "excluded": list(self.excluded),
+            "coverage": self.coverage,
         }
+
+    def op_types(self, configured_types: tuple[str, ...]) -> tuple[str, ...]:
+        """The op types this candidate quantizes: the configured ones, and CHAIN_OPS for chain coverage."""
+        if self.coverage != "chain":
+            return configured_types
+        return configured_types + tuple(op for op in CHAIN_OPS if op not in configured_types)
 
 
 def allowed_schemes(targets: tuple[str, ...], preferred: str) -> tuple[str, ...]:
@@ -57,6 +71,7 @@ def configured(config: BuildConfig, candidate: Candidate) -> BuildConfig:
         smoothing="none" if candidate.smoothing_alpha is None else "smoothquant",
         smoothing_alpha=candidate.smoothing_alpha if candidate.smoothing_alpha is not None else 0.5,
         exclude_nodes=candidate.excluded,
+        op_types=candidate.op_types(config.quantization.op_types),
         fallback="none",
     )
     return dataclasses.replace(config, quantization=quant)

@@ -1,9 +1,11 @@
 """The auto search: quantize a few candidates, measure each on the evaluation set and on the target runtime, and
 keep the fastest that meets the gate.
 
-1. **Placement × scheme**: ``inputs`` (Q/DQ only into quantized nodes: residual- and LayerNorm-aware) and ORT's
-   ``outputs``, for each activation scheme the targets accept; ranges come from one calibration per scheme
-   (``calibration.method: auto`` picks each tensor's range method by propagated output error).
+1. **Placement × scheme**: ``inputs`` (Q/DQ only into quantized nodes: residual- and LayerNorm-aware), ORT's
+   ``outputs``, and ``outputs+chain`` (also the activations, pools and reshapes between weighted ops, so that ORT
+   runs integer chains: ``candidates.CHAIN_OPS``; tried for ORT CPU when the graph has such a chain), for each
+   activation scheme the targets accept. Ranges come from one calibration of every tensor any of them quantizes,
+   re-chosen per scheme (``calibration.method: auto`` picks each tensor's range method by propagated output error).
 2. **SmoothQuant** at ``auto.smoothquant_alpha``, when no candidate meets ``max_drop`` and the graph has
    LayerNorm-fed MatMuls.
 3. **Fallback**: the linearised proxy ranks the nodes of the most accurate candidate; exact evaluations of
@@ -30,7 +32,7 @@ from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_
 from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
 from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
-from deploy_opt.autotune.candidates import Candidate, allowed_schemes, configured
+from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_schemes, configured
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
@@ -156,22 +158,34 @@ def _placement_trials(
     ctx: _Context, fp32_path: Path, calibration: CalibrationSet, static: tuple[str, ...], work: Path
 ) -> list[Base]:
     config, bases = ctx.config, []
-    first: ActivationRanges | None = None  # one calibration pass; each further scheme only re-chooses ranges
+    shapes = [(p, "weighted") for p in PLACEMENTS] + ([("outputs", "chain")] if _chains_pay(ctx) else [])
+    widest = configured(config, Candidate("outputs", config.quantization.activations, None, static, shapes[-1][1]))
+    first: ActivationRanges | None = None  # one calibration pass (of every tensor any shape quantizes)
     for scheme in allowed_schemes(config.deploy.targets, config.quantization.activations):
-        ranges: ActivationRanges | None = None
-        for placement in PLACEMENTS:
+        ranges: ActivationRanges | None = None  # each further scheme only re-chooses the ranges
+        for placement, coverage in shapes:
             if bases and not ctx.time_left():
                 return bases
-            candidate = Candidate(placement, scheme, None, static)
+            candidate = Candidate(placement, scheme, None, static, coverage)
             setup = configured(config, candidate)
             if ranges is None and first is not None:
                 ranges = rescheme(first, setup, fp32_path, calibration)
-            ranges = ranges or calibrate_activations(setup, fp32_path, calibration)
+            ranges = ranges or calibrate_activations(widest, fp32_path, calibration)
             first = first or ranges
-            model = quantize(setup, fp32_path, calibration, work / f"{placement}-{scheme}", ranges=ranges)
+            folder = work / f"{placement}-{coverage}-{scheme}"
+            model = quantize(setup, fp32_path, calibration, folder, ranges=ranges)
             ctx.measure("placement", candidate, onnx.load(str(model.path)))
             bases.append(Base(candidate, fp32_path, model, None))
     return bases
+
+
+def _chains_pay(ctx: _Context) -> bool:
+    """Chain coverage is a candidate for ORT's CPU kernels when some chain op reads a weighted op's output."""
+    if "ort-cpu" not in ctx.config.deploy.targets:
+        return False
+    weighted = set(ctx.config.quantization.op_types)
+    produced = {out for n in ctx.fp32.graph.node if n.op_type in weighted for out in n.output}
+    return any(n.op_type in CHAIN_OPS and set(n.input) & produced for n in ctx.fp32.graph.node)
 
 
 def _has_smoothing_targets(model: onnx.ModelProto) -> bool:
@@ -210,10 +224,10 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
     subset = pick_subset(held, config.sensitivity.subset, config.seed)
     threads = config.benchmark.threads
     scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
-    record = analyze(base.source, base.model.path, scorer, config.quantization.op_types, "proxy", 1)
+    placement, op_types = base.candidate.placement, base.candidate.op_types(config.quantization.op_types)
+    record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
     order = [group[0] for group in sensitivity_order(record, "node")]
     predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
-    placement, op_types = base.candidate.placement, config.quantization.op_types
     source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
 
     def attempt(count: int) -> Trial:
@@ -238,10 +252,10 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
 
 def _latency_trials(ctx: _Context, accurate: Trial, base: Base) -> None:
     """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
-    op_types = ctx.config.quantization.op_types
+    op_types = base.candidate.op_types(ctx.config.quantization.op_types)
     qdq = onnx.load(str(base.model.path))
     source = onnx.load(str(base.source))
-    lengths = reduction_lengths(source, op_types)
+    lengths = reduction_lengths(source, ctx.config.quantization.op_types)
     live = {n: k for n, k in lengths.items() if n not in accurate.candidate.excluded}
     for _, group in intensity_groups(live):
         if not ctx.time_left():

@@ -47,11 +47,17 @@ class CalibrationSet:
         }
 
 
-def _key_function(config: BuildConfig, has_labels: bool) -> tuple[str, KeyFn]:
-    """What a sample's stratum is: its label, nothing, or a user function of (inputs, label)."""
+def _key_function(config: BuildConfig, label: np.ndarray | None) -> tuple[str, KeyFn]:
+    """What a sample's stratum is: its label, nothing, or a user function of (inputs, label).
+
+    ``auto`` stratifies by the label only when it is one class per sample (integer, boolean or string). A
+    sequence label (a text line's characters) or a float target has no classes to balance, so it means none.
+    """
     stratify = config.calibration.stratify
+    has_labels = label is not None
     if stratify == "auto":
-        stratify = "label" if has_labels else "none"
+        is_class = label is not None and label.ndim == 1 and label.dtype.kind in "iubUSO"
+        stratify = "label" if is_class else "none"
     if stratify == "none":
         return stratify, lambda inputs, label: "all"
     if stratify == "label":
@@ -94,7 +100,7 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     stratify, key_fn = "", None
     for batch in iter_batches(ref, specs, config.base_dir, "data.calibration"):
         if key_fn is None:
-            stratify, key_fn = _key_function(config, batch.label is not None)
+            stratify, key_fn = _key_function(config, batch.label)
         keys.extend(_stratum_keys(batch, key_fn, stratify))
         ids.extend(sample_ids(batch))
         if kept is not None:

@@ -12,12 +12,18 @@ import onnx.version_converter
 
 from deploy_opt.build.evaluate import session_runner, torch_runner
 from deploy_opt.build.sources import Batch
-from deploy_opt.config.build import DTYPES, BuildConfig, InputSpec
-from dopt_common.errors import InputError, ModelError
+from deploy_opt.config.build import DTYPES, BuildConfig, ExportConfig, InputSpec
+from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
 from exporters.onnx.io import save_onnx
-from exporters.onnx.normalize import unshare_biases
+from exporters.onnx.normalize import (
+    constants_to_initializers,
+    fold_weight_chains,
+    modernise_ir,
+    name_dimensions,
+    unshare_biases,
+)
 
 log = logging.getLogger(__name__)
 MIN_QDQ_OPSET = 13
@@ -75,12 +81,7 @@ def prepare_fp32(
     raw = stage / ".raw.onnx"
     info: dict[str, Any] = {}
     if config.model.onnx:
-        source = (Path(config.base_dir) / config.model.onnx).resolve()
-        model, converted = upgrade_opset(check_onnx(source))
-        save_onnx(model, raw, config.export.external_data_mb)
-        info.update(source=str(source), exporter="none (model.onnx)")
-        if converted:
-            info["opset_converted"] = converted
+        info.update(import_onnx((Path(config.base_dir) / config.model.onnx).resolve(), raw, config.export))
     else:
         specs = config.model.inputs
         names = [s.name for s in specs]
@@ -106,15 +107,15 @@ def prepare_fp32(
     for leftover in stage.glob(".raw.onnx*"):
         leftover.unlink()
     proto = check_onnx(out)
-    unshared = unshare_biases(proto)
-    if unshared:
+    changes = {"biases_unshared": unshare_biases(proto), "dimensions_named": name_dimensions(proto)}
+    if any(changes.values()):
         save_onnx(proto, out, config.export.external_data_mb)
-        info["biases_unshared"] = unshared
+        info.update({k: v for k, v in changes.items() if v})
     inputs = input_specs_from_onnx(proto)
     if config.model.inputs:
         check_declared_inputs(config.model.inputs, inputs, out)
         inputs = config.model.inputs
-    info["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    info["opset"] = _opset(proto)
     info["nodes"] = len(proto.graph.node)
     if torch_model is not None:
         parity = check_parity(
@@ -159,13 +160,43 @@ def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) 
     }
 
 
+def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]:
+    """Check the user's file and make it quantizable into ``raw``; returns what changed, for ``build.json``.
+
+    The opset is raised to 13 when older, the IR version to what that opset needs, and weights held by
+    ``Constant`` nodes or computed from constants become initializers (the writer quantizes only those as
+    weights). The simplifier and a parity run against ``source`` follow in ``prepare_fp32``.
+    """
+    model = check_onnx(source)
+    info: dict[str, Any] = {"source": str(source), "exporter": "none (model.onnx)"}
+    info["original"] = {"opset": _opset(model), "ir_version": model.ir_version, "producer": _producer(model)}
+    model, converted = upgrade_opset(model)
+    changes = {
+        "opset_converted": converted,
+        "ir_changed": modernise_ir(model),
+        "constants_to_initializers": constants_to_initializers(model),
+        "weights_folded": fold_weight_chains(model),
+    }
+    info.update({k: v for k, v in changes.items() if v})
+    save_onnx(model, raw, export.external_data_mb)
+    return info
+
+
+def _opset(model: onnx.ModelProto) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _producer(model: onnx.ModelProto) -> str:
+    return f"{model.producer_name} {model.producer_version}".strip() or "unknown"
+
+
 def upgrade_opset(model: onnx.ModelProto, minimum: int = MIN_QDQ_OPSET) -> tuple[onnx.ModelProto, str | None]:
     """``model`` at ``minimum`` opset or newer, and what was converted (None when nothing was).
 
     Per-channel DequantizeLinear (its ``axis``) needs opset 13: an older file from another framework is converted
     with onnx's version converter first.
     """
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), minimum)
+    version = _opset(model) or minimum
     if version >= minimum:
         return model, None
     try:
@@ -173,7 +204,7 @@ def upgrade_opset(model: onnx.ModelProto, minimum: int = MIN_QDQ_OPSET) -> tuple
     except Exception as exc:  # the converter raises plain RuntimeError/ValueError with its reason
         raise ModelError(
             f"model.onnx is opset {version} and onnx's version converter cannot raise it to {minimum} "
-            f"(per-channel INT8 needs it): {str(exc).splitlines()[0][:200]}; fix: re-export at opset {minimum}+"
+            f"(per-channel INT8 needs it): {one_line(exc)}; fix: re-export at opset {minimum}+"
         ) from exc
     log.info("model.onnx: opset %d converted to %d (per-channel Q/DQ needs %d)", version, minimum, minimum)
     return converted, f"{version} -> {minimum}: per-channel Q/DQ needs opset {minimum}"

@@ -11,7 +11,13 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from calibrators.qparams import activation_scale, bias_scales, weight_scales
+from calibrators.qparams import (
+    activation_scale,
+    bias_scales,
+    share_passthrough_scales,
+    weight_scales,
+    widen_weights_for_bias,
+)
 from calibrators.scales.format import (
     ScaleFile,
     TensorScale,
@@ -75,10 +81,12 @@ def quantize(
         name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
         for name, (low, high) in ranges.chosen.items()
     }
+    tensors |= share_passthrough_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     levels, why = weight_levels(quant.weight_range, config.deploy.targets)
     # ORT clips weight codes to the full int8 range, so a clipped (mse) 7-bit scale would let outliers past ±63.
     weights = "absmax" if levels < 127 else cal.weights
     tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, weights, levels)
+    tensors |= widen_weights_for_bias(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dopt_common.errors import ModelError, NumericsError
+from dopt_common.errors import ModelError, NumericsError, one_line
 from dopt_common.ort import create_session
 from exporters.onnx.io import save_onnx
 
@@ -26,7 +26,7 @@ def check_onnx(path: str | Path) -> onnx.ModelProto:
         onnx.checker.check_model(str(path))
         return onnx.load(str(path))
     except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference.InferenceError) as exc:
-        first = " ".join(str(exc).split())[:400]
+        first = one_line(exc)
         raise ModelError(f"ONNX file '{path}' fails onnx.checker: {first}; fix the model or re-export it") from exc
     except Exception as exc:  # a corrupt protobuf raises DecodeError and friends
         raise ModelError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
@@ -43,14 +43,14 @@ def simplify_onnx(src: str | Path, dst: str | Path, external_data_mb: int = 1024
         if ok:
             simplified, tool = candidate, f"onnxsim {getattr(onnxsim, '__version__', '?')}"
     except Exception as exc:  # onnxsim's C++ errors are not typed
-        log.warning("onnxsim could not simplify %s (%s); trying onnxslim", src, str(exc).splitlines()[0][:200])
+        log.warning("onnxsim could not simplify %s (%s); trying onnxslim", src, one_line(exc))
     if simplified is None:
         try:
             import onnxslim
 
             simplified, tool = onnxslim.slim(model), f"onnxslim {getattr(onnxslim, '__version__', '?')}"
         except Exception as exc:
-            log.warning("onnxslim failed too (%s); keeping the unsimplified model", str(exc)[:200])
+            log.warning("onnxslim failed too (%s); keeping the unsimplified model", one_line(exc))
             simplified, tool = model, "none"
     save_onnx(simplified, dst, external_data_mb=external_data_mb)
     return tool

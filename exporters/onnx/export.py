@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import onnx
 
-from dopt_common.errors import ExportError
+from dopt_common.errors import ExportError, one_line
 from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def export_onnx(
                     **({"verbose": False} if exporter == "dynamo" else {}),
                 )
         except Exception as exc:  # exporters raise a zoo of types; the message is what matters
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            first = one_line(exc) or type(exc).__name__
             other = "torchscript" if exporter == "dynamo" else "dynamo"
             raise ExportError(
                 f"torch.onnx.export ({exporter}, opset {opset}) failed: {first}; fix: try export.exporter={other}"

@@ -81,6 +81,9 @@ def write_ort_qdq(
             "ActivationSymmetric": symmetric,
             "WeightSymmetric": True,
             "TensorQuantOverrides": overrides,
+            # The scale file already widens a weight scale whose bias would overflow int32 (qparams.
+            # widen_weights_for_bias); ORT must not widen it again behind the scale file's back.
+            "QDQDisableWeightAdjustForInt32Bias": True,
             # Off: a tensor is quantized only as the input of a quantized node (the "inputs" placement below).
             "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
         },

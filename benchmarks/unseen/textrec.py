@@ -1,0 +1,183 @@
+"""Unseen model (d): PaddleOCR's PP-OCRv4 text recogniser, a real-weight ONNX file from another framework.
+
+The model is ``ch_PP-OCRv4_rec_infer.onnx`` (10.9 MB: a PP-LCNetV3 CNN, then an SVTR attention neck and a CTC
+head over 6,625 characters), exported by Paddle2ONNX at **opset 12**. Its input is ``x``
+[p2o.DynamicDimension.0, 3, ?, p2o.DynamicDimension.1]; its weights are all held by 420 ``Constant`` nodes (the
+file has no initializer). It ships inside the PyPI wheel ``rapidocr-onnxruntime``::
+
+    pip install rapidocr-onnxruntime --no-deps
+
+``prepare()`` copies the packaged file to ``.cache/`` beside this module, where ``textrec.yaml`` points.
+
+Data: text lines rendered with PIL (the same renderer as ``textdir.py``, upright only), calibration lines from
+Debian's license texts, evaluation lines from the Python standard library's comments. Preprocessing is
+RapidOCR's ``TextRecognizer.resize_norm_img`` at its configured shape [3, 48, 320]: resize to height 48 keeping
+the aspect ratio, scale to (x/255 - 0.5)/0.5, and pad on the right with zeros. Lines whose rendered aspect would
+not fit 320 pixels are shortened by whole words.
+
+Labels are each line's characters as indices into the model's own character list (its ``character`` metadata,
+with blank at 0 and space last, as RapidOCR's ``CTCLabelDecode`` builds it), padded with -1. The metric
+``char_accuracy`` decodes the CTC output greedily and scores each line 100 * (1 - edit distance / length),
+floored at 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+MODEL_FILE = "ch_PP-OCRv4_rec_infer.onnx"
+CACHE = Path(__file__).resolve().parent / ".cache"
+HEIGHT, WIDTH = 48, 320
+MAX_CHARS = 64
+CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 256, 256
+Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
+
+
+def _sibling(name: str) -> ModuleType:
+    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
+    spec = importlib.util.spec_from_file_location(f"unseen_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def packaged_model() -> Path:
+    """The recogniser's path inside the installed ``rapidocr_onnxruntime`` package."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("rapidocr_onnxruntime is not installed: pip install rapidocr-onnxruntime --no-deps")
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / MODEL_FILE
+
+
+def prepare(cache: Path = CACHE) -> Path:
+    """Copy the packaged ONNX file to ``cache`` (where textrec.yaml's model.onnx points) and return its path."""
+    out = cache / MODEL_FILE
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.copyfile(packaged_model(), tmp)
+    tmp.replace(out)
+    return out
+
+
+@lru_cache(maxsize=1)
+def characters() -> tuple[str, ...]:
+    """The model's output classes: blank, its ``character`` metadata, then space (RapidOCR's CTCLabelDecode)."""
+    import onnx
+
+    path = CACHE / MODEL_FILE if (CACHE / MODEL_FILE).is_file() else packaged_model()
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return ("blank", *meta["character"].splitlines(), " ")
+
+
+def encode(text: str) -> np.ndarray:
+    """``text`` as class indices, padded with -1 to MAX_CHARS; a character the model lacks is -2 (never right)."""
+    index = {c: i for i, c in enumerate(characters())}
+    codes = [index.get(c, -2) for c in text[:MAX_CHARS]]
+    return np.array(codes + [-1] * (MAX_CHARS - len(codes)), dtype=np.int64)
+
+
+def decode(probabilities: np.ndarray) -> list[list[int]]:
+    """Greedy CTC: the argmax per time step, repeats merged, blanks dropped; one index list per line."""
+    best = probabilities.argmax(axis=2)
+    keep = np.ones_like(best, dtype=bool)
+    keep[:, 1:] = best[:, 1:] != best[:, :-1]
+    keep &= best != 0
+    return [row[mask].tolist() for row, mask in zip(best, keep, strict=True)]
+
+
+def _edit_distance(a: list[int], b: list[int]) -> int:
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def char_accuracy(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Per line: 100 * (1 - edit distance / label length), at least 0. ``prediction`` is [batch, T, classes]."""
+    scores = []
+    for predicted, label in zip(decode(prediction), reference, strict=True):
+        truth = [int(c) for c in label if c != -1]
+        scores.append(100.0 * max(0.0, 1.0 - _edit_distance(predicted, truth) / max(len(truth), 1)))
+    return np.array(scores)
+
+
+def preprocess(image: Any) -> np.ndarray:
+    """RapidOCR's resize_norm_img at [3, 48, 320]: aspect kept, (x/255-0.5)/0.5, zero-padded on the right."""
+    from PIL import Image
+
+    width = min(WIDTH, math.ceil(HEIGHT * image.width / image.height))
+    resized = np.asarray(image.resize((width, HEIGHT), Image.Resampling.BILINEAR), dtype=np.float32)
+    out = np.zeros((3, HEIGHT, WIDTH), dtype=np.float32)
+    out[:, :, :width] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    return out
+
+
+def _fitting(text: str, index: int, textdir: ModuleType) -> tuple[str, Any]:
+    """The longest word prefix of ``text`` whose rendering fits 320 px at height 48, and that image."""
+    words = text.split()
+    while True:
+        image = textdir.render(" ".join(words), index, False)
+        if len(words) == 1 or HEIGHT * image.width / image.height <= WIDTH:
+            return " ".join(words), image
+        words = words[:-1]
+
+
+def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> list[Item]:
+    textdir = _sibling("textdir")
+    pairs = [_fitting(line, i, textdir) for i, line in enumerate(textdir._lines(sentences, count))]
+    pixels = np.stack([preprocess(image) for _, image in pairs])
+    labels = np.stack([encode(text) for text, _ in pairs])
+    ids = [f"{prefix}-{i}" for i in range(len(pairs))]
+    return [
+        ({"x": pixels[i : i + batch_size]}, labels[i : i + batch_size], ids[i : i + batch_size])
+        for i in range(0, len(pairs), batch_size)
+    ]
+
+
+def calibration_data(batch_size: int = 32) -> list[Item]:
+    """256 rendered lines of Debian license text as ``(inputs, labels, ids)`` batches."""
+    return _batches(_sibling("texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
+
+
+def evaluation_data(batch_size: int = 32) -> list[Item]:
+    """256 rendered lines of Python standard-library comments; labels are the characters' class indices."""
+    return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
+
+
+def fp32_char_accuracy(data: list[Item], model: Path | None = None) -> float:
+    """Mean character accuracy (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model or packaged_model()), providers=["CPUExecutionProvider"])
+    scores = [char_accuracy(session.run(None, inputs)[0], labels) for inputs, labels, _ in data]
+    return float(np.concatenate(scores).mean())
+
+
+def main() -> None:
+    """CLI: ``--prepare`` copies the model next to the config; ``--check`` prints FP32 accuracy per split."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", action="store_true", help=f"copy {MODEL_FILE} into {CACHE}")
+    parser.add_argument("--check", action="store_true", help="FP32 character accuracy on both splits")
+    args = parser.parse_args()
+    if args.prepare:
+        print(f"copied {prepare()}")
+    if args.check:
+        calibration, evaluation = fp32_char_accuracy(calibration_data()), fp32_char_accuracy(evaluation_data())
+        print(f"FP32 character accuracy: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
+
+
+if __name__ == "__main__":
+    main()
