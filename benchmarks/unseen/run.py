@@ -1,4 +1,4 @@
-"""Acceptance runs on three models nobody tuned for: build each with its bare config and print a table.
+"""Acceptance runs on four models nobody tuned for: build each with its bare config and print a table.
 
 Each config names only ``name``, ``model`` and ``data``; everything else is the default profile's. For each
 model this prepares what the config points at (trains the CNN's checkpoint, copies the packaged OCR model),
@@ -6,7 +6,7 @@ runs ``python -m deploy_opt build <yaml> --output-dir .cache/reports`` in a fres
 build's ``build.json``. A build that crashes is a row with its error; its full output is in
 ``.cache/logs/<model>.log``.
 
-    python benchmarks/unseen/run.py                 # all three
+    python benchmarks/unseen/run.py                 # all four
     python benchmarks/unseen/run.py cnn textdir     # some of them
 """
 
@@ -53,6 +53,10 @@ def _prepare_textdir() -> None:
     _python(["textdir.py", "--prepare"], LOGS / "textdir.prepare.log")
 
 
+def _prepare_textrec() -> None:
+    _python(["textrec.py", "--prepare"], LOGS / "textrec.prepare.log")
+
+
 def _prepare_nothing() -> None:
     """The encoder reads its weights straight from the installed package."""
 
@@ -62,6 +66,7 @@ MODELS: dict[str, tuple[str, str, Callable[[], None]]] = {
     "cnn": ("cnn.yaml", "unseen-cnn", _prepare_cnn),
     "encoder": ("encoder.yaml", "unseen-encoder", _prepare_nothing),
     "textdir": ("textdir.yaml", "unseen-textdir", _prepare_textdir),
+    "textrec": ("textrec.yaml", "unseen-textrec", _prepare_textrec),
 }
 
 
