@@ -101,3 +101,19 @@ benchmark: {{enabled: false}}
     assert result.build["alignment"]["verdict"].startswith("pass")
     create_session(tmp_path / "reports" / "foreign" / "model.int8.onnx", threads=1)
     assert result.build["metrics"]["ort_int8"] > 0.99, result.build["metrics"]
+
+
+def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Path) -> None:
+    from deploy_opt.build.export import import_onnx
+    from deploy_opt.config.build import ExportConfig
+
+    model = onnx.load(str(foreign_onnx.make_model(tmp_path / "inline.onnx")))
+    elsewhere = tmp_path / "vendor"
+    elsewhere.mkdir()
+    onnx.save(model, str(elsewhere / "foreign.onnx"), save_as_external_data=True, size_threshold=0,
+              location="foreign.weights", convert_attribute=True)  # fmt: skip
+    assert (elsewhere / "foreign.weights").stat().st_size > 1000
+    info = import_onnx(elsewhere / "foreign.onnx", tmp_path / "stage" / ".raw.onnx", ExportConfig())
+    assert info["constants_to_initializers"] == 3 and info["weights_folded"] == 1
+    x = foreign_onnx.calibration()[0][0]["x"]
+    np.testing.assert_allclose(_run(tmp_path / "stage" / ".raw.onnx", x), _run(tmp_path / "inline.onnx", x), rtol=1e-5)
