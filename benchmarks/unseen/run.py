@@ -1,4 +1,4 @@
-"""Acceptance runs on four models nobody tuned for: build each with its bare config and print a table.
+"""Acceptance runs on five models nobody tuned for: build each with its bare config and print a table.
 
 Each config names only ``name``, ``model`` and ``data``; everything else is the default profile's. For each
 model this prepares what the config points at (trains the CNN's checkpoint, copies the packaged OCR model),
@@ -6,7 +6,7 @@ runs ``python -m deploy_opt build <yaml> --output-dir .cache/reports`` in a fres
 build's ``build.json``. A build that crashes is a row with its error; its full output is in
 ``.cache/logs/<model>.log``.
 
-    python benchmarks/unseen/run.py                 # all four
+    python benchmarks/unseen/run.py                 # all five
     python benchmarks/unseen/run.py cnn textdir     # some of them
 """
 
@@ -57,6 +57,10 @@ def _prepare_textrec() -> None:
     _python(["textrec.py", "--prepare"], LOGS / "textrec.prepare.log")
 
 
+def _prepare_textdet() -> None:
+    _python(["textdet.py", "--prepare"], LOGS / "textdet.prepare.log")
+
+
 def _prepare_nothing() -> None:
     """The encoder reads its weights straight from the installed package."""
 
@@ -67,6 +71,7 @@ MODELS: dict[str, tuple[str, str, Callable[[], None]]] = {
     "encoder": ("encoder.yaml", "unseen-encoder", _prepare_nothing),
     "textdir": ("textdir.yaml", "unseen-textdir", _prepare_textdir),
     "textrec": ("textrec.yaml", "unseen-textrec", _prepare_textrec),
+    "textdet": ("textdet.yaml", "unseen-textdet", _prepare_textdet),
 }
 
 
