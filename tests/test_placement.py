@@ -95,3 +95,47 @@ def test_excluding_every_node_gives_the_float_model(fp32_and_scales, tmp_path: P
         variant = exclusion_variant(full, onnx.load(str(fp32)), OPS, every, placement)
         assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in variant.graph.node)
         np.testing.assert_allclose(_outputs(variant), _outputs(fp32), rtol=1e-5, atol=1e-6)
+
+
+CHAIN = ("Conv", "MatMul", "Add", "Relu", "GlobalAveragePool", "Flatten")
+
+
+def _chain_model_and_scales(tmp_path: Path) -> tuple[Path, ScaleFile]:
+    """The foreign CNN (Conv → Relu → Conv → Relu → pool → Flatten → MatMul → Add), normalised, with chain scales."""
+    import foreign_onnx
+
+    from calibrators.qparams import share_passthrough_scales, widen_weights_for_bias
+    from exporters.onnx.normalize import constants_to_initializers, fold_weight_chains, modernise_ir
+
+    model = onnx.version_converter.convert_version(onnx.load(str(foreign_onnx.make_model(tmp_path / "f.onnx"))), 13)
+    modernise_ir(model), constants_to_initializers(model), fold_weight_chains(model)
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(model, str(fp32))
+    observer = MinMaxObserver(set())
+    collect(fp32, (b for b, _ in foreign_onnx.calibration()), select_tensors(model, CHAIN), observer)
+    tensors = {n: activation_scale(n, lo, hi, "asymmetric", "minmax") for n, (lo, hi) in observer.ranges().items()}
+    tensors |= share_passthrough_scales(model, tensors, CHAIN)
+    tensors |= weight_scales(model, CHAIN, (), "absmax", 127)
+    tensors |= widen_weights_for_bias(model, tensors, CHAIN)
+    tensors |= bias_scales(model, tensors, CHAIN, ())
+    return fp32, ScaleFile("asymmetric", tensors)
+
+
+@pytest.mark.parametrize("excluded", [("conv1",), ("conv2",), ("relu1", "fc")])
+def test_a_chain_variant_equals_the_real_exclusion(tmp_path: Path, excluded: tuple[str, ...]) -> None:
+    """With Relu quantized too (chain coverage), excluding its producer must not take the clip away."""
+    import foreign_onnx
+
+    fp32, scales = _chain_model_and_scales(tmp_path)
+    write = lambda out, exclude=(): write_ort_qdq(  # noqa: E731
+        fp32, scales, tmp_path / out, op_types=CHAIN, exclude_nodes=exclude, quantize_outputs=True
+    )
+    full = onnx.load(str(write("full.onnx")))
+    real = write("real.onnx", excluded)
+    variant = exclusion_variant(full, onnx.load(str(fp32)), CHAIN, excluded, "outputs")
+    feeds = foreign_onnx.evaluation()[0][0]
+    run = lambda m: create_session(  # noqa: E731
+        m.SerializeToString() if isinstance(m, onnx.ModelProto) else m, threads=1, optimize=False
+    ).run(None, feeds)[0]
+    np.testing.assert_allclose(run(variant), run(real), rtol=1e-6, atol=1e-6)
+    assert np.abs(run(real) - run(fp32)).max() < 0.1 * np.abs(run(fp32)).max()

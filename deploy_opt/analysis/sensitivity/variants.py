@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
+from calibrators.qparams import PASSTHROUGH
 from exporters.ort.graph import (
     FLOAT_SUFFIX,
     QuantizedInput,
@@ -26,6 +27,10 @@ from exporters.ort.graph import (
 )
 
 __all__ = ["QuantizedInput", "QuantizedNode", "all_roles", "exclusion_variant", "make_variant", "quantized_nodes"]
+
+# Ops ORT quantizes only when their input already is (QDQDirect8BitOp and kin, and the removable activations).
+FOLLOWERS = PASSTHROUGH | {"Relu", "Clip"}
+
 
 def make_variant(qdq: onnx.ModelProto, fp32: onnx.ModelProto, keep: Mapping[str, set[str]]) -> onnx.ModelProto:
     """A copy of ``qdq`` where each node quantizes only the input roles in ``keep[node]`` (absent: none).
@@ -65,4 +70,24 @@ def exclusion_variant(
     """``qdq`` with the ``excluded`` nodes in high precision, exactly as the quantizer would write it."""
     wanted, skipped = set(op_types), set(excluded)
     kept = {n.name for n in quantized_nodes(qdq) if n.op_type in wanted and n.name not in skipped}
-    return keep_quantized(qdq, fp32.graph.initializer, kept, placement)
+    return keep_quantized(qdq, fp32.graph.initializer, _followers_kept(fp32, kept, placement), placement)
+
+
+def _followers_kept(fp32: onnx.ModelProto, kept: set[str], placement: str) -> set[str]:
+    """``kept`` without the followers (Relu, Clip, Reshape, MaxPool, …) whose input the writer leaves float.
+
+    ONNX Runtime quantizes such a node only when its input is already quantized when it gets there (in graph
+    order): by its producer's output, or by an earlier reader. Excluding the producer leaves the follower float.
+    """
+    marked: set[str] = set()
+    out = set(kept)
+    for node in fp32.graph.node:
+        if node.name not in out:
+            continue
+        if node.op_type in FOLLOWERS and (not node.input or node.input[0] not in marked):
+            out.discard(node.name)
+            continue
+        marked.update(i for i in node.input if i)
+        if placement == "outputs":
+            marked.update(node.output)
+    return out
