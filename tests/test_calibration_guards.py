@@ -66,3 +66,19 @@ def test_a_build_records_each_guard_decision(tmp_path) -> None:
     inputs = [name for name, entry in tensors.items() if "graph input" in entry.get("guard", "")]
     assert inputs and all(tensors[name]["method"] == "minmax" for name in inputs)
     assert any(entry["method"] == "entropy" for entry in tensors.values())  # the others keep their method
+
+
+def test_auto_stratifies_by_class_labels_only() -> None:
+    """A text line's characters (one row per sample) or a float target have no classes to balance: auto means none."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from deploy_opt.build.calibration_set import _key_function
+
+    config = SimpleNamespace(calibration=SimpleNamespace(stratify="auto"), base_dir=".")
+    assert _key_function(config, np.array([0, 1, 1]))[0] == "label"
+    assert _key_function(config, np.array(["cat", "dog"]))[0] == "label"
+    assert _key_function(config, np.array([[5, 9, -1], [7, -1, -1]]))[0] == "none"
+    assert _key_function(config, np.array([0.5, 1.5]))[0] == "none"
+    assert _key_function(config, None)[0] == "none"
