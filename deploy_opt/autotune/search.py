@@ -81,6 +81,8 @@ class _Context:
     probe: LatencyProbe | None
     deadline: float
     trials: list[Trial]
+    calibration: CalibrationSet | None = None
+    work: Path | None = None
     models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
 
     def time_left(self) -> bool:
@@ -109,7 +111,7 @@ def run_search(
 ) -> SearchOutcome:  # fmt: skip
     """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
     started = time.perf_counter()
-    ctx = _context(config, fp32_path, held, metric, started)
+    ctx = dataclasses.replace(_context(config, fp32_path, held, metric, started), calibration=calibration, work=work)
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
     smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
@@ -224,7 +226,7 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
     subset = pick_subset(held, config.sensitivity.subset, config.seed)
     threads = config.benchmark.threads
     scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
-    placement, op_types = base.candidate.placement, base.candidate.op_types(config.quantization.op_types)
+    op_types = base.candidate.op_types(config.quantization.op_types)
     record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
     order = [group[0] for group in sensitivity_order(record, "node")]
     predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
@@ -234,8 +236,9 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
         excluded = base.candidate.excluded + tuple(order[:count])
         rest = [predicted[n] for n in order[count:]]
         guess = sum(rest) if rest and all(p is not None for p in rest) else None
-        variant = exclusion_variant(qdq, source, op_types, excluded, placement)
-        return ctx.measure("fallback", dataclasses.replace(base.candidate, excluded=excluded), variant, guess)
+        candidate = dataclasses.replace(base.candidate, excluded=excluded)
+        variant = _variant(ctx, base, candidate, qdq, source)
+        return ctx.measure("fallback", candidate, variant, guess)
 
     low, high, count = 0, None, 1
     while order and ctx.time_left():
@@ -252,7 +255,6 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
 
 def _latency_trials(ctx: _Context, accurate: Trial, base: Base) -> None:
     """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
-    op_types = base.candidate.op_types(ctx.config.quantization.op_types)
     qdq = onnx.load(str(base.model.path))
     source = onnx.load(str(base.source))
     lengths = reduction_lengths(source, ctx.config.quantization.op_types)
@@ -260,9 +262,25 @@ def _latency_trials(ctx: _Context, accurate: Trial, base: Base) -> None:
     for _, group in intensity_groups(live):
         if not ctx.time_left():
             return
-        excluded = accurate.candidate.excluded + group
-        variant = exclusion_variant(qdq, source, op_types, excluded, base.candidate.placement)
-        ctx.measure("latency", dataclasses.replace(accurate.candidate, excluded=excluded), variant)
+        candidate = dataclasses.replace(accurate.candidate, excluded=accurate.candidate.excluded + group)
+        ctx.measure("latency", candidate, _variant(ctx, base, candidate, qdq, source))
+
+
+def _variant(
+    ctx: _Context, base: Base, candidate: Candidate, qdq: onnx.ModelProto, source: onnx.ModelProto
+) -> onnx.ModelProto:
+    """``base`` with ``candidate.excluded`` in FP32: derived from its Q/DQ model, or written again for chains.
+
+    Chain coverage lets ORT's writer remove a Relu or Clip and do its clip in the producer's Q/DQ pair; excluding
+    that producer would take the clip away with the pair, so those variants are written by the writer itself.
+    """
+    op_types = candidate.op_types(ctx.config.quantization.op_types)
+    if candidate.coverage != "chain" or ctx.calibration is None or ctx.work is None:
+        return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
+    folder = ctx.work / f"variant-{len(ctx.trials)}"
+    written = quantize(configured(ctx.config, candidate), base.source, ctx.calibration, folder,
+                       ranges=base.model.ranges, smoothing=base.smoothing)  # fmt: skip
+    return onnx.load(str(written.path))
 
 
 def _verdict(ctx: _Context, chosen: Trial | None) -> str:

@@ -84,10 +84,10 @@ def write_ort_qdq(
             # The scale file already widens a weight scale whose bias would overflow int32 (qparams.
             # widen_weights_for_bias); ORT must not widen it again behind the scale file's back.
             "QDQDisableWeightAdjustForInt32Bias": True,
-            # Relu and Clip keep their node and their own Q/DQ (ORT's loader still folds them into the Q when it
-            # can), so a model with one of their producers excluded stays what the scale file says: removed here,
-            # the clip would live only in a Q/DQ pair that excluding the producer takes away.
-            "QDQKeepRemovableActivations": True,
+            # ORT's default: a quantized Relu or Clip after a quantized node is removed, its clip done by the
+            # Q/DQ pair with the activation's own (finer) range. Variants of such a model cannot be derived by
+            # dropping Q/DQ pairs (the clip would go with them), so the auto search writes them (search.py).
+            "QDQKeepRemovableActivations": False,
             # Off: a tensor is quantized only as the input of a quantized node (the "inputs" placement below).
             "OpTypesToExcludeOutputQuantization": [] if quantize_outputs else list(op_types),
         },
