@@ -30,7 +30,10 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 class _Reader(CalibrationDataReader):
     def __init__(self, batches: list) -> None:
-        self.rows = iter([{k: v[i : i + 1] for k, v in b[0].items()} for b in batches for i in range(len(b[1]))])
+        rows = []
+        for inputs, *_ in batches:
+            rows += [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(len(next(iter(inputs.values()))))]
+        self.rows = iter(rows)
 
     def get_next(self) -> dict | None:
         return next(self.rows, None)
@@ -47,13 +50,17 @@ def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return 100.0 * (prediction.argmax(axis=1) == reference)
 
 
-def _score(session: ort.InferenceSession, batches: list, metric: Callable) -> float:
-    """The metric's mean over the evaluation data, run one sample at a time (a fixed-batch model takes only 1)."""
+def _score(session: ort.InferenceSession, batches: list, metric: Callable, fp32: ort.InferenceSession) -> float:
+    """The metric's mean over the evaluation data, run one sample at a time (a fixed-batch model takes only 1).
+
+    Data without labels is scored against the FP32 model's output, as a build does.
+    """
     scores = []
     for item in batches:
-        for i in range(len(item[1])):
-            out = session.run(None, {k: v[i : i + 1] for k, v in item[0].items()})[0]
-            scores.append(metric(out, item[1][i : i + 1]))
+        for i in range(len(next(iter(item[0].values())))):
+            feed = {k: v[i : i + 1] for k, v in item[0].items()}
+            reference = fp32.run(None, feed)[0] if item[1] is None else item[1][i : i + 1]
+            scores.append(metric(session.run(None, feed)[0], reference))
     return float(np.concatenate(scores).mean())
 
 
@@ -97,7 +104,8 @@ def main() -> None:
         print(f"| model | {args.metric} | batch 32 ms | speedup |\n|---|---:|---:|---:|")
         for name, s in sessions.items():
             ms = statistics.median(times[name])
-            print(f"| {name} | {_score(s, evaluation, metric):.2f} | {ms:.2f} | {fp32_ms / ms:.2f}x |")
+            score = _score(s, evaluation, metric, sessions["FP32"])
+            print(f"| {name} | {score:.2f} | {ms:.2f} | {fp32_ms / ms:.2f}x |")
 
 
 if __name__ == "__main__":
