@@ -7,7 +7,7 @@ Runtime's and TensorRT's conventions: the output-channel axis of each op's weigh
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -63,18 +63,26 @@ def bias_scales(
     model: onnx.ModelProto, tensors: Mapping[str, TensorScale], op_types: Iterable[str], exclude: Iterable[str] = ()
 ) -> dict[str, TensorScale]:
     """int32 bias parameters derived from the node's input and weight scales, as ORT quantizes biases."""
-    inits = {i.name for i in model.graph.initializer}
-    wanted, skipped = set(op_types), set(exclude)
     out: dict[str, TensorScale] = {}
+    for node, bias, act, weight in _bias_reads(model, tensors, op_types, exclude):
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
+        out[bias.name] = bias_scale(bias.name, tensors[act], tensors[weight], beta)
+    return out
+
+
+def _bias_reads(
+    model: onnx.ModelProto, tensors: Mapping[str, TensorScale], op_types: Iterable[str], exclude: Iterable[str]
+) -> Iterator[tuple[onnx.NodeProto, onnx.TensorProto, str, str]]:
+    """(node, bias initializer, input name, weight name) of each quantized node whose input and weight have scales."""
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted, skipped = set(op_types), set(exclude)
     for node in model.graph.node:
         index = BIAS_INPUT.get(node.op_type)
         if node.op_type not in wanted or node.name in skipped or index is None or len(node.input) <= index:
             continue
         bias, act, weight = node.input[index], node.input[0], node.input[1]
         if bias in inits and act in tensors and weight in tensors:
-            beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
-            out[bias] = bias_scale(bias, tensors[act], tensors[weight], beta)
-    return out
+            yield node, inits[bias], act, weight
 
 
 def share_passthrough_scales(
@@ -112,19 +120,11 @@ def widen_weights_for_bias(
     (``_adjust_weight_scale_for_int32_bias``); its writer's adjustment is then switched off, so the artifact
     carries exactly these scales.
     """
-    inits = {i.name: i for i in model.graph.initializer}
-    wanted, skipped = set(op_types), set(exclude)
     qrange = float(np.iinfo(np.int32).max) - float(np.iinfo(np.int32).min + 1)
     out: dict[str, TensorScale] = {}
-    for node in model.graph.node:
-        index = BIAS_INPUT.get(node.op_type)
-        if node.op_type not in wanted or node.name in skipped or index is None or len(node.input) <= index:
-            continue
-        bias, act, weight = node.input[index], node.input[0], node.input[1]
-        if bias not in inits or act not in tensors or weight not in tensors:
-            continue
+    for _, bias, act, weight in _bias_reads(model, tensors, op_types, exclude):
         current = out.get(weight, tensors[weight])
-        values = np.abs(numpy_helper.to_array(inits[bias]).astype(np.float64)).reshape(-1)
+        values = np.abs(numpy_helper.to_array(bias).astype(np.float64)).reshape(-1)
         if current.axis is None:
             values = np.array([values.max(initial=0.0)])
         smallest = 1.0001 * 2.0 * values / qrange

@@ -81,8 +81,8 @@ class _Context:
     probe: LatencyProbe | None
     deadline: float
     trials: list[Trial]
-    calibration: CalibrationSet | None = None
-    work: Path | None = None
+    calibration: CalibrationSet
+    work: Path  # the search's scratch folder: trials that must be written go there
     models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
 
     def time_left(self) -> bool:
@@ -111,7 +111,7 @@ def run_search(
 ) -> SearchOutcome:  # fmt: skip
     """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
     started = time.perf_counter()
-    ctx = dataclasses.replace(_context(config, fp32_path, held, metric, started), calibration=calibration, work=work)
+    ctx = _context(config, fp32_path, held, metric, started, calibration, work)
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
     smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
@@ -143,7 +143,10 @@ def _confirmed(ctx: _Context, chosen: Trial | None) -> Trial | None:
     return again if again.pays(ctx.config.auto.min_gain) else None
 
 
-def _context(config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Metric, started: float) -> _Context:
+def _context(
+    config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Metric, started: float,
+    calibration: CalibrationSet, work: Path,
+) -> _Context:  # fmt: skip
     threads = config.benchmark.threads
     fp32 = onnx.load(str(fp32_path))
     session = create_session(fp32_path, threads=threads)
@@ -153,7 +156,8 @@ def _context(config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Me
     batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
     deadline = started + config.auto.budget_s
-    return _Context(config, fp32_path, fp32, scorer, scorer.score(fp32), metric, probe, deadline, [])
+    baseline = scorer.score(fp32)
+    return _Context(config, fp32_path, fp32, scorer, baseline, metric, probe, deadline, [], calibration, work)
 
 
 def _placement_trials(
@@ -275,7 +279,7 @@ def _variant(
     that producer would take the clip away with the pair, so those variants are written by the writer itself.
     """
     op_types = candidate.op_types(ctx.config.quantization.op_types)
-    if candidate.coverage != "chain" or ctx.calibration is None or ctx.work is None:
+    if candidate.coverage != "chain":
         return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
     folder = ctx.work / f"variant-{len(ctx.trials)}"
     written = quantize(configured(ctx.config, candidate), base.source, ctx.calibration, folder,

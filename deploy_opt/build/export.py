@@ -16,7 +16,7 @@ from deploy_opt.config.build import DTYPES, BuildConfig, ExportConfig, InputSpec
 from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
-from exporters.onnx.io import save_onnx
+from exporters.onnx.io import default_opset, save_onnx
 from exporters.onnx.normalize import (
     constants_to_initializers,
     fold_weight_chains,
@@ -115,7 +115,7 @@ def prepare_fp32(
     if config.model.inputs:
         check_declared_inputs(config.model.inputs, inputs, out)
         inputs = config.model.inputs
-    info["opset"] = _opset(proto)
+    info["opset"] = default_opset(proto)
     info["nodes"] = len(proto.graph.node)
     if torch_model is not None:
         parity = check_parity(
@@ -169,7 +169,7 @@ def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]
     """
     model = check_onnx(source)
     info: dict[str, Any] = {"source": str(source), "exporter": "none (model.onnx)"}
-    info["original"] = {"opset": _opset(model), "ir_version": model.ir_version, "producer": _producer(model)}
+    info["original"] = {"opset": default_opset(model), "ir_version": model.ir_version, "producer": _producer(model)}
     model, converted = upgrade_opset(model)
     changes = {
         "opset_converted": converted,
@@ -182,10 +182,6 @@ def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]
     return info
 
 
-def _opset(model: onnx.ModelProto) -> int | None:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-
-
 def _producer(model: onnx.ModelProto) -> str:
     return f"{model.producer_name} {model.producer_version}".strip() or "unknown"
 
@@ -196,7 +192,7 @@ def upgrade_opset(model: onnx.ModelProto, minimum: int = MIN_QDQ_OPSET) -> tuple
     Per-channel DequantizeLinear (its ``axis``) needs opset 13: an older file from another framework is converted
     with onnx's version converter first.
     """
-    version = _opset(model) or minimum
+    version = default_opset(model) or minimum
     if version >= minimum:
         return model, None
     try:

@@ -32,6 +32,7 @@ from deploy_opt.report.calibration_plot import tensor_summary
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
 from dopt_common.ort import int8_pairs_saturate
+from exporters.onnx.io import default_opset
 from exporters.ort.graph import quantized_nodes
 from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
 
@@ -141,7 +142,7 @@ def _provenance(
     cal = config.calibration
     provenance = {
         "model_sha256": sha256_file(fp32_path),
-        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "opset": default_opset(model),
         "calibration": {
             "method": cal.method,
             "overrides": [{"pattern": o.pattern, "method": o.method} for o in cal.overrides],

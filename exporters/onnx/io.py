@@ -10,6 +10,11 @@ import onnx
 from dopt_common.files import atomic_path
 
 
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset version (None when it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
 def save_onnx(proto: onnx.ModelProto, path: str | Path, external_data_mb: int = 1024) -> Path:
     """Write ``proto`` atomically; models larger than ``external_data_mb`` keep weights in ``<name>.data``."""
     path = Path(path)

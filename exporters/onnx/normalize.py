@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from calibrators.qparams import BIAS_INPUT, WEIGHT_INPUT
+from exporters.onnx.io import default_opset
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def modernise_ir(model: onnx.ModelProto) -> str | None:
     An IR-3 file lists every initializer as a graph input, so ORT treats its weights as inputs a caller may
     override: it neither folds them nor lets the quantizer treat them as constant weights.
     """
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(model) or 0
     needed = min((row[1] for row in onnx.helper.VERSION_TABLE if row[2] >= opset), default=onnx.IR_VERSION)
     inits = {i.name for i in model.graph.initializer}
     listed = [v for v in model.graph.input if v.name in inits]
@@ -140,12 +141,13 @@ def fold_weight_chains(model: onnx.ModelProto, max_nodes: int = 8) -> int:
 
     inits = {i.name: i for i in model.graph.initializer}
     producers = {out: node for node in model.graph.node for out in node.output}
+    order = {id(node): index for index, node in enumerate(model.graph.node)}
     folded: list[str] = []
     for node in model.graph.node:
         position = WEIGHT_INPUT.get(node.op_type)
         if position is None or len(node.input) <= position or node.input[position] in inits:
             continue
-        chain = _constant_chain(node.input[position], producers, inits, max_nodes)
+        chain = _constant_chain(node.input[position], producers, inits, max_nodes, order)
         if not chain:
             continue
         leaves = [inits[n] for n in dict.fromkeys(i for c in chain for i in c.input) if n in inits]
@@ -164,7 +166,11 @@ def fold_weight_chains(model: onnx.ModelProto, max_nodes: int = 8) -> int:
 
 
 def _constant_chain(
-    name: str, producers: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto], max_nodes: int
+    name: str,
+    producers: dict[str, onnx.NodeProto],
+    inits: dict[str, onnx.TensorProto],
+    max_nodes: int,
+    order: dict[int, int],
 ) -> list[onnx.NodeProto]:
     """The nodes (in graph order) that compute ``name`` from initializers only; [] when it reads anything else."""
     chain: dict[int, onnx.NodeProto] = {}
@@ -179,7 +185,6 @@ def _constant_chain(
         if id(node) not in chain:
             chain[id(node)] = node
             stack.extend(node.input)
-    order = {id(n): i for i, n in enumerate(producers.values())}
     return sorted(chain.values(), key=lambda n: order[id(n)])
 
 
