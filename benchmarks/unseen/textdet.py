@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -41,13 +40,7 @@ def _sibling(name: str) -> ModuleType:
 
 def prepare(cache: Path = CACHE) -> Path:
     """Copy the packaged ONNX file to ``cache`` (where textdet.yaml's model.onnx points) and return its path."""
-    source = _sibling("textdir").packaged_model().with_name(MODEL_FILE)
-    out = cache / MODEL_FILE
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(out)
-    return out
+    return _sibling("textdir").prepare(cache, MODEL_FILE)
 
 
 def map_iou(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -47,20 +47,20 @@ def _texts() -> ModuleType:
     return module
 
 
-def packaged_model() -> Path:
-    """The classifier's path inside the installed ``rapidocr_onnxruntime`` package."""
+def packaged_model(name: str = MODEL_FILE) -> Path:
+    """The path of the ONNX file ``name`` (default: the classifier) inside the installed ``rapidocr_onnxruntime``."""
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("rapidocr_onnxruntime is not installed: pip install rapidocr-onnxruntime --no-deps")
-    return Path(next(iter(spec.submodule_search_locations))) / "models" / MODEL_FILE
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / name
 
 
-def prepare(cache: Path = CACHE) -> Path:
-    """Copy the packaged ONNX file to ``cache`` (where textdir.yaml's model.onnx points) and return its path."""
-    out = cache / MODEL_FILE
+def prepare(cache: Path = CACHE, name: str = MODEL_FILE) -> Path:
+    """Copy the packaged ONNX file ``name`` to ``cache`` (where the model's config points) and return its path."""
+    out = cache / name
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    shutil.copyfile(packaged_model(), tmp)
+    shutil.copyfile(packaged_model(name), tmp)
     tmp.replace(out)
     return out
 
@@ -100,13 +100,13 @@ def render(text: str, index: int, rotated: bool) -> Any:
     return image.transpose(Image.Transpose.ROTATE_180) if rotated else image
 
 
-def preprocess(image: Any) -> np.ndarray:
-    """RapidOCR's resize_norm_img: [3, 48, 192] float32, aspect kept, (x/255-0.5)/0.5, zero-padded right."""
+def preprocess(image: Any, size: int = WIDTH) -> np.ndarray:
+    """RapidOCR's resize_norm_img: [3, 48, size] float32, aspect kept, (x/255-0.5)/0.5, zero-padded right."""
     from PIL import Image
 
-    width = min(WIDTH, math.ceil(HEIGHT * image.width / image.height))
+    width = min(size, math.ceil(HEIGHT * image.width / image.height))
     resized = np.asarray(image.resize((width, HEIGHT), Image.Resampling.BILINEAR), dtype=np.float32)
-    out = np.zeros((3, HEIGHT, WIDTH), dtype=np.float32)
+    out = np.zeros((3, HEIGHT, size), dtype=np.float32)
     out[:, :, :width] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
     return out
 

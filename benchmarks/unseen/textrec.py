@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
-import shutil
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -53,20 +51,12 @@ def _sibling(name: str) -> ModuleType:
 
 def packaged_model() -> Path:
     """The recogniser's path inside the installed ``rapidocr_onnxruntime`` package."""
-    spec = importlib.util.find_spec("rapidocr_onnxruntime")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("rapidocr_onnxruntime is not installed: pip install rapidocr-onnxruntime --no-deps")
-    return Path(next(iter(spec.submodule_search_locations))) / "models" / MODEL_FILE
+    return _sibling("textdir").packaged_model(MODEL_FILE)
 
 
 def prepare(cache: Path = CACHE) -> Path:
     """Copy the packaged ONNX file to ``cache`` (where textrec.yaml's model.onnx points) and return its path."""
-    out = cache / MODEL_FILE
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.copyfile(packaged_model(), tmp)
-    tmp.replace(out)
-    return out
+    return _sibling("textdir").prepare(cache, MODEL_FILE)
 
 
 @lru_cache(maxsize=1)
@@ -114,17 +104,6 @@ def char_accuracy(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.array(scores)
 
 
-def preprocess(image: Any) -> np.ndarray:
-    """RapidOCR's resize_norm_img at [3, 48, 320]: aspect kept, (x/255-0.5)/0.5, zero-padded on the right."""
-    from PIL import Image
-
-    width = min(WIDTH, math.ceil(HEIGHT * image.width / image.height))
-    resized = np.asarray(image.resize((width, HEIGHT), Image.Resampling.BILINEAR), dtype=np.float32)
-    out = np.zeros((3, HEIGHT, WIDTH), dtype=np.float32)
-    out[:, :, :width] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
-    return out
-
-
 def _fitting(text: str, index: int, textdir: ModuleType) -> tuple[str, Any]:
     """The longest word prefix of ``text`` whose rendering fits 320 px at height 48, and that image."""
     words = text.split()
@@ -138,7 +117,7 @@ def _fitting(text: str, index: int, textdir: ModuleType) -> tuple[str, Any]:
 def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> list[Item]:
     textdir = _sibling("textdir")
     pairs = [_fitting(line, i, textdir) for i, line in enumerate(textdir._lines(sentences, count))]
-    pixels = np.stack([preprocess(image) for _, image in pairs])
+    pixels = np.stack([textdir.preprocess(image, WIDTH) for _, image in pairs])  # RapidOCR's resize_norm_img
     labels = np.stack([encode(text) for text, _ in pairs])
     ids = [f"{prefix}-{i}" for i in range(len(pairs))]
     return [
