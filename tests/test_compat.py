@@ -158,11 +158,11 @@ def test_a_qdq_node_without_an_int8_kernel_runs_in_float_on_cpu() -> None:
     assert rows["q"]["tensorrt"]["10.1"]["restriction"] == "satisfied"  # zero point 0, as TensorRT wants
 
 
-def test_a_nonzero_zero_point_is_a_tensorrt_restriction_that_applies() -> None:
+def test_a_nonzero_zero_point_fails_tensorrt_at_parse_time() -> None:
     rows = {r["name"]: r for r in check_compat(_qdq_model(3), ("tensorrt",))["nodes"]}
     for name in ("q", "dq"):
-        assert rows[name]["tensorrt"]["10.1"]["restriction"] == "applies"
-        assert rows[name]["status"]["tensorrt"] == "fallback" and "zero" in rows[name]["reasons"]["tensorrt"]
+        assert rows[name]["tensorrt"]["10.1"]["restriction"] == "applies"  # the table's clause, and the importer's
+        assert rows[name]["status"]["tensorrt"] == "fail" and "non-zero zero point" in rows[name]["reasons"]["tensorrt"]
 
 
 @pytest.mark.skipif(not LIGHT_MODELS, reason=f"the installed onnx has no light test models in {LIGHT}")

@@ -43,7 +43,10 @@ auto: {{budget_s: 20}}  # VGG-19 alone is 550 MB of weights: the search stops st
     assert build["quantization"]["quantized_nodes"] > 0 and result.gate.passed, result.gate.lines()
     assert build["alignment"]["verdict"].startswith("pass")
     assert build["comparison"]["verdict"] == "pass", build["comparison"]
-    for report in build["backends"]["compat"].values():  # the FP32 and the Q/DQ model, on every known backend
-        assert all(counts["fail"] == 0 for counts in report["summary"].values()), report
+    compat = build["backends"]["compat"]
+    # The FP32 model runs on every known backend; the Q/DQ model on the build's target (ORT CPU's form, with
+    # int32 biases, which TensorRT's parser refuses: a TensorRT target gets a form of its own).
+    assert all(counts["fail"] == 0 for counts in compat["compat"]["summary"].values()), compat
+    assert compat["compat.int8"]["summary"]["ort-cpu"]["fail"] == 0, compat
     int8 = create_session(result.out_dir / "model.int8.onnx", threads=1)
     assert int8.get_inputs()[0].shape[0] == 1

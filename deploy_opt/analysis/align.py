@@ -2,6 +2,7 @@
 
 Each artifact is read by the reader of its own format, never by the code that wrote it from scales.json:
 - ``model.int8.onnx``: the Q/DQ scale and zero-point initializers (``read_qdq_scales``);
+- ``model.trt.onnx``, where a build targets ORT CPU and TensorRT: the same, less the biases it keeps float;
 - ``calibration.cache``: the TensorRT cache lines (activation scales only; the format has no weights);
 - ``encodings.json``: the AIMET encodings;
 - ``overrides.json``: ORT TensorQuantOverrides;
@@ -113,6 +114,7 @@ def verify_alignment(build_dir: str | Path) -> AlignReport:
     scales = load_scale_file(scales_path)
     readers: list[tuple[str, Callable[[Path], Mapping[str, TensorScale]], Callable[[ScaleFile], dict]]] = [
         ("model.int8.onnx", read_qdq_scales, lambda s: dict(s.tensors)),
+        ("model.trt.onnx", read_qdq_scales, _overrides_expected),  # TensorRT's form: the biases are float
         ("calibration.cache", _read_cache, _cache_expected),
         ("encodings.json", _read_aimet, lambda s: dict(s.tensors)),
         ("overrides.json", _read_overrides, _overrides_expected),
@@ -157,8 +159,9 @@ def _check_engine(folder: Path, scales: ScaleFile) -> ArtifactCheck:
     status = tensorrt_status()
     if not status.startswith("available"):
         return ArtifactCheck(engine.name, "skipped", note=f"tensorrt {status}")
-    found = engine_scales(folder / "model.int8.onnx")
-    expected = {n: t.scale_bits for n, t in scales.tensors.items()}
+    source = next(p for p in (folder / "model.trt.onnx", folder / "model.int8.onnx") if p.is_file())
+    found = engine_scales(source)
+    expected = {n: t.scale_bits for n, t in scales.tensors.items() if t.role != "bias"}  # TensorRT keeps biases float
     got = {n: tuple(float32_hex(v) for v in values) for n, values in found.items()}
     drifted = tuple(sorted(n for n in set(expected) & set(got) if expected[n] != got[n]))
     missing = tuple(sorted(set(expected) - set(got)))
@@ -170,7 +173,7 @@ def _check_engine(folder: Path, scales: ScaleFile) -> ArtifactCheck:
         drifted,
         missing,
         extra,
-        note="scales TensorRT's ONNX parser reads from model.int8.onnx, the engine's source",
+        note=f"scales TensorRT's ONNX parser reads from {source.name}, the engine's source",
     )
 
 
@@ -198,7 +201,7 @@ def _read_overrides(path: Path) -> Mapping[str, TensorScale]:
 
 
 def _overrides_expected(scales: ScaleFile) -> dict[str, TensorScale]:
-    """ORT derives bias scales itself, so overrides hold activations and weights."""
+    """Activations and weights: ORT derives bias scales itself, and TensorRT's form keeps biases float."""
     return {n: t for n, t in scales.tensors.items() if t.role != "bias"}
 
 

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnx import defs, shape_inference
 
 from deploy_opt.analysis import compat_data as data
+from deploy_opt.analysis.trt_qdq import qdq_problem
 from deploy_opt.analysis.trt_restrictions import NodeFacts, check_restrictions
 from dopt_common.errors import ConfigError, ModelError, ReportError
 
@@ -43,6 +44,7 @@ class _Graph:
     ranks: Mapping[str, int]
     constants: Mapping[str, onnx.TensorProto]
     dq_outputs: frozenset[str]
+    readers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
     cpu: data.KernelTable
     cuda: data.KernelTable
     tensorrt: data.TensorRTVersion
@@ -70,6 +72,7 @@ def check_compat(
         ranks=ranks,
         constants=constants,
         dq_outputs=frozenset(n.output[0] for n, _, _ in nodes if n.op_type == "DequantizeLinear" and n.output),
+        readers=_readers(n for n, _, _ in nodes),
         cpu=cpu,
         cuda=data.cuda_kernels(),
         tensorrt=tensorrt,
@@ -141,6 +144,16 @@ def _walk(graph: onnx.GraphProto, where: str) -> Iterator[tuple[onnx.NodeProto, 
                 yield from ((n, w, None) for n, w, _ in _walk(sub, f"{node.name or node.op_type}/{attr.name}"))
 
 
+def _readers(nodes: Iterator[onnx.NodeProto]) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    """Tensor name -> the nodes reading it, with the input index."""
+    found: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in nodes:
+        for index, name in enumerate(node.input):
+            if name:
+                found.setdefault(name, []).append((node, index))
+    return found
+
+
 def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for attr in (a for node in graph.node for a in node.attribute):
@@ -196,6 +209,9 @@ def _node_row(index: int, node: onnx.NodeProto, where: str, top: int | None, gra
         for v in data.tensorrt_versions()
     }
     verdicts = _verdicts(cpu, cuda, int8, quantized, tensorrt[graph.tensorrt.version], graph.tensorrt.version)
+    problem = qdq_problem(node, graph.types, graph.constants, graph.readers, graph.opsets.get("", 0))
+    if problem is not None and domain == "":
+        verdicts["tensorrt"] = ("fail", f"TensorRT {graph.tensorrt.version}: {problem}")
     return {
         "index": index,
         "name": node.name or f"{node.op_type}_{index}",

@@ -61,6 +61,14 @@ def allowed_schemes(targets: tuple[str, ...], preferred: str) -> tuple[str, ...]
     return (preferred, *(s for s in SCHEMES if s != preferred))
 
 
+def allowed_placements(targets: tuple[str, ...], placements: tuple[str, ...]) -> tuple[str, ...]:
+    """The placements the targets fuse: TensorRT's guidance (and ModelOpt's ONNX PTQ) quantizes the inputs of
+    weighted ops and never their outputs on their own, so a TensorRT target searches "inputs" only."""
+    if "tensorrt" in targets:
+        return tuple(p for p in placements if p == "inputs")
+    return placements
+
+
 def configured(config: BuildConfig, candidate: Candidate) -> BuildConfig:
     """The build config that quantizes exactly as ``candidate`` says (manual mode, no further fallback)."""
     quant = dataclasses.replace(

@@ -32,7 +32,7 @@ from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_
 from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
 from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
-from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_schemes, configured
+from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placements, allowed_schemes, configured
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
@@ -164,7 +164,8 @@ def _placement_trials(
     ctx: _Context, fp32_path: Path, calibration: CalibrationSet, static: tuple[str, ...], work: Path
 ) -> list[Base]:
     config, bases = ctx.config, []
-    shapes = [(p, "weighted") for p in PLACEMENTS] + ([("outputs", "chain")] if _chains_pay(ctx) else [])
+    placements = allowed_placements(config.deploy.targets, PLACEMENTS)
+    shapes = [(p, "weighted") for p in placements] + ([("outputs", "chain")] if _chains_pay(ctx) else [])
     widest = configured(config, Candidate("outputs", config.quantization.activations, None, static, shapes[-1][1]))
     first: ActivationRanges | None = None  # one calibration pass (of every tensor any shape quantizes)
     for scheme in allowed_schemes(config.deploy.targets, config.quantization.activations):

@@ -3,12 +3,15 @@
 - ``encodings.json``: AIMET encodings (every build);
 - ``calibration.cache``: the legacy TensorRT cache, when activations are symmetric (TensorRT's only scheme);
 - ``model.engine``: a TensorRT engine from the Q/DQ model, when the profile targets TensorRT and tensorrt runs
-  here. Without tensorrt every step up to the builder call still runs, and the build records why it stopped.
+  here, with an optimisation profile spanning every input shape the build saw. Without tensorrt every step up to
+  the builder call still runs, and the build records why it stopped. Its timings sit beside ORT CUDA's only when
+  the ORT session really runs on CUDA.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,24 @@ from deploy_opt.config.build import BuildConfig
 from dopt_common.errors import DeployOptError
 from exporters.aimet import write_aimet_encodings
 from exporters.tensorrt.cache import write_trt_cache
+from exporters.tensorrt.profile import Shape, ShapeProfile, declared_dims, input_shapes
 
 log = logging.getLogger(__name__)
 DEFAULT_TRT_VERSION = "10.0.1"
 
 
-def write_backend_artifacts(config: BuildConfig, quantized: QuantizedModel, sample: Batch, stage: Path) -> dict:
-    """Write the interop files and, where possible, the TensorRT engine; returns the build.json section."""
+def write_backend_artifacts(
+    config: BuildConfig,
+    quantized: QuantizedModel,
+    sample: Batch,
+    stage: Path,
+    shapes: Sequence[Mapping[str, Shape]] = (),
+) -> dict:
+    """Write the interop files and, where possible, the TensorRT engine; returns the build.json section.
+
+    ``shapes``: ``{input: shape}`` of every batch the build runs (calibration and evaluation), for the engine's
+    optimisation profile.
+    """
     scales = quantized.scales
     record: dict[str, Any] = {"aimet": write_aimet_encodings(scales, stage / "encodings.json").name}
     if scales.activations == "symmetric":
@@ -37,23 +51,41 @@ def write_backend_artifacts(config: BuildConfig, quantized: QuantizedModel, samp
             "int8, so build with a TensorRT profile or --set quantization.activations=symmetric"
         )
     if "tensorrt" in config.deploy.targets:
-        record["tensorrt"] = build_tensorrt(config, quantized, sample, stage)
+        qdq = tensorrt_qdq(quantized.path, stage, config.export.external_data_mb)
+        if qdq != quantized.path:
+            record["tensorrt_qdq"] = (
+                f"{qdq.name}: model.int8.onnx keeps ORT's int32 biases for ORT CPU; TensorRT refuses them, so the "
+                "engine is built from this copy with float biases and the same scales"
+            )
+        record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes)
     return record
 
 
-def build_tensorrt(config: BuildConfig, quantized: QuantizedModel, sample: Batch, stage: Path) -> dict[str, Any]:
+def tensorrt_qdq(qdq: Path, stage: Path, external_data_mb: int) -> Path:
+    """The Q/DQ model TensorRT parses: ``qdq`` itself, or its float-bias copy where it has int32 biases."""
+    import onnx
+
+    from exporters.tensorrt.form import int32_dequantize_nodes, to_tensorrt_form
+
+    if not int32_dequantize_nodes(onnx.load(str(qdq), load_external_data=False)):
+        return qdq
+    return to_tensorrt_form(qdq, stage / "model.trt.onnx", external_data_mb)[0]
+
+
+def build_tensorrt(
+    config: BuildConfig, qdq: Path, sample: Batch, stage: Path, shapes: Sequence[Mapping[str, Shape]]
+) -> dict[str, Any]:
     """The engine and its timing against ORT CUDA, or 'not available: why' without failing the build."""
-    from exporters.tensorrt.engine import ShapeProfile, build_engine, tensorrt_status
+    from exporters.tensorrt.engine import build_engine, tensorrt_status
 
     status = tensorrt_status()
     if not status.startswith("available"):
         log.warning("tensorrt: %s; the Q/DQ model, cache and compat report are written, the engine is not", status)
         return {"status": f"tensorrt: {status}"}
-    sizes = config.benchmark.batch_sizes
-    profile = ShapeProfile.from_sample(sample.inputs, max_batch=max(max(sizes), sample.size))
     try:
+        profile = engine_profile(config, qdq, sample, shapes)
         built = build_engine(
-            quantized.path,
+            qdq,
             stage / "model.engine",
             profile,
             fp16_fallback=config.deploy.fallback_precision == "fp16",
@@ -62,32 +94,84 @@ def build_tensorrt(config: BuildConfig, quantized: QuantizedModel, sample: Batch
         log.error("tensorrt engine build failed: %s", exc)
         return {"status": f"tensorrt: build failed: {exc}"}
     record: dict[str, Any] = {"status": f"built: {built.path.name}", **built.to_json()}
-    record["timing_ms"] = time_engine_vs_ort_cuda(built.path, quantized.path, sample, sizes)
+    record["profile"] = {name: profile.describe(name) for name in profile.shapes}
+    try:
+        record["timing_ms"] = time_engine_vs_ort_cuda(built.path, qdq, sample, config.benchmark.batch_sizes)
+    except DeployOptError as exc:
+        log.error("tensorrt timing failed: %s", exc)
+        record["timing_ms"] = f"failed: {exc}"
     return record
 
 
+def engine_profile(
+    config: BuildConfig, qdq: Path, sample: Batch, shapes: Sequence[Mapping[str, Shape]]
+) -> ShapeProfile:
+    """min/opt/max per input from every shape the build runs: calibration, evaluation, benchmark and compare.
+
+    Batch: 1 to the largest batch any stage runs, tuned for the gate's batch. Other symbolic dims: the range
+    seen, tuned for the benchmark sample's (the shape the timings are taken at).
+    """
+    sizes = config.benchmark.batch_sizes
+    compare = config.compare.batch_size if config.compare.enabled else 1
+    sample_shapes = input_shapes([sample.inputs])[0]
+    return ShapeProfile.from_shapes(
+        [*shapes, sample_shapes],
+        max_batch=max(*sizes, compare, sample.size),
+        opt_batch=config.gate.speedup_batch or max(sizes),
+        declared=declared_dims(qdq),
+        opt=sample_shapes,
+    )
+
+
+TIMING_METHOD = (
+    "median ms per batch size; tensorrt_execute: CUDA events around execute_async_v3 alone; tensorrt and "
+    "ort_cuda: wall clock per call with host-device copies (the like-for-like pair the speedup divides)"
+)
+ORT_GPU_FIX = "pip install 'onnxruntime-gpu[cuda,cudnn]' in place of onnxruntime"
+
+
 def time_engine_vs_ort_cuda(engine: Path, qdq: Path, sample: Batch, sizes: tuple[int, ...]) -> dict[str, Any]:
-    """Median ms per batch size: the engine, and ORT CUDA on the same Q/DQ model where its EP exists."""
-    import onnxruntime as ort
+    """Median ms per batch size: the engine, and ORT CUDA on the same Q/DQ model where CUDA really runs it."""
+    from exporters.tensorrt.runner import engine_runner, time_runner, wall_median_ms
 
-    from dopt_common.ort import create_session
-    from exporters.tensorrt.engine import engine_runner, time_runner
-
-    run = engine_runner(engine)
-    cuda = None
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        cuda = create_session(qdq, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
-    timing: dict[str, Any] = {}
-    for size in sizes:
-        feeds = feed_of_size(sample, size)
-        row = {"tensorrt": time_runner(run, feeds)}
-        if cuda is not None:
-            row["ort_cuda"] = time_runner(lambda f: cuda.run(None, f), feeds)
-            row["speedup_vs_ort_cuda"] = row["ort_cuda"] / row["tensorrt"]
-        timing[str(size)] = row
-    if cuda is None:
-        timing["ort_cuda"] = "not available: the installed onnxruntime has no CUDAExecutionProvider"
+    session, cuda_status = ort_cuda_session(qdq)
+    timing: dict[str, Any] = {"method": TIMING_METHOD, "ort_cuda": cuda_status}
+    with engine_runner(engine) as runner:
+        for size in sizes:
+            feeds = feed_of_size(sample, size)
+            row = {"tensorrt_execute": time_runner(runner, feeds), "tensorrt": wall_median_ms(runner, feeds)}
+            if session is not None:
+                row["ort_cuda"] = wall_median_ms(lambda f: session.run(None, f), feeds)
+                row["speedup_vs_ort_cuda"] = row["ort_cuda"] / row["tensorrt"]
+            timing[str(size)] = row
     return timing
+
+
+def ort_cuda_session(qdq: Path) -> tuple[Any | None, str]:
+    """An ORT session that really runs on CUDA, or (None, 'not available: why').
+
+    ORT falls back to CPU without an error when the CUDA or cuDNN libraries do not load (onnxruntime-gpu
+    installed without its ``[cuda,cudnn]`` extras), so the session's own providers are checked, not only the
+    package's.
+    """
+    from dopt_common.deps import require
+    from dopt_common.ort import create_session
+
+    ort = require("onnxruntime", purpose="timing ONNX Runtime CUDA")
+    available = list(ort.get_available_providers())
+    if "CUDAExecutionProvider" not in available:
+        return None, f"not available: onnxruntime has no CUDAExecutionProvider ({available}); fix: {ORT_GPU_FIX}"
+    try:
+        session = create_session(qdq, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    except DeployOptError as exc:
+        return None, f"not available: {exc}"
+    providers = list(session.get_providers())
+    if "CUDAExecutionProvider" not in providers:
+        return None, (
+            f"not available: session fell back to CPU (providers {providers}: the CUDA/cuDNN libraries did not "
+            f"load); fix: {ORT_GPU_FIX}"
+        )
+    return session, f"ran on {providers}"
 
 
 def _installed_trt_version() -> str | None:

@@ -25,6 +25,7 @@ from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate
 from dopt_common.files import ensure_writable_dir
 from dopt_common.runs import Timings, seed_everything, staged_dir
+from exporters.tensorrt.profile import input_shapes
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,11 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         with times.stage("sensitivity_fallback"):
             precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
     shipped = precision.shipped
+    samples = evaluation if isinstance(evaluation, list) else inputs.head  # what the comparison will run
+    # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
+    shapes = input_shapes(b.inputs for b in (*inputs.calibration.batches, *samples))
     with times.stage("backends"):
-        backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage)
+        backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage, shapes)
     with times.stage("evaluate"):
         models = {"ort_fp32": fp32.path, "ort_int8": shipped.path}
         if precision.mixed:
@@ -76,7 +80,6 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("benchmark"):
         bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0])
     with times.stage("compare_align"):
-        samples = evaluation if isinstance(evaluation, list) else inputs.head
         verified = compare_and_align(
             config.compare, (fp32.path, shipped.path), samples, stage, config.seed, inputs.torch_model, threads,
             judge_top1=metric.name == "top1",

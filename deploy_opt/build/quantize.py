@@ -87,8 +87,10 @@ def quantize(
     # ORT clips weight codes to the full int8 range, so a clipped (mse) 7-bit scale would let outliers past ±63.
     weights = "absmax" if levels < 127 else cal.weights
     tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, weights, levels)
-    tensors |= widen_weights_for_bias(model, tensors, quant.op_types, quant.exclude_nodes)
-    tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
+    int32_bias = int32_biases(config.deploy.targets)
+    if int32_bias:  # ORT's form: a bias quantized to int32 at input × weight scale must not overflow
+        tensors |= widen_weights_for_bias(model, tensors, quant.op_types, quant.exclude_nodes)
+        tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(
         quant.activations, tensors, _provenance(config, model, fp32_path, ranges, calibration, smoothing, weights),
@@ -102,6 +104,7 @@ def quantize(
         exclude_nodes=quant.exclude_nodes,
         external_data_mb=config.export.external_data_mb,
         quantize_outputs=quant.quantize_outputs,
+        int32_bias=int32_bias,
     )
     written = onnx.load(str(int8_path))
     carried = read_qdq_scales(int8_path, written)
@@ -116,6 +119,16 @@ def quantize(
         "weight_range": why, "quantized_nodes": nodes, "quantizable_nodes": quantizable,
     }  # fmt: skip
     return QuantizedModel(int8_path, scales_path, scales, info, ranges)
+
+
+def int32_biases(targets: tuple[str, ...]) -> bool:
+    """Whether the Q/DQ model carries ORT's int32 bias DequantizeLinear nodes.
+
+    ORT CPU's integer kernels fuse them; TensorRT's parser refuses them (it fuses a float bias itself). So a
+    TensorRT target without ORT CPU gets float biases; with both, model.int8.onnx keeps ORT's form and the
+    TensorRT engine is built from its float-bias copy (exporters/tensorrt/form.py), with the same scales.
+    """
+    return "tensorrt" not in targets or "ort-cpu" in targets
 
 
 def weight_levels(weight_range: str, targets: tuple[str, ...]) -> tuple[int, str]:

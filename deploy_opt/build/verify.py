@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,26 @@ class Verification:
 
 
 def write_backends(
-    config: BuildConfig, fp32_path: Path, shipped: QuantizedModel, sample: Batch, stage: Path
+    config: BuildConfig,
+    fp32_path: Path,
+    shipped: QuantizedModel,
+    sample: Batch,
+    stage: Path,
+    shapes: Sequence[Mapping[str, tuple[int, ...]]] = (),
 ) -> dict[str, Any]:
-    """AIMET, TensorRT cache and engine from scales.json, plus compat reports of the FP32 and Q/DQ models."""
-    backends = write_backend_artifacts(config, shipped, sample, stage)
+    """AIMET, TensorRT cache and engine from scales.json, plus compat reports of the FP32 and Q/DQ models.
+
+    ``shapes``: every batch's ``{input: shape}`` (calibration and evaluation), for the engine's profile.
+    """
+    backends = write_backend_artifacts(config, shipped, sample, stage, shapes)
     compat = {}
-    for name, model in (("compat", fp32_path), ("compat.int8", shipped.path)):
-        report = check_compat(model, config.deploy.targets)
+    targets = config.deploy.targets
+    reports = [("compat", fp32_path, targets), ("compat.int8", shipped.path, targets)]
+    if (stage / "model.trt.onnx").is_file():  # TensorRT's form of the Q/DQ model is judged for TensorRT alone
+        others = tuple(t for t in targets if t != "tensorrt")
+        reports[1:] = [("compat.int8", shipped.path, others), ("compat.trt", stage / "model.trt.onnx", ("tensorrt",))]
+    for name, model, judged in reports:
+        report = check_compat(model, judged)
         write_compat(report, stage, name=name)
         compat[name] = {"summary": report.get("summary"), "flagged": len(report.get("flagged") or [])}
     return {**backends, "compat": compat}
@@ -68,20 +82,21 @@ def compare_and_align(
     comparison = None
     if compare.enabled:
         seed = seed if compare.seed is None else compare.seed
-        extra = {}
-        if (stage / "model.engine").is_file():
-            from exporters.tensorrt.engine import engine_runner
+        with ExitStack() as stack:
+            extra = {}
+            if (stage / "model.engine").is_file():
+                from exporters.tensorrt.runner import engine_runner
 
-            extra["tensorrt_int8"] = engine_runner(stage / "model.engine")
-        comparison = compare_backends(
-            *models,
-            fixed_samples(list(samples), compare.samples, seed),
-            stage,
-            config=compare,
-            seed=seed,
-            torch_model=torch_model,
-            extra_runners=extra,
-            threads=threads,
-            judge_top1=judge_top1,
-        )
+                extra["tensorrt_int8"] = stack.enter_context(engine_runner(stage / "model.engine"))
+            comparison = compare_backends(
+                *models,
+                fixed_samples(list(samples), compare.samples, seed),
+                stage,
+                config=compare,
+                seed=seed,
+                torch_model=torch_model,
+                extra_runners=extra,
+                threads=threads,
+                judge_top1=judge_top1,
+            )
     return Verification(comparison, verify_alignment(stage))

@@ -44,8 +44,14 @@ def write_ort_qdq(
     exclude_nodes: Iterable[str] = (),
     external_data_mb: int = 1024,
     quantize_outputs: bool = True,
+    int32_bias: bool = True,
 ) -> Path:
-    """Write the Q/DQ model for ORT from ``scales`` with ORT's QDQQuantizer."""
+    """Write the Q/DQ model for ORT from ``scales`` with ORT's QDQQuantizer.
+
+    ``int32_bias``: ORT's form, each quantized node's bias an int32 DequantizeLinear (ORT CPU's integer kernels
+    fuse it). False is TensorRT's form: biases stay float, as TensorRT's parser refuses int32 Q/DQ and fuses a
+    float bias itself; the scales are the same bits either way.
+    """
     quant = require("onnxruntime.quantization", purpose="writing the ORT Q/DQ model")
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
@@ -84,6 +90,7 @@ def write_ort_qdq(
             # The scale file already widens a weight scale whose bias would overflow int32 (qparams.
             # widen_weights_for_bias); ORT must not widen it again behind the scale file's back.
             "QDQDisableWeightAdjustForInt32Bias": True,
+            "QuantizeBias": int32_bias,
             # ORT's default: a quantized Relu or Clip after a quantized node is removed, its clip done by the
             # Q/DQ pair with the activation's own (finer) range. Variants of such a model cannot be derived by
             # dropping Q/DQ pairs (the clip would go with them), so the auto search writes them (search.py).

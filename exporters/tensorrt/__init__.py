@@ -1,1 +1,1 @@
-"""TensorRT: the engine built from the Q/DQ model, the legacy (<= 10) calibration cache and calibrator."""
+"""TensorRT: the engine built from the Q/DQ model (engine, profile, runner) and the legacy (<= 10) calibration cache."""

@@ -1,8 +1,9 @@
 """The TensorRT artifact: an engine built from the Q/DQ ONNX model (explicit quantization, TensorRT 10/11).
 
 ``tensorrt`` is imported inside the functions, so this module imports everywhere; ``tensorrt_status`` says
-whether a build can happen here. Explicit Q/DQ is the only INT8 path TensorRT 11 has (10.1 deprecated implicit
-calibration). The legacy path for TensorRT <= 10 lives in ``exporters/tensorrt/legacy.py``.
+whether a build can happen here. Explicit Q/DQ is the only INT8 path this project builds: TensorRT 10.1
+deprecated implicit calibration and TensorRT 11 removed it. The optimisation profile is in ``profile.py`` and
+the runner (preallocated buffers, its own stream, CUDA-event timing) in ``runner.py``.
 
 Scales: TensorRT builds from the Q/DQ model's scale initializers. ``network_scales`` reads them back out of the
 network TensorRT's own ONNX parser produced (the quantize layers' scale constants), which is what the engine is
@@ -12,18 +13,21 @@ compiled from; an explicit-quantization engine exposes no per-tensor ranges of i
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from dopt_common.deps import require
 from dopt_common.errors import ExportError
 from dopt_common.files import atomic_path
 from exporters.ort.qdq import INITIALIZER_SUFFIX, OUTPUT_SUFFIX
+from exporters.tensorrt.profile import ShapeProfile
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +45,6 @@ def tensorrt_status() -> str:
     except Exception as exc:
         return f"not available: {type(exc).__name__}: {exc}"
     return f"available: tensorrt {trt.__version__}"
-
-
-@dataclass(frozen=True)
-class ShapeProfile:
-    """min/opt/max shape of every input, for the engine's optimization profile."""
-
-    shapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
-
-    @classmethod
-    def from_sample(cls, sample: Mapping[str, np.ndarray], max_batch: int) -> ShapeProfile:
-        """Batch from 1 to ``max_batch`` (opt: the sample's), every other dim fixed at the sample's."""
-        shapes = {}
-        for name, array in sample.items():
-            rest = tuple(int(d) for d in array.shape[1:])
-            opt = max(1, min(int(array.shape[0]), max_batch))
-            shapes[name] = ((1, *rest), (opt, *rest), (max_batch, *rest))
-        return cls(shapes)
 
 
 @dataclass(frozen=True)
@@ -104,30 +91,70 @@ def parse_onnx(trt: Any, builder: Any, onnx_path: Path, strongly_typed: bool) ->
     return network, parser
 
 
-def network_scales(trt: Any, network: Any) -> dict[str, tuple[float, ...]]:
+def network_scales(trt: Any, network: Any, initializers: Collection[str] = ()) -> dict[str, tuple[float, ...]]:
     """Per quantized tensor, the scale(s) TensorRT's network carries, keyed as ``read_qdq_scales`` keys them.
 
-    Activations: the quantize layer's input tensor and the constant feeding its scale. Weights (stored already
-    quantized, so only a dequantize layer): the constant's name without ORT's ``_quantized`` suffix.
+    Activations: the quantize layer's input tensor, keyed by its name. Weights (stored already quantized, so
+    only a dequantize layer): keyed by the initializer's name without ORT's ``_quantized`` suffix. The parser
+    turns an initializer into a constant layer named after the initializer, and leaves that layer's output
+    tensor TensorRT's default name ("(Unnamed Layer* 7) [Constant]_output"), so a weight is found by its
+    constant LAYER's name. ``initializers``: the ONNX model's initializer names, to undo the "_<n>" suffix the
+    parser adds when a layer of that name already exists.
     """
-    constants = {}
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type == trt.LayerType.CONSTANT:
-            layer.__class__ = trt.IConstantLayer  # get_layer returns ILayer; the cast exposes .weights
-            constants[layer.get_output(0).name] = layer
+    constants = _constant_layers(trt, network, set(initializers))
     found: dict[str, tuple[float, ...]] = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         if layer.type not in (trt.LayerType.QUANTIZE, trt.LayerType.DEQUANTIZE):
             continue
-        source, scale = layer.get_input(0).name, constants.get(layer.get_input(1).name)
-        if scale is None or (layer.type == trt.LayerType.DEQUANTIZE and source not in constants):
-            continue  # an activation's dequantize half: its quantize layer was read
-        name = source.removesuffix(INITIALIZER_SUFFIX) if source in constants else source.removesuffix(OUTPUT_SUFFIX)
-        values = np.asarray(scale.weights.numpy(), dtype=np.float32).reshape(-1)
-        found[name] = tuple(float(v) for v in values)
+        data, scale = constants.get(layer.get_input(0).name), constants.get(layer.get_input(1).name)
+        if scale is None or (layer.type == trt.LayerType.DEQUANTIZE and data is None):
+            continue  # a scale computed at run time, or an activation's dequantize half (its Q was read)
+        if layer.type == trt.LayerType.QUANTIZE:
+            name = (data[0] if data else layer.get_input(0).name).removesuffix(OUTPUT_SUFFIX)
+        else:
+            name = data[0].removesuffix(INITIALIZER_SUFFIX)
+        found[name] = _constant_values(trt, scale[1])
     return found
+
+
+def _constant_values(trt: Any, layer: Any) -> tuple[float, ...]:
+    layer.__class__ = trt.IConstantLayer  # get_layer returns ILayer; the cast (Polygraphy's idiom) exposes .weights
+    return tuple(float(v) for v in np.asarray(layer.weights.numpy(), dtype=np.float32).reshape(-1))
+
+
+def _constant_layers(trt: Any, network: Any, initializers: set[str]) -> dict[str, tuple[str, Any]]:
+    """Output tensor name → (the initializer the constant layer was made from, the layer).
+
+    onnx-tensorrt names the layer, not its output: ``convertToTensor`` (importerUtils.cpp) and
+    ``QuantDequantLinearHelper``'s ``addConstantLayer`` (onnxOpImporters.cpp) call
+    ``network->addConstant(weights.shape, weights)`` then ``ctx->registerLayer(layer, weights.getName(), ...)``,
+    and ``ImporterContext::registerLayer`` (ImporterContext.cpp) sets the layer's name only, uniqued by
+    ``generateUniqueName`` (weightUtils.cpp) as ``<name>_<counter>`` on a clash. The weights' name is the
+    initializer's (``registerTensor`` in ``parseGraph``, ModelImporter.cpp).
+    """
+    found = {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == trt.LayerType.CONSTANT:
+            found[layer.get_output(0).name] = (_initializer_name(layer.name, initializers), layer)
+    return found
+
+
+_UNIQUE_SUFFIX = re.compile(r"^(?P<base>.+)_\d+$")
+
+
+def _initializer_name(layer_name: str, initializers: set[str]) -> str:
+    if not initializers or layer_name in initializers:
+        return layer_name
+    match = _UNIQUE_SUFFIX.match(layer_name)
+    return match["base"] if match and match["base"] in initializers else layer_name
+
+
+def initializer_names(onnx_path: str | Path) -> set[str]:
+    """The initializer names of an ONNX model (external data is not loaded)."""
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return {i.name for i in model.graph.initializer}
 
 
 def build_engine(
@@ -152,7 +179,7 @@ def build_engine(
     if builder is None:
         raise ExportError("TensorRT could not create a builder: no usable NVIDIA GPU or driver on this machine")
     network, _parser = parse_onnx(trt, builder, Path(qdq_path), strongly_typed)
-    scales = network_scales(trt, network)
+    scales = network_scales(trt, network, initializer_names(qdq_path))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     fp16 = fp16_fallback and not strongly_typed
@@ -162,10 +189,7 @@ def build_engine(
             config.set_flag(trt.BuilderFlag.INT8)  # weakly typed: Q/DQ layers still need INT8 enabled
     if hasattr(trt, "ProfilingVerbosity"):
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    opt = builder.create_optimization_profile()
-    for name, (low, mid, high) in profile.shapes.items():
-        opt.set_shape(name, low, mid, high)
-    config.add_optimization_profile(opt)
+    add_profile(builder, network, config, profile)
     started = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -184,80 +208,21 @@ def engine_scales(qdq_path: str | Path) -> dict[str, tuple[float, ...]]:
     if builder is None:
         raise ExportError("TensorRT could not create a builder: no usable NVIDIA GPU or driver on this machine")
     network, _parser = parse_onnx(trt, builder, Path(qdq_path), strongly_typed=True)
-    return network_scales(trt, network)
+    return network_scales(trt, network, initializer_names(qdq_path))
 
 
-def engine_runner(engine_path: str | Path) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
-    """A function running the engine on host arrays (through cuda-python), returning host outputs."""
-    trt = _trt()
-    cudart = _cudart()
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
-    if engine is None:
-        raise ExportError(f"TensorRT could not load engine '{engine_path}' (built by another TensorRT version?)")
-    context = engine.create_execution_context()
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-
-    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        buffers = []
-        try:
-            for name, array in feeds.items():
-                array = np.ascontiguousarray(array, dtype=trt.nptype(engine.get_tensor_dtype(name)))
-                context.set_input_shape(name, array.shape)
-                buffers.append(_device_copy(cudart, array, context, name))
-            host = {}
-            for name in outputs:
-                shape = tuple(context.get_tensor_shape(name))
-                host[name] = np.empty(shape, dtype=trt.nptype(engine.get_tensor_dtype(name)))
-                buffers.append(_device_alloc(cudart, host[name].nbytes, context, name))
-            if not context.execute_async_v3(0):
-                raise ExportError(f"TensorRT engine '{engine_path}' failed to execute")
-            cudart.cudaStreamSynchronize(0)
-            for name, ptr in zip(outputs, buffers[len(feeds) :], strict=True):
-                cudart.cudaMemcpy(host[name].ctypes.data, ptr, host[name].nbytes, 2)  # device to host
-            return [host[n] for n in outputs]
-        finally:
-            for ptr in buffers:
-                cudart.cudaFree(ptr)
-
-    return run
-
-
-def time_runner(run: Callable[[dict[str, np.ndarray]], Any], feeds: dict[str, np.ndarray], repeats: int = 50) -> float:
-    """Median milliseconds of ``run(feeds)`` after five warm-up calls (host copies included)."""
-    for _ in range(5):
-        run(feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(feeds)
-        times.append((time.perf_counter() - start) * 1000)
-    return float(np.median(times))
-
-
-def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-    except ImportError:
-        cudart = require("cuda.cudart", purpose="running a TensorRT engine", extra="tensorrt")
-    return cudart
-
-
-def _checked(result: Any) -> Any:
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise ExportError(f"CUDA call failed with error {err}")
-    return rest[0] if rest else None
-
-
-def _device_alloc(cudart: Any, nbytes: int, context: Any, name: str) -> int:
-    ptr = _checked(cudart.cudaMalloc(max(nbytes, 1)))
-    context.set_tensor_address(name, int(ptr))
-    return ptr
-
-
-def _device_copy(cudart: Any, array: np.ndarray, context: Any, name: str) -> int:
-    ptr = _device_alloc(cudart, array.nbytes, context, name)
-    _checked(cudart.cudaMemcpy(ptr, array.ctypes.data, array.nbytes, 1))  # host to device
-    return ptr
+def add_profile(builder: Any, network: Any, config: Any, profile: ShapeProfile) -> None:
+    """Add ``profile`` to the builder config; an input it misses or a range TensorRT refuses is an ExportError."""
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    missing = [t.name for t in inputs if t.name not in profile.shapes and any(d < 0 for d in tuple(t.shape))]
+    if missing:
+        raise ExportError(f"the TensorRT profile has no shapes for dynamic inputs {missing}; fix: pass their batches")
+    opt = builder.create_optimization_profile()
+    names = {t.name for t in inputs}
+    for name, (low, mid, high) in profile.shapes.items():
+        if name in names:
+            opt.set_shape(name, low, mid, high)
+    if config.add_optimization_profile(opt) < 0:
+        ranges = "; ".join(f"{n}: {profile.describe(n)}" for n in profile.shapes)
+        raise ExportError(f"TensorRT refused the optimization profile ({ranges}); fix: min <= opt <= max per input")
+    log.info("TensorRT profile: %s", "; ".join(f"{n}: {profile.describe(n)}" for n in profile.shapes))

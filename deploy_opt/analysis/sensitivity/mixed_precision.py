@@ -43,7 +43,23 @@ def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:
         chosen += [n for n in head_nodes(model, quant.op_types) if n not in chosen]
     if not isinstance(quant.fallback, str):
         chosen += [n for n in match_patterns(quant.fallback, names) if n not in chosen]
+    if "tensorrt" in config.deploy.targets:
+        chosen += [n for n in activation_matmuls(model) if n not in chosen and n in names]
     return tuple(chosen)
+
+
+def activation_matmuls(model: onnx.ModelProto) -> list[str]:
+    """MatMuls of two computed tensors (attention's QK^T and AV): TensorRT targets keep them float.
+
+    TensorRT fuses attention into its own fp16 kernel, which Q/DQ around these MatMuls breaks, and ModelOpt's
+    ONNX PTQ leaves them unquantized for the same reason (its MHA pattern); their symmetric int8 inputs (a
+    softmax in [0, 1] uses half the int8 codes) are also where a transformer loses most accuracy.
+    """
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return [
+        n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)
+    ]
 
 
 def with_excluded(config: BuildConfig, nodes: tuple[str, ...]) -> BuildConfig:

@@ -1,0 +1,136 @@
+"""TensorRT's form of the Q/DQ model: float biases, int8 zero points of 0, weights on the output-channel axis.
+
+TensorRT's parser refuses an int32 DequantizeLinear (ORT's quantized bias) and any non-zero zero point, so a
+build for a TensorRT target writes neither, and the compat report fails a model that has them. A build for ORT
+CPU and TensorRT keeps ORT's form in model.int8.onnx and writes model.trt.onnx beside it, with the same scales.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import write_config
+from onnx import numpy_helper
+
+from calibrators.scales.format import load_scale_file
+from deploy_opt.analysis.align import verify_alignment
+from deploy_opt.analysis.compat import check_compat
+from deploy_opt.build.pipeline import run_build
+from deploy_opt.config.profiles import load_build_config
+from exporters.ort.qdq import compare_scales, read_qdq_scales
+from exporters.tensorrt.form import int32_dequantize_nodes, to_tensorrt_form
+
+HERE = Path(__file__).resolve().parent
+INT32_REASON = "int32 DequantizeLinear: TensorRT parse error"
+
+
+def _build(tmp_path: Path, profile: str, *overrides: str):
+    source = HERE / "tiny_torch.py"
+    path = write_config(
+        tmp_path,
+        f"""
+name: tiny-cnn
+model:
+  factory: "{source}:build_model"
+  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
+data:
+  calibration: "{source}:calibration"
+  evaluation: "{source}:evaluation"
+benchmark: {{enabled: false}}
+gate: {{max_drop: 100, min_speedup: null}}
+""",
+    )
+    config, prof = load_build_config(path, profile, ["quantization.mode=manual", "quantization.keep_head=false",
+                                                      *overrides])  # fmt: skip
+    return run_build(config, prof, tmp_path / "reports", progress=False)
+
+
+def _zero_points(model: onnx.ModelProto) -> list[np.ndarray]:
+    inits = {i.name: i for i in model.graph.initializer}
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    return [numpy_helper.to_array(inits[n.input[2]]) for n in qdq if len(n.input) > 2 and n.input[2]]
+
+
+def _tensorrt_fails(report: dict) -> list[dict]:
+    return [f for f in report["flagged"] if f["target"] == "tensorrt" and f["status"] == "fail"]
+
+
+@pytest.mark.slow
+def test_a_tensorrt_profile_writes_float_biases_and_zero_points_of_zero(tmp_path: Path) -> None:
+    result = _build(tmp_path, "a100")
+    out, build = result.out_dir, result.build
+    model = onnx.load(str(out / "model.int8.onnx"))
+    assert build["quantization"]["quantized_nodes"] > 0
+    assert not int32_dequantize_nodes(model) and not (out / "model.trt.onnx").exists()
+    zeros = _zero_points(model)
+    assert zeros and all(z.dtype == np.int8 and not z.any() for z in zeros)
+    scales = load_scale_file(out / "scales.json")
+    assert not any(t.role == "bias" for t in scales.tensors.values())  # no bias is quantized, none is listed
+    assert build["backends"]["compat"]["compat.int8"]["summary"]["tensorrt"]["fail"] == 0
+    assert not _tensorrt_fails(check_compat(out / "model.int8.onnx", ("tensorrt",)))
+    assert verify_alignment(out).ok
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    weight_dq = next(n for n in model.graph.node if n.output and n.output[0] == conv.input[1])
+    assert next(a.i for a in weight_dq.attribute if a.name == "axis") == 0  # Conv weights: output channels
+
+
+@pytest.mark.slow
+def test_ort_cpu_and_tensorrt_get_one_scale_file_and_two_forms(tmp_path: Path) -> None:
+    result = _build(tmp_path, "ci", "deploy.targets=[ort-cpu,tensorrt]")
+    out = result.out_dir
+    ort_form, trt_form = onnx.load(str(out / "model.int8.onnx")), onnx.load(str(out / "model.trt.onnx"))
+    assert int32_dequantize_nodes(ort_form) and not int32_dequantize_nodes(trt_form)
+    # The old form fails TensorRT by its parser's rules; the TensorRT form passes them.
+    old = _tensorrt_fails(check_compat(out / "model.int8.onnx", ("tensorrt",)))
+    assert old and all(INT32_REASON in f["reason"] for f in old)
+    assert not _tensorrt_fails(check_compat(out / "model.trt.onnx", ("tensorrt",)))
+    assert result.build["backends"]["compat"]["compat.trt"]["summary"]["tensorrt"]["fail"] == 0
+    # The same scales, bit for bit: the TensorRT form carries every non-bias entry of scales.json.
+    scales = load_scale_file(out / "scales.json")
+    expected = {n: t for n, t in scales.tensors.items() if t.role != "bias"}
+    assert compare_scales(expected, read_qdq_scales(out / "model.trt.onnx")).ok
+    checks = {c.artifact: c for c in verify_alignment(out).checks}
+    assert checks["model.trt.onnx"].status == "pass" and checks["model.int8.onnx"].status == "pass"
+    # And the same function: ORT's reference kernels (no fusion) give the same outputs from both forms.
+    x = np.random.default_rng(3).normal(0, 1, (4, 1, 8, 8)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    run = {
+        name: ort.InferenceSession(str(out / name), options, providers=["CPUExecutionProvider"]).run(None, {"image": x})
+        for name in ("model.int8.onnx", "model.trt.onnx")
+    }
+    np.testing.assert_array_equal(run["model.int8.onnx"][0], run["model.trt.onnx"][0])
+
+
+def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    q = np.array([[-3, 7], [100000, -5]], np.int32)
+    scale = np.array([0.5, 0.25], np.float32)
+    inits = [
+        numpy_helper.from_array(q, "b_quantized"),
+        numpy_helper.from_array(scale, "b_scale"),
+        numpy_helper.from_array(np.zeros(2, np.int32), "b_zero"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["b_quantized", "b_scale", "b_zero"], ["b"], axis=1, name="dq"),
+        helper.make_node("Add", ["x", "b"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], inits,
+    )  # fmt: skip
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), src)
+    path, folded = to_tensorrt_form(src, tmp_path / "m.trt.onnx")
+    model = onnx.load(str(path))
+    assert folded == 1 and [n.op_type for n in model.graph.node] == ["Add"]
+    assert {i.name for i in model.graph.initializer} == {"b"}  # the int32 tensor and its parameters are gone
+    x = np.zeros((2, 2), np.float32)
+    expected = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
