@@ -1,12 +1,16 @@
-"""W4A16 checkpoints lmdeploy serves: AutoGPTQ (``--model-format gptq``) and AutoAWQ GEMM (``--model-format awq``).
+"""W4A16 checkpoints for lmdeploy: AutoGPTQ v1 (``gptq``) and AutoAWQ GEMM (``awq``), and which engine serves which.
+
+lmdeploy 0.18 serves gptq on TurboMind only (group 128, symmetric, no act-order) and awq on TurboMind (group 128)
+or its PyTorch engine (any group of 16 or more); ``engine_problems`` holds those rules with their sources.
 
 Both are a Hugging Face folder: config.json with a ``quantization_config``, one ``model.safetensors`` where each
 quantized Linear ``<name>`` is replaced by ``<name>.qweight/.qzeros/.scales`` (+ ``.g_idx`` for GPTQ), every
 other tensor (embeddings, lm_head, norms) in float16, and the tokenizer and generation config beside.
 
 Layouts, matched to the packers of AutoGPTQ (``QuantLinear.pack``) and AutoAWQ (``WQLinear_GEMM.from_linear``)
-and to lmdeploy's readers (``turbomind/deploy/policy.py``: ``process_gptq``, ``unpack_awq_gemm``); codes are
-unsigned with a zero point, w = (q - zero) · scale:
+and to lmdeploy 0.18's readers (``turbomind/weight_format.py``: ``GPTQFormat.normalize``, ``AWQFormat.normalize``;
+``pytorch/backends/default/awq_modules.py``: ``dequantize_gemm``), which ``tests/test_lmdeploy_readers.py`` runs on
+our folders; codes are unsigned with a zero point, w = (q - zero) · scale:
 
 - GPTQ v1: ``qweight`` int32 [in·bits/32, out], input row 8r+j in bits [4j, 4j+4) of row r; ``qzeros`` int32
   [groups, out·bits/32], packed the same way along ``out``, storing zero - 1 (the v1 quirk; readers add 1 back);
@@ -158,23 +162,73 @@ def quantization_config(fmt: str, weights: Mapping[str, QuantizedWeight]) -> dic
             "true_sequential": True, "checkpoint_format": "gptq"}
 
 
-def lmdeploy_problems(qconfig: Mapping[str, Any]) -> list[str]:
-    """Why lmdeploy's TurboMind engine would refuse this quantization_config (empty: it accepts it).
+# lmdeploy 0.18's rules, from its own source (cited per rule; tests/test_lmdeploy_readers.py runs them):
+# - TurboMind, ``turbomind/converter.py``: ``get_tm_config`` asserts awq ``version == 'gemm'`` and gptq
+#   ``not desc_act and sym``; ``_validate_quant_group_size`` allows group 128 only for awq and gptq
+#   (``_SUPPORTED_GROUP_SIZES``). Its readers ignore ``g_idx`` (``GPTQFormat.suffix_map`` has none).
+# - PyTorch engine, ``pytorch/config.py``: ``QuantizationConfig.from_config`` reads awq, smooth_quant, fp8 and
+#   compressed-tensors and raises "Unsupported quant method" for anything else, gptq included.
+#   ``pytorch/nn/linear/awq.py`` (``AwqLinear.create_weights``) needs in_features % group_size == 0 and
+#   out_features % 8 == 0; its CUDA kernel (``pytorch/kernels/cuda/awq_kernels.py``: ``awq_linear``) tiles K by
+#   the group size, and Triton's ``tl.dot`` needs K >= 16.
+ENGINES = ("turbomind", "pytorch")
+TURBOMIND_METHODS = ("awq", "gptq")  # of the ones deploy_opt writes; it also reads compressed-tensors, fp8, mxfp4
+TURBOMIND_GROUP_SIZE = 128
+PYTORCH_AWQ_MIN_GROUP = 16
 
-    TurboMind (lmdeploy 0.18, ``turbomind/deploy/converter.py``) asserts group_size 128 for awq and gptq, and
-    desc_act false and sym true for gptq. lmdeploy's PyTorch engine (``--backend pytorch``) has its own AWQ
-    W4A16 Linear (``pytorch/nn/linear/awq.py``) that only needs in_features % group_size == 0 and
-    out_features % 8 == 0, so an AWQ folder with group 32 or 64 is for that backend.
-    """
+
+def turbomind_problems(qconfig: Mapping[str, Any]) -> list[str]:
+    """Why lmdeploy 0.18's TurboMind would refuse this ``quantization_config`` (empty: it serves it)."""
+    method = qconfig.get("quant_method")
+    if method not in TURBOMIND_METHODS:
+        return [f"quant_method {method!r}: deploy_opt routes only awq and gptq checkpoints to TurboMind"]
     problems = []
-    if qconfig.get("group_size") != 128:
-        problems.append(f"group_size {qconfig.get('group_size')}: TurboMind serves awq/gptq with group_size 128 only")
-    if qconfig.get("quant_method") == "gptq":
-        if qconfig.get("desc_act"):
-            problems.append("desc_act true: TurboMind refuses act-order GPTQ; quantize with desc_act: false")
-        if not qconfig.get("sym", True):
-            problems.append("sym false: TurboMind refuses asymmetric GPTQ; quantize with sym: true")
+    if int(qconfig.get("bits", 4)) != 4:
+        problems.append(f"bits {qconfig.get('bits')}: TurboMind reads 4-bit awq/gptq only")
+    if qconfig.get("group_size") != TURBOMIND_GROUP_SIZE:
+        problems.append(f"group_size {qconfig.get('group_size')}: TurboMind serves {method} at group 128 only")
+    if method == "awq" and qconfig.get("version") != "gemm":
+        problems.append(f"version {qconfig.get('version')!r}: TurboMind reads AWQ GEMM only")
+    if method == "gptq" and qconfig.get("desc_act", False):
+        problems.append("desc_act true: TurboMind refuses act-order GPTQ")
+    if method == "gptq" and not qconfig.get("sym", True):
+        problems.append("sym false: TurboMind refuses asymmetric GPTQ")
     return problems
+
+
+def pytorch_engine_problems(qconfig: Mapping[str, Any]) -> list[str]:
+    """Why lmdeploy 0.18's PyTorch engine would refuse this ``quantization_config`` (empty: it serves it)."""
+    method = qconfig.get("quant_method")
+    if method != "awq":
+        return [f"quant_method {method!r}: the PyTorch engine reads awq but has no {method} (Unsupported quant method)"]
+    problems = []
+    if int(qconfig.get("bits", 4)) != 4:
+        problems.append(f"bits {qconfig.get('bits')}: the PyTorch engine's AWQ kernels are 4-bit")
+    group = qconfig.get("group_size")
+    if not isinstance(group, int) or group < PYTORCH_AWQ_MIN_GROUP:
+        problems.append(f"group_size {group}: the PyTorch engine's AWQ kernel needs a group of 16 or more")
+    return problems
+
+
+def engine_problems(qconfig: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each lmdeploy engine ('turbomind', 'pytorch') → why it would refuse the checkpoint (empty: it serves it)."""
+    return {"turbomind": turbomind_problems(qconfig), "pytorch": pytorch_engine_problems(qconfig)}
+
+
+def serving_engine(qconfig: Mapping[str, Any]) -> str | None:
+    """The engine ``serve --backend auto`` picks (TurboMind first), or None when neither serves it."""
+    problems = engine_problems(qconfig)
+    return next((engine for engine in ENGINES if not problems[engine]), None)
+
+
+def requantize_advice(qconfig: Mapping[str, Any]) -> str:
+    """What to re-quantize with so that an lmdeploy engine serves the checkpoint."""
+    if qconfig.get("quant_method") == "gptq" and qconfig.get("group_size") == TURBOMIND_GROUP_SIZE:
+        return "re-quantize with --method gptq --group-size 128 --no-desc-act --symmetric (TurboMind), or --method awq"
+    return (
+        "re-quantize with --method awq (the PyTorch engine serves AWQ at group 32/64/128), or --method gptq "
+        "--group-size 128 --no-desc-act where 128 divides every layer (TurboMind); --method auto picks for you"
+    )
 
 
 def _float_tensors(model: torch.nn.Module, quantized: Mapping[str, QuantizedWeight]) -> dict[str, torch.Tensor]:
@@ -237,8 +291,12 @@ def write_quantized_checkpoint(
         raise OutputError(f"cannot write the checkpoint '{folder}': {exc}") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for problem in lmdeploy_problems(qconfig):
-        log.warning("lmdeploy TurboMind will refuse %s: %s", folder, problem)
+    if serving_engine(qconfig) is None:
+        problems = engine_problems(qconfig)
+        log.warning(
+            "lmdeploy 0.18 serves %s on neither engine (TurboMind: %s; PyTorch engine: %s); %s",
+            folder, "; ".join(problems["turbomind"]), "; ".join(problems["pytorch"]), requantize_advice(qconfig),
+        )
     log.info("wrote %s checkpoint %s (%d quantized Linears)", fmt, folder, len(weights))
     return folder
 

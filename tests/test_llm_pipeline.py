@@ -21,11 +21,12 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama.make_tiny_llama(tmp_path_factory.mktemp("tiny_llama") / "model")
 
 
-def _config(folder: Path, method: str, **quant):
+def _config(folder: Path, method: str | None, **quant):
+    """A short run of ``method`` at group 32 (None: the defaults, method and group_size auto)."""
     flags = {
-        "name": f"tiny-{method}",
+        "name": f"tiny-{method or 'default'}",
         "model": {"path": str(folder)},
-        "quantization": {"method": method, "group_size": 32, **quant},
+        "quantization": {"method": method, "group_size": 32, **quant} if method else {},
         "calibration": {"samples": 32, "max_seq_len": 64},
         "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16},
         "gate": {"max_ppl_increase": "50%"},
@@ -54,16 +55,61 @@ def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Pa
     assert report["checkpoint"]["format"] == ("awq" if method == "awq" else "gptq")
     assert report["config"]["quantization"]["method"] == method and report["versions"]["torch"]
     assert result.gate.passed == report["gate"]["passed"]
-    # serve --dry-run prints the lmdeploy command for the checkpoint written.
-    out = subprocess.run(
-        [sys.executable, "-m", "deploy_opt", "serve", str(result.out_dir / "checkpoint"), "--dry-run"],
-        capture_output=True,
-        text=True,
-    )
+    assert report["scheme"]["method"] == method and "as configured" in report["scheme"]["reason"]
+    # lmdeploy 0.18 serves AWQ g32 on its PyTorch engine only; GPTQ-layout codes at g32 on neither engine, and
+    # serve --dry-run agrees with the report either way.
+    out = _serve_dry_run(result.out_dir / "checkpoint")
+    if method == "awq":
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == report["serve_command"] == report["serve"]["command"]
+        assert report["serve"]["backend"] == "pytorch" and "--model-format" not in out.stdout
+    else:
+        assert out.returncode == 2 and "neither engine" in out.stderr and "--method awq" in out.stderr
+        assert report["serve"]["servable"] is False and out.stderr.strip().endswith(report["serve"]["reason"])
+        assert "serve_command" not in report
+
+
+def _serve_dry_run(checkpoint: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "deploy_opt", "serve", str(checkpoint), "--dry-run"]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder_128(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama.make_tiny_llama(tmp_path_factory.mktemp("tiny_llama_128") / "model", hidden=128)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hidden", "method", "group", "backend"),
+    [(64, "awq", 64, "pytorch"), (128, "gptq", 128, "turbomind")],  # 64 like SmolLM2's 576: 128 does not divide
+)
+def test_the_default_writes_a_checkpoint_lmdeploy_serves(
+    request: pytest.FixtureRequest, tmp_path: Path, hidden: int, method: str, group: int, backend: str
+) -> None:
+    folder = request.getfixturevalue("tiny_folder" if hidden == 64 else "tiny_folder_128")
+    config = _config(folder, None)
+    assert (config.quantization.method, config.quantization.group_size) == ("auto", "auto")
+    report = run_quantize_llm(config, tmp_path, progress=False).report
+    scheme = report["scheme"]
+    assert (scheme["method"], scheme["group_size"], scheme["desc_act"]) == (method, group, False)
+    assert scheme["requested"]["method"] == "auto" and "method auto" in scheme["reason"]
+    qconfig = json.loads((tmp_path / config.name / "checkpoint" / "config.json").read_text())["quantization_config"]
+    assert (qconfig["quant_method"], qconfig["group_size"], qconfig.get("desc_act", False)) == (method, group, False)
+    out = _serve_dry_run(tmp_path / config.name / "checkpoint")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[:4] == ["lmdeploy", "serve", "api_server", str(result.out_dir / "checkpoint")]
-    assert f"--model-format {report['checkpoint']['format']}" in out.stdout
-    assert report["serve_command"][3] == str(result.out_dir / "checkpoint")
+    assert report["serve"]["backend"] == backend and f"--backend {backend}" in out.stdout
+
+
+@pytest.mark.slow
+def test_an_act_order_gptq_checkpoint_quantizes_but_serve_refuses_it(tiny_folder_128: Path, tmp_path: Path) -> None:
+    config = _config(tiny_folder_128, "gptq", group_size=128, desc_act=True)
+    report = run_quantize_llm(config, tmp_path, progress=False).report
+    qconfig = json.loads((tmp_path / config.name / "checkpoint" / "config.json").read_text())["quantization_config"]
+    assert qconfig["desc_act"] is True and report["serve"]["servable"] is False
+    assert "--no-desc-act" in report["serve"]["reason"] and "serve_command" not in report
+    out = _serve_dry_run(tmp_path / config.name / "checkpoint")
+    assert out.returncode == 2 and "desc_act true" in out.stderr and "--no-desc-act" in out.stderr
 
 
 @pytest.mark.slow

@@ -20,48 +20,98 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deploy_opt", *args], capture_output=True, text=True)
 
 
-def _checkpoint(tmp_path: Path, method: str | None, group_size: int = 64) -> Path:
-    folder = tmp_path / f"ckpt-{method}-{group_size}"
+def _checkpoint(
+    tmp_path: Path, method: str | None, group_size: int = 128, *, desc_act: bool = False, sym: bool = True
+) -> Path:
+    """A config.json-only folder with the quantization_config our writer puts there (AWQ GEMM, or AutoGPTQ v1)."""
+    folder = tmp_path / f"ckpt-{method}-{group_size}-{desc_act}-{sym}"
     folder.mkdir()
-    config = {"architectures": ["LlamaForCausalLM"]}
-    if method:
-        config["quantization_config"] = {
-            "quant_method": method,
-            "bits": 4,
-            "group_size": group_size,
-            "desc_act": False,
-            "sym": True,
-        }
+    config: dict = {"architectures": ["LlamaForCausalLM"]}
+    if method == "awq":
+        config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                                         "zero_point": True, "version": "gemm"}
+    elif method:
+        config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": group_size,
+                                         "desc_act": desc_act, "sym": sym}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
+def _options(stdout: str, ckpt: Path) -> dict[str, str]:
+    argv = shlex.split(stdout.strip())
+    assert argv[:4] == ["lmdeploy", "serve", "api_server", str(ckpt.resolve())]
+    return dict(zip(argv[4::2], argv[5::2], strict=True))
+
+
+# lmdeploy 0.18: TurboMind reads awq and gptq at group 128 only (turbomind/converter.py, _SUPPORTED_GROUP_SIZES),
+# gptq only symmetric without act-order (get_tm_config); the PyTorch engine reads awq at any group but has no gptq
+# (pytorch/config.py, QuantizationConfig.from_config). --model-format goes to TurboMind only and must equal the
+# checkpoint's quant_method; the PyTorch engine gets none (--model-format hf makes it raise).
 @pytest.mark.parametrize(
-    ("method", "group", "fmt", "backend"),
+    ("method", "group", "backend", "fmt"),
     [
-        ("gptq", 128, "gptq", "turbomind"),
-        ("awq", 128, "awq", "turbomind"),
-        ("gptq", 64, "gptq", "pytorch"),  # TurboMind serves group 128 only: auto picks the PyTorch engine
-        ("awq", 64, "awq", "pytorch"),
-        (None, 0, "hf", "turbomind"),
+        ("gptq", 128, "turbomind", "gptq"),
+        ("awq", 128, "turbomind", "awq"),
+        ("awq", 64, "pytorch", None),  # TurboMind serves group 128 only; the PyTorch engine reads AWQ g64
+        ("awq", 32, "pytorch", None),
+        (None, 0, "turbomind", None),  # a float folder: no --model-format at all
     ],
 )
-def test_dry_run_prints_the_lmdeploy_command(
-    tmp_path: Path, method: str | None, group: int, fmt: str, backend: str
+def test_dry_run_routes_to_the_engine_that_reads_the_checkpoint(
+    tmp_path: Path, method: str | None, group: int, backend: str, fmt: str | None
 ) -> None:
     ckpt = _checkpoint(tmp_path, method, group)
     result = _cli("serve", str(ckpt), "--dry-run", "--port", "8011", "--tp", "2")
     assert result.returncode == 0, result.stderr
-    argv = shlex.split(result.stdout.strip())
-    assert argv[:4] == ["lmdeploy", "serve", "api_server", str(ckpt.resolve())]
-    options = dict(zip(argv[4::2], argv[5::2], strict=True))
-    assert options == {"--model-format": fmt, "--backend": backend, "--server-port": "8011", "--tp": "2"}
+    expected = {"--backend": backend, "--server-port": "8011", "--tp": "2"}
+    if fmt:
+        expected["--model-format"] = fmt
+    assert _options(result.stdout, ckpt) == expected
 
 
-def test_forcing_turbomind_on_a_checkpoint_it_refuses_is_an_error(tmp_path: Path) -> None:
-    result = _cli("serve", str(_checkpoint(tmp_path, "gptq", 64)), "--dry-run", "--backend", "turbomind")
+@pytest.mark.parametrize(
+    ("method", "group", "extra", "why", "advice"),
+    [
+        ("gptq", 64, {}, "group_size 64", "--method awq"),  # the old default's g64 on SmolLM2
+        ("gptq", 128, {"desc_act": True}, "desc_act true", "--no-desc-act"),  # act-order
+        ("gptq", 128, {"sym": False}, "sym false", "--no-desc-act --symmetric"),
+        ("gptq", -1, {}, "group_size -1", "--method awq"),
+        ("awq", 8, {}, "group of 16 or more", "--method awq"),
+        ("torchao", 128, {}, "no torchao", "--method awq"),
+    ],
+)
+def test_a_checkpoint_no_engine_serves_is_refused_with_requantize_advice(
+    tmp_path: Path, method: str, group: int, extra: dict, why: str, advice: str
+) -> None:
+    ckpt = _checkpoint(tmp_path, method, group, **extra)
+    result = _cli("serve", str(ckpt), "--dry-run")
+    assert result.returncode == 2 and not result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "neither engine" in lines[0] and why in lines[0] and advice in lines[0], lines
+    with pytest.raises(ConfigError, match="re-quantize"):
+        serve_mod.serve_command(ckpt, ServeConfig())
+
+
+@pytest.mark.parametrize(
+    ("method", "group", "backend", "why", "fix"),
+    [
+        ("awq", 64, "turbomind", "group_size 64", "--backend pytorch"),
+        ("gptq", 128, "pytorch", "no gptq", "--backend turbomind"),
+    ],
+)
+def test_forcing_an_engine_that_refuses_the_checkpoint_is_an_error(
+    tmp_path: Path, method: str, group: int, backend: str, why: str, fix: str
+) -> None:
+    result = _cli("serve", str(_checkpoint(tmp_path, method, group)), "--dry-run", "--backend", backend)
     assert result.returncode == 2
-    assert "group_size 64" in result.stderr and "--backend pytorch" in result.stderr
+    assert why in result.stderr and fix in result.stderr
+
+
+def test_forcing_the_pytorch_engine_on_a_float_folder_passes_no_model_format(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, None)
+    result = _cli("serve", str(ckpt), "--dry-run", "--backend", "pytorch")
+    assert result.returncode == 0, result.stderr
+    assert "--model-format" not in result.stdout and _options(result.stdout, ckpt)["--backend"] == "pytorch"
 
 
 def test_profile_serve_section_sets_the_defaults(tmp_path: Path) -> None:
@@ -94,11 +144,6 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
         serve_mod.serve_command(tmp_path, ServeConfig())
     result = _cli("serve", str(tmp_path), "--dry-run")
     assert result.returncode == 2 and "no config.json" in result.stderr
-
-
-def test_unservable_quant_method_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="torchao"):
-        serve_mod.model_format(_checkpoint(tmp_path, "torchao"))
 
 
 def test_llm_config_file_profile_and_flags(tmp_path: Path) -> None:

@@ -15,14 +15,18 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
     result = run_quantize_llm(config, args.output_dir, progress=not args.quiet)
     ppl = result.report["perplexity"]
     print(
-        f"quantized {config.model.path} with {config.quantization.method} → {result.out_dir}/: perplexity "
+        f"quantized {config.model.path} with {result.report['method']} → {result.out_dir}/: perplexity "
         f"{ppl['original']['ppl']:.3f} → {ppl['quantized']['ppl']:.3f} ({ppl['increase']:+.1%}), "
         f"stability {'ok' if result.report['stability']['ok'] else 'FLAGGED'}"
     )
+    print(f"  scheme: {result.report['scheme']['reason']}")
     for line in result.gate.lines():
         print(f"  {line}")
-    if result.report.get("serve_command"):
-        print(f"  serve: {' '.join(result.report['serve_command'])}")
+    serve = result.report.get("serve") or {}
+    if serve.get("servable"):
+        print(f"  serve: {' '.join(serve['command'])}")
+    elif serve:
+        print(f"  serve: refused: {serve['reason']}")
     return 0 if result.gate.passed else 1
 
 

@@ -57,7 +57,7 @@ def make_parser() -> argparse.ArgumentParser:
     qllm = sub.add_parser(
         "quantize-llm", parents=[common], help="W4A16 GPTQ/AWQ/RTN (or torchao) with perplexity and stability checks"
     )
-    qllm.add_argument("config_flag", nargs="?", metavar="CONFIG", help="llm YAML (default: SmolLM2, GPTQ)")
+    qllm.add_argument("config_flag", nargs="?", metavar="CONFIG", help="llm YAML (default: SmolLM2, method auto)")
     qllm.add_argument("--config", dest="config", help="llm YAML (same as the positional argument)")
     qllm.add_argument("--profile", help="hardware preset whose serve: section applies")
     qllm.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
@@ -71,7 +71,9 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="server port (default: the profile's, else 23333)")
     serve.add_argument("--tp", type=int, help="tensor-parallel GPUs (default: the profile's, else 1)")
     serve.add_argument(
-        "--backend", choices=["auto", "turbomind", "pytorch"], help="lmdeploy engine (auto: TurboMind if it accepts)"
+        "--backend",
+        choices=["auto", "turbomind", "pytorch"],
+        help="lmdeploy engine (auto: TurboMind if it serves the checkpoint, else the PyTorch engine)",
     )
     serve.add_argument("--session-len", type=int, help="max context length (default: lmdeploy's)")
     serve.add_argument("--lmdeploy", default="lmdeploy", help="the lmdeploy executable (its own venv)")

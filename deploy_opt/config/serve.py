@@ -12,7 +12,8 @@ class ServeConfig:
 
     port: int = 23333
     tp: int = 1
-    # auto: TurboMind when it accepts the checkpoint (group 128, no act-order), else lmdeploy's PyTorch engine.
+    # auto: TurboMind when lmdeploy 0.18 lets it read the checkpoint (awq/gptq at group 128; gptq symmetric without
+    # act-order), else the PyTorch engine (awq only); neither is an error naming what to re-quantize with.
     backend: Literal["auto", "turbomind", "pytorch"] = "auto"
     session_len: int | None = None
     ready_timeout_s: int = 600

@@ -1,6 +1,7 @@
 """``llm.yaml`` for ``quantize-llm`` and ``serve``: frozen dataclasses, every leaf also a command-line flag.
 
 Precedence: defaults < profile's ``llm:`` section < file < flags (``--group-size 64``, ``--no-desc-act``).
+``method: auto`` and ``group_size: auto`` (the defaults) are resolved against the model in ``scheme.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from deploy_opt.config.loader import build_dataclass, merge, read_yaml
 from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError
 
-Method = Literal["gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
+Method = Literal["auto", "gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
 
 
 @dataclass(frozen=True)
@@ -28,20 +29,31 @@ class LLMModelConfig:
 
 @dataclass(frozen=True)
 class LLMQuantConfig:
-    """W4A16 settings. Norms are always kept; ``keep`` names more modules (substring or glob)."""
+    """W4A16 settings. Norms are always kept; ``keep`` names more modules (substring or glob).
 
-    method: Method = "gptq"
+    The defaults write a checkpoint lmdeploy 0.18 serves: ``method: auto`` is GPTQ (symmetric, no act-order) at
+    group 128 for TurboMind when 128 divides every quantized Linear, else AWQ at the largest group that does (64
+    on SmolLM2's 576) for lmdeploy's PyTorch engine; ``group_size: auto`` is that largest group of 128, 64, 32.
+    """
+
+    method: Method = "auto"
     bits: int = 4
-    group_size: int = 128
-    desc_act: bool = True
+    group_size: int | Literal["auto"] = "auto"
+    desc_act: bool = False  # act-order GPTQ quantizes, but no lmdeploy engine serves it
     symmetric: bool = True
     keep: tuple[str, ...] = ("embed_tokens", "lm_head")
 
     def __post_init__(self) -> None:
         if self.bits != 4 and not self.method.startswith("torchao"):
             raise ConfigError(f"quantization.bits {self.bits}: this engine writes 4-bit W4A16 only; use bits: 4")
-        if self.group_size != -1 and (self.group_size < 8 or self.group_size & (self.group_size - 1)):
-            raise ConfigError(f"quantization.group_size {self.group_size}: use a power of two >= 8, or -1")
+        group = self.group_size
+        if group != "auto" and group != -1 and (group < 8 or group & (group - 1)):
+            raise ConfigError(f"quantization.group_size {group}: use auto, a power of two >= 8, or -1")
+        if self.method == "auto" and self.desc_act:
+            raise ConfigError(
+                "quantization.desc_act true with method auto: auto writes only what lmdeploy serves, and no engine "
+                "serves act-order; fix: --no-desc-act, or --method gptq --desc-act to write one anyway"
+            )
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt import __version__
-from deploy_opt.llm.config import LLMConfig
+from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
+from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate
 from deploy_opt.report.record import versions
-from dopt_common.errors import InputError
+from dopt_common.errors import ConfigError, InputError
 from dopt_common.files import ensure_writable_dir, write_json
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
@@ -57,10 +58,7 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
     with times.stage("load"):
         source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
         model, tokenizer = load_model_folder(source)
-        if not quant.method.startswith("torchao"):  # a group size that cannot work fails before any long step
-            from deploy_opt.llm.quantize_engine import check_targets, target_linears
-
-            check_targets(target_linears(model, quant.keep), quant.group_size)
+        scheme = _plan(quant, model)  # method/group 'auto' resolved; a group that cannot work fails here
         calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
         evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
         _refuse_overlap(calibration_docs, evaluation_docs)
@@ -74,7 +72,7 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
 
     with times.stage("quantize"):
         checkpoint = stage / "checkpoint"
-        engine, fmt = _quantize(config, model, tokenizer, selection.tensors(), checkpoint, progress)
+        engine, fmt = _quantize(config, scheme, model, tokenizer, selection.tensors(), checkpoint, progress)
 
     with times.stage("checks"):
         quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
@@ -96,7 +94,8 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
         "format": REPORT_FORMAT,
         "name": config.name,
         "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
-        "method": quant.method,
+        "method": scheme.method,
+        "scheme": scheme.to_json(),
         "checkpoint": {"folder": "checkpoint", "format": fmt, "reload": reload},
         "calibration": selection.to_report(),
         "quantization": engine,
@@ -115,11 +114,9 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
         "versions": _versions(),
     }
     if fmt in ("gptq", "awq"):
-        from deploy_opt.llm.serve import serve_command
-
-        command = serve_command(checkpoint, config.serve)
-        command[3] = str(out_dir / "checkpoint")  # where it will live once published
-        report["serve_command"] = command
+        report["serve"] = _serve_record(checkpoint, out_dir / "checkpoint", config)
+        if report["serve"]["servable"]:
+            report["serve_command"] = report["serve"]["command"]
     limit = config.gate.max_ppl_increase
     gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
     report["gate"] = gate.to_json()
@@ -127,15 +124,28 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
     return report, gate
 
 
+def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
+    """Resolve ``auto`` against the model's Linears and check the group divides each (before any long step)."""
+    from deploy_opt.llm.quantize_engine import check_targets, target_linears
+    from deploy_opt.llm.scheme import resolve_scheme
+
+    targets = target_linears(model, quant.keep)
+    scheme = resolve_scheme(quant, {name: module.in_features for name, module in targets.items()})
+    log.info("quantization scheme: %s", scheme.reason)
+    if not scheme.method.startswith("torchao"):
+        check_targets(targets, scheme.group_size)
+    return scheme
+
+
 def _quantize(
-    config: LLMConfig, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool
+    config: LLMConfig, scheme: QuantScheme, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool
 ) -> tuple[dict[str, Any], str]:
-    """Run the configured method and write its checkpoint; (the report's quantization section, format)."""
+    """Run the resolved method and write its checkpoint; (the report's quantization section, format)."""
     quant = config.quantization
-    if quant.method.startswith("torchao"):
+    if scheme.method.startswith("torchao"):
         from deploy_opt.llm.torchao_path import quantize_torchao, save_torchao_checkpoint
 
-        summary = quantize_torchao(model, quant.method, group_size=quant.group_size, keep=quant.keep)
+        summary = quantize_torchao(model, scheme.method, group_size=scheme.group_size, keep=quant.keep)
         save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
         return summary, "torchao"
     from deploy_opt.llm.quantize_engine import quantize_model
@@ -144,17 +154,31 @@ def _quantize(
     result = quantize_model(
         model,
         samples,
-        method=quant.method,
+        method=scheme.method,
         bits=quant.bits,
-        group_size=quant.group_size,
-        desc_act=quant.desc_act and quant.method == "gptq",
-        sym=quant.symmetric if quant.method != "awq" else None,
+        group_size=scheme.group_size,
+        desc_act=scheme.desc_act,
+        sym=scheme.symmetric if scheme.method != "awq" else None,
         keep=quant.keep,
         progress=progress,
     )
-    fmt = "awq" if quant.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
+    fmt = "awq" if scheme.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
     write_quantized_checkpoint(model, result.weights, checkpoint, fmt=fmt, tokenizer=tokenizer)
     return result.as_dict(), fmt
+
+
+def _serve_record(checkpoint: Path, published: Path, config: LLMConfig) -> dict[str, Any]:
+    """How ``serve`` will run the checkpoint once published, or why lmdeploy 0.18 would refuse it."""
+    from deploy_opt.llm.serve import serve_command
+
+    try:
+        command = serve_command(checkpoint, config.serve)
+    except ConfigError as exc:
+        reason = str(exc).replace(str(checkpoint.resolve()), str(published)).replace(str(checkpoint), str(published))
+        log.warning("serve will refuse this checkpoint: %s", reason)
+        return {"servable": False, "reason": reason}
+    command[3] = str(published)
+    return {"servable": True, "backend": command[command.index("--backend") + 1], "command": command}
 
 
 def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dict[str, Any]:

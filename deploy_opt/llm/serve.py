@@ -1,8 +1,12 @@
 """``serve``: launch ``lmdeploy serve api_server`` on a quantized checkpoint and wait until it answers.
 
 lmdeploy runs only on CUDA GPUs and pins its own torch, so it lives in its own environment and is driven as a
-command (``--lmdeploy PATH`` or ``lmdeploy`` on PATH). The model format comes from the checkpoint's
-``quantization_config`` (``awq`` or ``gptq``; ``hf`` for an unquantized folder).
+command (``--lmdeploy PATH`` or ``lmdeploy`` on PATH). Both engines of lmdeploy 0.18 read the format from the
+checkpoint's ``quantization_config``, so the command routes by lmdeploy's own rules (``exporters/lmdeploy.py``:
+``engine_problems``) and refuses, with re-quantize advice, what neither engine serves. ``--model-format`` goes to
+TurboMind only, where it must equal the checkpoint's ``quant_method`` (``turbomind/converter.py``: ``get_tm_config``);
+the PyTorch engine takes none (``pytorch/config.py``: ``_patch_quantization_config`` raises "Unsupported weight
+quantization method: hf" for ``--model-format hf`` on a float model).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ INSTALL_HINT = (
     "install lmdeploy in its own environment on a CUDA machine: python -m venv ~/.venvs/lmdeploy && "
     "~/.venvs/lmdeploy/bin/pip install lmdeploy, then pass --lmdeploy ~/.venvs/lmdeploy/bin/lmdeploy"
 )
-FORMATS = {"awq": "awq", "gptq": "gptq"}
 
 
 class ServeError(DeployOptError):
@@ -44,51 +47,50 @@ def quantization_config(checkpoint: Path) -> dict:
 
 
 def choose_backend(checkpoint: Path, backend: str) -> str:
-    """'auto' → turbomind when it accepts the checkpoint, else pytorch; an explicit turbomind it would refuse is
-    an error naming why."""
-    from exporters.lmdeploy import lmdeploy_problems
+    """The lmdeploy engine for ``checkpoint``: 'auto' → TurboMind when it serves it, else the PyTorch engine; an
+    engine that would refuse it (explicit, or both for 'auto') is a ConfigError with the re-quantize advice."""
+    from exporters.lmdeploy import ENGINES, engine_problems, requantize_advice
 
     quant = quantization_config(checkpoint)
-    problems = lmdeploy_problems(quant) if quant else []
-    if backend == "turbomind" and problems:
-        raise ConfigError(
-            f"TurboMind refuses '{checkpoint}': {'; '.join(problems)}; serve with --backend pytorch "
-            "or requantize with group_size 128 and desc_act false"
-        )
+    if not quant:  # a float folder: both engines load it
+        return "turbomind" if backend == "auto" else backend
+    problems = engine_problems(quant)
     if backend == "auto":
-        if problems:
-            log.warning(
-                "TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine", "; ".join(problems)
+        serving = [engine for engine in ENGINES if not problems[engine]]
+        if not serving:
+            turbomind, pytorch = ("; ".join(problems[engine]) for engine in ENGINES)
+            raise ConfigError(
+                f"lmdeploy 0.18 serves '{checkpoint}' on neither engine (TurboMind: {turbomind}; "
+                f"PyTorch engine: {pytorch}); {requantize_advice(quant)}"
             )
-        return "pytorch" if problems else "turbomind"
+        if serving[0] != "turbomind":
+            log.info("TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine",
+                     "; ".join(problems["turbomind"]))
+        return serving[0]
+    if problems[backend]:
+        other = next(engine for engine in ENGINES if engine != backend)
+        fix = f"serve with --backend {other}" if not problems[other] else requantize_advice(quant)
+        raise ConfigError(f"lmdeploy's {backend} engine refuses '{checkpoint}': {'; '.join(problems[backend])}; {fix}")
     return backend
 
 
-def model_format(checkpoint: Path) -> str:
-    """lmdeploy's ``--model-format`` for a checkpoint folder, from its config.json."""
-    quant = quantization_config(checkpoint)
-    method = str(quant.get("quant_method", "")).lower()
-    if not method:
-        return "hf"
-    if method not in FORMATS:
-        raise ConfigError(
-            f"checkpoint '{checkpoint}' has quant_method '{method}', which lmdeploy does not serve; "
-            f"quantize with --method gptq, awq or rtn"
-        )
-    return FORMATS[method]
+def model_format_args(checkpoint: Path, backend: str) -> list[str]:
+    """``--model-format`` for TurboMind on a quantized folder (it must match quant_method); none otherwise."""
+    method = str(quantization_config(checkpoint).get("quant_method", ""))
+    return ["--model-format", method] if backend == "turbomind" and method else []
 
 
 def serve_command(checkpoint: Path, serve: ServeConfig, lmdeploy: str = "lmdeploy") -> list[str]:
-    """The exact ``lmdeploy serve api_server`` command line for ``checkpoint``."""
+    """The exact ``lmdeploy serve api_server`` command line for ``checkpoint`` (ConfigError if no engine serves it)."""
+    backend = choose_backend(checkpoint, serve.backend)
     command = [
         lmdeploy,
         "serve",
         "api_server",
         str(Path(checkpoint).resolve()),
-        "--model-format",
-        model_format(checkpoint),
         "--backend",
-        choose_backend(checkpoint, serve.backend),
+        backend,
+        *model_format_args(checkpoint, backend),
         "--server-port",
         str(serve.port),
         "--tp",
