@@ -1,55 +1,124 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with an NVIDIA GPU, build the demo and MiniLM for TensorRT and ORT CUDA, verify that
-# every artifact (Q/DQ ONNX, TensorRT cache, AIMET encodings, the engine) carries scales.json bit for bit, compare
-# the backends on fixed samples, and print one table. Designed to finish in under 8 minutes.
+# The GPU check, for a user's machine with an NVIDIA GPU and a package index: build the demo and MiniLM with
+# `--profile a100` (TensorRT + ORT CUDA targets), verify that every artifact (Q/DQ ONNX, TensorRT cache, AIMET
+# encodings, the engine) carries scales.json bit for bit (`align verify`), compare the backends on fixed samples,
+# and print one table.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 #
-# It installs into its own venv (tensorrt and onnxruntime-gpu do not belong in the CPU environment:
-# onnxruntime-gpu and onnxruntime overwrite each other's folder). Offline machines: set PIP_FIND_LINKS=<wheel dir>
-# and PIP_NO_INDEX=1; pip honours both.
+# Time: the checks take <= 8 minutes (two builds <= 240 s each, align verify <= 60 s each); the first run also
+# installs (about 3 GB of TensorRT, cuDNN and CUDA libraries: minutes, depending on the line). A rerun reuses the
+# venv while its pins are unchanged.
+# Needs: an NVIDIA driver for CUDA 13 (nvidia-smi reports "CUDA Version: 13.x"), python3 >= 3.10, the PyPI index
+# and NVIDIA's (TensorRT's libraries are published only there; PyPI's tensorrt-cu13-libs is a stub that would
+# fetch them from it during its build, so this script asks NVIDIA's index for the real wheel directly).
+#
+# Pins (checked against the package indexes on 2026-12-01):
+#   torch 2.13.0, the CPU wheel: torch only exports and evaluates the reference here; the GPU work is ORT and
+#     TensorRT, so no multi-GB CUDA torch is pulled;
+#   tensorrt-cu13 10.16.1.11 (the last 10.x; an sdist holding only the Python package) with
+#     tensorrt-cu13-libs and tensorrt-cu13-bindings of the same version;
+#   onnxruntime-gpu[cuda,cudnn] 1.31.1 (built for CUDA 13; the extras install its CUDA and cuDNN libraries, without
+#     which sessions fall back to the CPU). It replaces onnxruntime: the two overwrite each other's folder;
+#   cuda-python 13.4.4 (cuda-bindings 13.4.x: `from cuda.bindings import runtime`).
+# Offline mirrors: PIP_FIND_LINKS=<wheel dir> PIP_NO_INDEX=1 (pip honours both), TORCH_INDEX, NVIDIA_INDEX.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-${OUT:-/tmp/deploy_opt_gpu_check}}"
 VENV="${VENV:-/tmp/deploy_opt_gpu_venv}"
+TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+NVIDIA_INDEX="${NVIDIA_INDEX:-https://pypi.nvidia.com}"
+TRT_VERSION=10.16.1.11
+PINS=(
+  "tensorrt-cu13==$TRT_VERSION" "tensorrt-cu13-libs==$TRT_VERSION" "tensorrt-cu13-bindings==$TRT_VERSION"
+  "onnxruntime-gpu[cuda,cudnn]==1.31.1" "cuda-python==13.4.4"
+)
 mkdir -p "$OUT"
 log() { printf '[gpu_check %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || { log "no NVIDIA GPU"; exit 2; }
+# 1. The GPU and its driver.
+if ! command -v nvidia-smi > /dev/null; then
+  log "no nvidia-smi: this check needs an NVIDIA GPU and its driver"
+  exit 2
+fi
+timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+banner="$(timeout 30 nvidia-smi)"
+cuda_driver="$(sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' <<< "$banner" | head -1)"
+if [ -z "$cuda_driver" ] || [ "$cuda_driver" -lt 13 ]; then
+  log "the driver supports CUDA '${cuda_driver:-?}'; onnxruntime-gpu 1.31 and tensorrt-cu13 need CUDA 13: update it"
+  exit 2
+fi
 
-if [ ! -x "$VENV/bin/python" ]; then
+# 2. The venv, reused while the pins are the same.
+stamp="torch==2.13.0+cpu ${PINS[*]} $(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$VENV/.pins" ] || [ "$(cat "$VENV/.pins")" != "$stamp" ]; then
   log "creating $VENV"
-  python3 -m venv "$VENV"
+  rm -rf "$VENV"
+  timeout 60 python3 -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+  timeout 300 "${PIP[@]}" "torch==2.13.0" --index-url "$TORCH_INDEX"
+  timeout 300 "${PIP[@]}" -e "${REPO}[examples]"
+  # deploy_opt depends on onnxruntime (CPU); onnxruntime-gpu must replace it, not sit beside it.
+  timeout 60 "$VENV/bin/python" -m pip uninstall -q -y onnxruntime
+  timeout 900 "${PIP[@]}" --extra-index-url "$NVIDIA_INDEX" \
+    --only-binary "tensorrt-cu13-libs,tensorrt-cu13-bindings,onnxruntime-gpu" "${PINS[@]}"
+  echo "$stamp" > "$VENV/.pins"
 fi
 PY="$VENV/bin/python"
-log "installing deploy_opt + tensorrt + onnxruntime-gpu + cuda-python"
-# The CPU torch is enough: torch only exports and evaluates the reference here; the GPU work is ORT and TensorRT.
-"$PY" -m pip install -q --upgrade pip
-"$PY" -m pip install -q "torch==2.13.0" --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" || \
-  "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e "$REPO[examples]"
-"$PY" -m pip uninstall -q -y onnxruntime || true
-"$PY" -m pip install -q onnxruntime-gpu "tensorrt>=10.1" cuda-python
-"$PY" - <<'PY'
-import onnxruntime as ort, tensorrt as trt
-print("onnxruntime", ort.__version__, ort.get_available_providers())
-print("tensorrt", trt.__version__)
+timeout 60 "$PY" -m pip freeze > "$OUT/pip_freeze.txt"
+
+# 3. Each library really reaches the GPU: TensorRT builds a builder, cuda-bindings counts devices, and an ORT
+#    session on a tiny model runs on CUDAExecutionProvider, not a silent CPU fallback.
+log "checking tensorrt, cuda-bindings and onnxruntime-gpu on the GPU"
+timeout 120 "$PY" - "$TRT_VERSION" <<'PY'
+import sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+import tensorrt as trt
+from cuda.bindings import runtime as cudart
+from onnx import TensorProto, helper
+
+assert trt.__version__ == sys.argv[1], f"tensorrt {trt.__version__}, expected {sys.argv[1]}"
+assert trt.Builder(trt.Logger(trt.Logger.WARNING)) is not None, "TensorRT cannot create a builder on this GPU"
+err, count = cudart.cudaGetDeviceCount()
+assert int(err) == 0 and count > 0, f"cudaGetDeviceCount: {err}, {count}"
+if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu >= 1.21: load the pip-installed CUDA and cuDNN libraries
+    ort.preload_dlls()
+node = helper.make_node("Relu", ["x"], ["y"])
+graph = helper.make_graph([node], "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+assert session.get_providers()[0] == "CUDAExecutionProvider", f"ORT fell back to {session.get_providers()}"
+assert session.run(None, {"x": np.array([-1, 2], np.float32)})[0].tolist() == [0, 2]
+print(f"tensorrt {trt.__version__}; onnxruntime {ort.__version__} {session.get_providers()}; {count} CUDA device(s)")
 PY
 
+# 4. Builds and alignment. A failed step is recorded and the others still run; the script exits 1 at the end.
 export DEPLOY_OPT_CACHE="$OUT/cache"
 status=0
 for cfg in deploy_opt/demo/digits.yaml deploy_opt/demo/minilm.yaml; do
+  name="$(basename "$cfg" .yaml)"
   log "build $cfg (profile a100: symmetric int8, targets tensorrt + ort-cuda)"
-  (cd "$REPO" && timeout 240 "$PY" -m deploy_opt build "$cfg" --profile a100 --output-dir "$OUT/reports" \
+  if ! (cd "$REPO" && timeout 240 "$PY" -m deploy_opt build "$cfg" --profile a100 --output-dir "$OUT/reports" \
       --set benchmark.batch_sizes=[1,32] --set benchmark.repeats=30 --set gate.min_speedup=null) \
-      > "$OUT/$(basename "$cfg" .yaml).log" 2>&1 || { log "build $cfg exited $?"; status=1; }
+      > "$OUT/$name.log" 2>&1; then
+    log "build $cfg failed; the end of $OUT/$name.log:"
+    tail -20 "$OUT/$name.log" >&2
+    status=1
+  fi
 done
+shopt -s nullglob
 for dir in "$OUT"/reports/*/; do
   log "align verify $dir"
-  (cd "$REPO" && "$PY" -m deploy_opt align verify "$dir") || status=1
+  if ! (cd "$REPO" && timeout 60 "$PY" -m deploy_opt align verify "$dir"); then
+    status=1
+  fi
 done
+shopt -u nullglob
 
-"$PY" - "$OUT/reports" <<'PY'
+timeout 30 "$PY" - "$OUT/reports" <<'PY'
 import json, sys
 from pathlib import Path
 rows = []
@@ -71,5 +140,5 @@ fmt = lambda v: "-" if v is None else f"{v:.4f}" if isinstance(v, float) else st
 for r in rows:
     print(f"{r[0]:<12} {r[1]:<16} {str(r[2])[:28]:<28} {fmt(r[3]):>8} {fmt(r[4]):>8} {fmt(r[5]):>8}")
 PY
-log "done (exit $status); reports in $OUT/reports"
-exit $status
+log "done (exit $status); reports in $OUT/reports, pip freeze in $OUT/pip_freeze.txt"
+exit "$status"

