@@ -126,3 +126,12 @@ def test_the_summary_counts_int8_nodes_and_flags_unrecognised_weights() -> None:
     assert _coverage_lines(healthy) == ["- INT8 nodes: 6 of 7 quantizable; tensors: 6 activations, 6 weights, 0 biases"]
     foreign = {"quantized_nodes": 38, "quantizable_nodes": 38, "quantized_tensors": {"activation": 40, "weight": 6}}
     assert "only 6 weights recognised for 38 INT8 nodes" in _coverage_lines(foreign)[1]
+
+
+def test_speed_is_not_judged_on_a_runtime_the_build_does_not_target(tmp_path: Path) -> None:
+    gpu = {"tensorrt": "tensorrt: not available", "ort-cuda": "built"}
+    slow = _gate(str(_build_json(tmp_path, speedup=0.4, targets=gpu)), "--min-speedup", "1.2")
+    assert slow.returncode == 0, slow.stdout
+    assert "speed not judged: the benchmark times ORT CPU (0.40x at batch 32), which is not a target" in slow.stdout
+    cpu = _gate(str(_build_json(tmp_path, speedup=0.4, targets={"ort-cpu": "built"})), "--min-speedup", "1.2")
+    assert cpu.returncode == 1 and "FAIL  INT8 speedup 0.40x" in cpu.stdout

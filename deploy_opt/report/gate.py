@@ -157,6 +157,13 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
             f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
         )
     speedup = float(batches[size]["speedup"])
+    targets = list(build.get("targets") or ())  # build.json: target -> what was built for it
+    if targets and "ort-cpu" not in targets:
+        text = (
+            f"speed not judged: the benchmark times ORT CPU ({speedup:.2f}x at batch {size}), which is not a target "
+            f"({', '.join(map(str, targets))}); the TensorRT engine's timings are in build.json backends.tensorrt"
+        )
+        return Criterion("min_speedup", speedup, min_speedup, True, text)
     if (build.get("quantization") or {}).get("quantized_nodes") == 0:
         text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
         return Criterion("min_speedup", speedup, min_speedup, True, text)
