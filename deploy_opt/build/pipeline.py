@@ -88,7 +88,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None)
     gate_cfg = config.gate
     speedup = gate_cfg.min_speedup if bench else None
-    judged = {"metrics": metrics, "benchmark": bench, "quantization": shipped.info}
+    judged = {"metrics": metrics, "benchmark": bench, "quantization": shipped.info, "targets": config.deploy.targets}
     gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
     build = record.build_record(
         name=config.name,
