@@ -112,7 +112,8 @@ def test_every_cpu_backend_is_compared_and_written(tiny_model: Path, qdq_model: 
     assert backends["tensorrt_int8"]["status"].startswith("not available")
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         assert backends["ort_int8_cuda"]["status"].startswith("not available")
-    assert backends["ort_fp32_cpu"]["outputs"]["logits"]["sqnr_db"] > 100
+    fp32_sqnr = backends["ort_fp32_cpu"]["outputs"]["logits"]["sqnr_db"]
+    assert fp32_sqnr is None or fp32_sqnr > 100  # None: no error at all (onnxruntime 1.32 matches numpy exactly)
     # INT8 metrics against an independent computation: ORT's INT8 output vs the numpy FP32 network.
     int8 = onnxruntime.InferenceSession(str(qdq_model), providers=["CPUExecutionProvider"]).run(None, samples)[0]
     reference = tiny_onnx.reference(samples["x"]).astype(np.float64)
