@@ -137,3 +137,48 @@ def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Pat
     expected = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, expected)
+
+
+def _weight_qdq_model(axis: int, zero_type: int = onnx.TensorProto.INT8, activation_scales: int = 1) -> onnx.ModelProto:
+    """x -> Q/DQ -> MatMul(x, DQ(w)): w is [16, 8]; the activation scale has ``activation_scales`` values."""
+    from onnx import TensorProto, helper
+
+    zero = np.int8 if zero_type == TensorProto.INT8 else np.uint8
+    shape = (activation_scales,) if activation_scales > 1 else ()
+    inits = [
+        numpy_helper.from_array(np.full(shape, 0.1, np.float32), "xs"),
+        numpy_helper.from_array(np.zeros(shape, zero), "xz"),
+        numpy_helper.from_array(np.ones((16, 8), np.int8), "w_quantized"),
+        numpy_helper.from_array(np.full(8 if axis == 1 else 16, 0.01, np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(8 if axis == 1 else 16, np.int8), "wz"),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q", axis=1),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq", axis=1),
+        helper.make_node("DequantizeLinear", ["w_quantized", "ws", "wz"], ["w"], name="w_dq", axis=axis),
+        helper.make_node("MatMul", ["xd", "w"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize(
+    "model,node,reason",
+    [
+        (_weight_qdq_model(1), None, None),  # TensorRT's form: per-channel on MatMul's output axis
+        (_weight_qdq_model(0), "w_dq", "per-channel weight of MatMul 'fc' on axis 0: TensorRT fuses axis 1"),
+        (_weight_qdq_model(1, onnx.TensorProto.UINT8), "q", "uint8 QuantizeLinear: TensorRT parse error"),
+        (_weight_qdq_model(1, activation_scales=16), "q", "per-channel QuantizeLinear on activation 'x'"),
+    ],
+    ids=["trt-form", "wrong-axis", "uint8", "per-channel-activation"],
+)
+def test_compat_judges_tensorrt_s_qdq_rules(model: onnx.ModelProto, node: str | None, reason: str | None) -> None:
+    report = check_compat(model, ("tensorrt",))
+    fails = {f["name"]: f["reason"] for f in _tensorrt_fails(report)}
+    if node is None:
+        assert not fails, fails
+    else:
+        assert node in fails and reason in fails[node], fails
