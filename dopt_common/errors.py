@@ -58,3 +58,12 @@ class MissingDependency(DeployOptError):
 
 class ReportError(DeployOptError):
     """A build report (build.json) is missing, unreadable or lacks a required field."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) arrived: a BaseException, like KeyboardInterrupt, so no ``except Exception`` (an
+    exporter's, a user's metric's) swallows it, and every ``finally`` still removes its staging folder."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -38,15 +38,44 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
-    """Rename a finished ``staging`` folder onto ``target``; a previous ``target`` is removed only after the rename."""
+    """Swap a finished ``staging`` folder in for ``target``, whole.
+
+    Whatever fails, ``target`` is afterwards either the complete old folder or the complete new one: the old
+    folder is renamed aside, the new one renamed in, and only then is the old one removed; if the second rename
+    fails, the old folder is renamed back. A ``staging`` on another filesystem is first copied beside ``target``
+    (renames never cross filesystems). A ``target`` that is itself a mount point cannot be renamed: that fails
+    before anything moved.
+    """
     staging, target = Path(staging), Path(target)
-    old = target.with_name(f".{target.name}.old-{os.getpid()}") if target.exists() else None
-    if old is not None:
-        os.rename(target, old)
-    os.rename(staging, target)
+    incoming = staging
+    if _device(staging) != _device(target.parent):
+        incoming = target.with_name(f".{target.name}.incoming-{os.getpid()}")
+        shutil.rmtree(incoming, ignore_errors=True)
+        try:
+            shutil.copytree(staging, incoming, symlinks=True)
+        except OSError:
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise
+    old = target.with_name(f".{target.name}.old-{os.getpid()}") if os.path.lexists(target) else None
+    try:
+        if old is not None:
+            os.rename(target, old)
+        try:
+            os.rename(incoming, target)
+        except OSError:
+            if old is not None:
+                os.rename(old, target)  # the previous folder goes back, untouched
+            raise
+    finally:
+        if incoming != staging:
+            shutil.rmtree(incoming, ignore_errors=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _device(path: Path) -> int:
+    return os.stat(path).st_dev
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -8,8 +8,10 @@ previous one. Names starting with "." inside the stage are working files and are
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,29 +20,96 @@ from pathlib import Path
 from dopt_common.errors import OutputError
 from dopt_common.files import replace_dir
 
+log = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def staged_dir(out_dir: Path) -> Iterator[Path]:
-    """Yield a fresh staging folder beside ``out_dir``; on a clean exit it replaces ``out_dir`` whole."""
+    """Yield a fresh staging folder beside ``out_dir``; on a clean exit it replaces ``out_dir`` whole.
+
+    One run per report name at a time (a lock file beside it); leftovers of runs whose process is gone
+    (``.<name>.partial-<pid>``, ``.old-``, ``.incoming-``) are removed first.
+    """
     out_dir = Path(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        stage.mkdir(parents=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create '{stage}': {exc.strerror}; fix: choose a writable --output-dir") from exc
-    try:
-        yield stage
-        for working in stage.glob(".*"):
-            shutil.rmtree(working) if working.is_dir() else working.unlink()
-        try:
-            replace_dir(stage, out_dir)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot publish '{out_dir}': {exc.strerror}; fix: choose a writable --output-dir"
-            ) from exc
-    finally:
+    with report_lock(out_dir):
+        sweep_stale(out_dir.parent)
         shutil.rmtree(stage, ignore_errors=True)
+        try:
+            stage.mkdir(parents=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create '{stage}': {exc.strerror}; fix: choose a writable --output-dir") from exc
+        try:
+            yield stage
+            for working in stage.glob(".*"):
+                shutil.rmtree(working) if working.is_dir() else working.unlink()
+            try:
+                replace_dir(stage, out_dir)
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot publish '{out_dir}': {exc.strerror}; the previous '{out_dir.name}' is unchanged; "
+                    "fix: choose a writable --output-dir (not a mount point itself)"
+                ) from exc
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def report_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``.<name>.lock`` beside ``out_dir`` for the run; a second run of the same name fails at once."""
+    import fcntl
+
+    path = out_dir.parent / f".{out_dir.name}.lock"
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole run)
+    except OSError as exc:
+        raise OutputError(f"cannot create '{path}': {exc.strerror}; fix: choose a writable --output-dir") from exc
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            raise OutputError(
+                f"'{out_dir}' is being written by {owner}; fix: wait for it to finish, or use another name "
+                "(--set name=...)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # closing releases the lock; the empty lock file stays (removing it would race)
+
+
+STALE = re.compile(r"^\..+\.(partial|old|incoming)-(\d+)$")
+
+
+def sweep_stale(folder: Path) -> list[Path]:
+    """Remove ``.<name>.partial-<pid>`` (and ``.old-``/``.incoming-``) folders whose process no longer runs."""
+    removed = []
+    for entry in folder.glob(".*-*") if folder.is_dir() else ():
+        match = STALE.match(entry.name)
+        if match and entry.is_dir() and not _alive(int(match.group(2))):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    if removed:
+        log.info("removed %d leftover folder(s) of interrupted runs in %s", len(removed), folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Timings:

@@ -1,0 +1,111 @@
+"""Publishing is whole or not at all: a failed swap, a kill or a second run never leaves half a report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dopt_common.files as files
+from dopt_common.errors import OutputError
+from dopt_common.runs import report_lock, staged_dir, sweep_stale
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _old_report(root: Path, name: str = "model") -> Path:
+    old = root / name
+    (old / "sub").mkdir(parents=True)
+    (old / "build.json").write_text('{"old": true}\n')
+    (old / "sub" / "model.onnx").write_bytes(os.urandom(256))
+    return old
+
+
+def test_a_failed_swap_puts_the_previous_report_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _old_report(tmp_path)
+    before = _tree(old)
+    rename = os.rename
+
+    def failing(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if ".partial-" in str(src):  # the new report's rename in: the publish step fails there
+            raise OSError(18, "Invalid cross-device link")
+        rename(src, dst)
+
+    monkeypatch.setattr(files.os, "rename", failing)
+    with pytest.raises(OutputError, match="the previous 'model' is unchanged"):
+        with staged_dir(old) as stage:
+            (stage / "build.json").write_text('{"new": true}\n')
+    assert _tree(old) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]  # no staging, no .old- left
+
+
+def test_a_staging_folder_on_another_filesystem_is_copied_then_swapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old, staging = _old_report(tmp_path / "out"), tmp_path / "elsewhere"
+    staging.mkdir()
+    (staging / "build.json").write_text('{"new": true}\n')
+    monkeypatch.setattr(files, "_device", lambda path: 1 if "elsewhere" in str(path) else 2)
+    files.replace_dir(staging, old)
+    assert _tree(old) == {"build.json": b'{"new": true}\n'}
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["model"]  # the copy was renamed in, the old removed
+
+
+def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    for name in (f".a.partial-{dead_pid}", f".a.old-{dead_pid}", f".b.partial-{os.getpid()}", "c"):
+        (tmp_path / name).mkdir()
+    removed = sweep_stale(tmp_path)
+    assert sorted(p.name for p in removed) == [f".a.old-{dead_pid}", f".a.partial-{dead_pid}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.partial-{os.getpid()}", "c"]
+
+
+def test_a_second_run_of_the_same_name_fails_at_once(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dopt_common.runs import report_lock\n"
+         f"with report_lock(Path({str(tmp_path / 'model')!r})):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputError, match=f"is being written by pid {holder.pid}"):
+            with report_lock(tmp_path / "model"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with report_lock(tmp_path / "model"):  # released with its process
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(tmp_path: Path, signum: int, code: int) -> None:
+    old = _old_report(tmp_path, "digits-mlp")
+    before = _tree(old)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "deploy_opt", "build", "--profile", "ci", "--output-dir", str(tmp_path)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert build.stderr is not None
+    deadline = time.monotonic() + 120
+    for line in build.stderr:  # signal once a stage inside the staging folder has started
+        if "calibration" in line or time.monotonic() > deadline:
+            break
+    assert any(p.name.startswith(".digits-mlp.partial-") for p in tmp_path.iterdir())
+    build.send_signal(signum)
+    rest = build.stderr.read()
+    assert build.wait(timeout=120) == code, rest
+    last = rest.strip().splitlines()[-1]
+    assert last == f"deploy_opt build: interrupted ({signal.Signals(signum).name}); nothing was published"
+    assert "Traceback" not in rest
+    assert _tree(old) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".digits-mlp.lock", "digits-mlp"]
