@@ -7,6 +7,7 @@ round it. Readers take the bits and refuse a file whose decimal and hex disagree
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -16,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from calibrators.scales.schema import QDTYPES, validate_scale_data
-from dopt_common.errors import ConfigError, ScaleMismatchError
+from dopt_common.errors import ConfigError, NumericsError, ScaleMismatchError
 from dopt_common.files import write_json
 
 FORMAT = "deploy_opt.scales/1"
@@ -47,6 +48,16 @@ class TensorScale:
     range: tuple[float, float] | None = None
     method: str = "minmax"
     derived_from: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Every number finite: an Inf or NaN scale would reach every backend's file (and TensorRT's cache)."""
+        values = [*self.scale, *((self.amax,) if self.amax is not None else ()), *(self.range or ())]
+        bad = next((v for v in values if not math.isfinite(float(v))), None)
+        if bad is not None:
+            raise NumericsError(
+                f"scale entry '{self.name}' holds {float(bad)} (scale, amax or range); every value must be finite; "
+                "fix: recalibrate, or correct that entry of the scale file"
+            )
 
     @property
     def symmetric(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from deploy_opt.build.sources import resolve_callable
-from dopt_common.errors import InputError
+from dopt_common.errors import InputError, one_line
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -78,12 +78,29 @@ def resolve_metric(name: str, base_dir: str | Path = ".") -> Metric:
     if ":" not in name:
         raise InputError(f"data.metric '{name}' is unknown; use one of {', '.join(BUILTIN)} or 'module:function'")
     fn = resolve_callable(name, base_dir, "data.metric")
-    return Metric(name, _per_sample(fn), True)
+    return Metric(name, _per_sample(fn, name), True)
 
 
-def _per_sample(fn: Callable[..., object]) -> ScoreFn:
+def _per_sample(fn: Callable[..., object], name: str) -> ScoreFn:
+    """The user's metric as per-sample scores; one that raises or returns no finite number is an InputError."""
+
     def score(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
-        value = np.asarray(fn(prediction, reference), dtype=np.float64)
+        try:
+            returned = fn(prediction, reference)
+        except Exception as exc:  # the user's code: any failure is bad input, named, never exit 3
+            raise InputError(
+                f"data.metric '{name}' raised {type(exc).__name__}: {one_line(exc)}; fix that function"
+            ) from exc
+        try:
+            value = np.asarray(returned, dtype=np.float64)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not np.isfinite(value).all():
+            shown = repr(returned) if value is None else "NaN or Inf"
+            raise InputError(
+                f"data.metric '{name}' returned {shown[:80]}, not finite numbers; fix that function to return a "
+                "number per batch or per sample"
+            )
         return np.full(prediction.shape[0], float(value)) if value.ndim == 0 else value.reshape(-1)
 
     return score

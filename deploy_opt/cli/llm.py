@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from dopt_common.errors import InputError
 
 
 def cmd_quantize_llm(args: argparse.Namespace) -> int:
@@ -38,6 +41,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deploy_opt.config.serve import ServeConfig
     from deploy_opt.llm.serve import check_host, launch, serve_command
 
+    if not Path(args.checkpoint).is_dir():
+        raise InputError(f"checkpoint '{args.checkpoint}' does not exist or is not a folder; pass quantize-llm's "
+                         "checkpoint/ folder")  # fmt: skip
     section = (load_profile(args.profile).sections.get("serve") or {}) if args.profile else {}
     serve = build_dataclass(ServeConfig, section, "serve")
     given = {k: getattr(args, k) for k in ("port", "tp", "backend", "session_len") if getattr(args, k) is not None}

@@ -266,6 +266,12 @@ class GateConfig:
     # A "model.int8.onnx" with no quantized node is the FP32 model: it fails the gate unless this is true.
     allow_fp32: bool = False
 
+    def __post_init__(self) -> None:
+        if self.min_speedup is not None and not self.min_speedup > 0:
+            raise ConfigError(f"gate.min_speedup must be positive or null, got {self.min_speedup}")
+        if self.speedup_batch is not None and self.speedup_batch < 1:
+            raise ConfigError(f"gate.speedup_batch must be >= 1 or null, got {self.speedup_batch}")
+
 
 @dataclass(frozen=True)
 class CompareConfig:

@@ -6,6 +6,7 @@ Used by the build config, the LLM and training configs and the profiles alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -50,6 +51,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return build_dataclass(tp, value, where)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # YAML's .nan/.inf: a NaN threshold passes every comparison it meets
+            raise ConfigError(f"{where}: {value} is not a finite number; give a finite value")
         return float(value)
     if tp in (int, str, bool) and type(value) is tp:
         return value

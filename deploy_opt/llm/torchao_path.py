@@ -134,6 +134,31 @@ def save_torchao_checkpoint(
     return folder
 
 
+def _load_state(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)``, allow-listing exactly the torchao tensor subclasses the file names.
+
+    Any other global in the pickle (a foreign or tampered file) is refused, never unpickled.
+    """
+    import importlib
+
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read '{path}' ({type(exc).__name__}): truncated or not a checkpoint") from exc
+    foreign = [n for n in names if not n.startswith(("torchao.", "torch."))]
+    if foreign:
+        raise CheckpointError(
+            f"'{path}' names {', '.join(foreign[:3])} to unpickle, which torchao does not define; refusing to load "
+            "it; fix: re-run quantize-llm"
+        )
+    allowed = [getattr(importlib.import_module(n.rpartition(".")[0]), n.rpartition(".")[2]) for n in names]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read '{path}' ({type(exc).__name__}); fix: re-run quantize-llm") from exc
+
+
 def load_torchao_checkpoint(folder: str | os.PathLike[str]) -> tuple[torch.nn.Module, Any]:
     """(model with torchao weights in eval mode, tokenizer or None) from ``save_torchao_checkpoint``'s folder."""
     transformers = require("transformers", purpose="reloading a torchao checkpoint", extra="llm")
@@ -145,7 +170,7 @@ def load_torchao_checkpoint(folder: str | os.PathLike[str]) -> tuple[torch.nn.Mo
     config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     _apply(model, summary["method"], summary.get("group_size") or 128, summary.get("keep", ()))
-    state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+    state = _load_state(folder / STATE_FILE)
     result = model.load_state_dict(state, strict=False, assign=True)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     missing = [key for key in result.missing_keys if key not in tied]

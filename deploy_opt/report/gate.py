@@ -126,6 +126,10 @@ def apply_gate(
 
     A build whose Q/DQ model quantizes no node is never passed off as INT8: it fails unless ``allow_fp32``.
     """
+    if max_drop is not None and not math.isfinite(max_drop):
+        raise ConfigError(f"gate: --max-drop {max_drop} is not a finite number; give the largest drop in points")
+    if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup > 0):
+        raise ConfigError(f"gate: --min-speedup {min_speedup} must be a positive finite factor, e.g. 1.2")
     criteria: list[Criterion] = _int8_criterion(build, allow_fp32)
     if max_drop is not None:
         metrics = build["metrics"]

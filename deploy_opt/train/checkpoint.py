@@ -91,8 +91,13 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint to resume from at '{path}'; fix: run without resume first")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated or foreign file: say which, never a bare pickle error
-        raise CheckpointError(f"cannot read checkpoint '{path}' ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # truncated or foreign file: one line, never torch's advice to load it unsafely
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        detail = "" if not first or "weights" in first.lower() or "trust" in first.lower() else f": {first[:120]}"
+        raise CheckpointError(
+            f"cannot read checkpoint '{path}' ({type(exc).__name__}{detail}); it is truncated, corrupt or not a "
+            "deploy_opt training checkpoint; fix: resume from another checkpoint, or start without resume"
+        ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a deploy_opt training checkpoint")
     if payload.get("version") != VERSION:
