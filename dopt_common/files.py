@@ -19,6 +19,8 @@ from dopt_common.errors import OutputError
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
     final = Path(path)
+    if final.is_dir():
+        raise OutputError(f"'{final}' is a folder; fix: give a file path (e.g. '{final / final.name}.json')")
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
@@ -97,6 +99,19 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_replaceable_dir(path: str | os.PathLike[str]) -> Path:
+    """Refuse, before any work, a report folder that a finished run could not replace: a file, or read-only."""
+    folder = Path(path)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise OutputError(f"'{folder}' exists and is not a folder; fix: move it away or choose another name")
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"the existing report '{folder}' is read-only; fix: make it writable (chmod -R u+w) or choose another "
+            "--output-dir"
+        )
+    return folder
 
 
 def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dopt_common.errors import OutputError
-from dopt_common.files import replace_dir
+from dopt_common.files import check_replaceable_dir, replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
     One run per report name at a time (a lock file beside it); leftovers of runs whose process is gone
     (``.<name>.partial-<pid>``, ``.old-``, ``.incoming-``) are removed first.
     """
-    out_dir = Path(out_dir)
+    out_dir = check_replaceable_dir(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     with report_lock(out_dir):
         sweep_stale(out_dir.parent)

@@ -109,3 +109,24 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(tmp_path: Pa
     assert "Traceback" not in rest
     assert _tree(old) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [".digits-mlp.lock", "digits-mlp"]
+
+
+def test_a_report_path_that_cannot_be_replaced_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_text("not a report")
+    with pytest.raises(OutputError, match="exists and is not a folder"):
+        with staged_dir(tmp_path / "file"):
+            pytest.fail("the run must not start")
+    locked = _old_report(tmp_path, "locked")
+    access = os.access  # root passes every permission check, so the read-only answer is injected
+    monkeypatch.setattr(files.os, "access", lambda p, mode: False if Path(p) == locked else access(p, mode))
+    with pytest.raises(OutputError, match="the existing report .* is read-only"):
+        with staged_dir(locked):
+            pytest.fail("the run must not start")
+    assert not any(p.name.startswith(".locked.partial") for p in tmp_path.iterdir())
+
+
+def test_a_writer_refuses_a_folder_as_its_output_file(tmp_path: Path) -> None:
+    with pytest.raises(OutputError, match="is a folder; fix: give a file path"):
+        files.write_text(tmp_path, "x")
