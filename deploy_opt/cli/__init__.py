@@ -66,7 +66,7 @@ def _run(args: object, commands: dict[str, Callable]) -> int:
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         name = signal.Signals(signum).name
-        print(f"deploy_opt {command}: interrupted ({name}); nothing was published", file=sys.stderr)
+        print(f"deploy_opt {command}: interrupted ({name}); staging removed, no partial report left", file=sys.stderr)
         return 128 + int(signum)
     except DeployOptError as exc:
         print(f"deploy_opt {command}: error: {exc}", file=sys.stderr)
