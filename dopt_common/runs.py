@@ -24,15 +24,15 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def staged_dir(out_dir: Path) -> Iterator[Path]:
+def staged_dir(out_dir: Path, wait: bool = False) -> Iterator[Path]:
     """Yield a fresh staging folder beside ``out_dir``; on a clean exit it replaces ``out_dir`` whole.
 
-    One run per report name at a time (a lock file beside it); leftovers of runs whose process is gone
-    (``.<name>.partial-<pid>``, ``.old-``, ``.incoming-``) are removed first.
+    One run per report name at a time (a lock file beside it; ``wait``: wait for the other run); leftovers of
+    runs whose process is gone (``.<name>.partial-<pid>``, ``.old-``, ``.incoming-``) are removed first.
     """
     out_dir = check_replaceable_dir(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    with report_lock(out_dir):
+    with report_lock(out_dir, wait):
         sweep_stale(out_dir.parent)
         shutil.rmtree(stage, ignore_errors=True)
         try:
@@ -55,8 +55,9 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def report_lock(out_dir: Path) -> Iterator[None]:
-    """Hold ``.<name>.lock`` beside ``out_dir`` for the run; a second run of the same name fails at once."""
+def report_lock(out_dir: Path, wait: bool = False) -> Iterator[None]:
+    """Hold ``.<name>.lock`` beside ``out_dir`` for the run; a second run of the same name fails at once, or
+    with ``wait`` waits for the first to finish."""
     import fcntl
 
     path = out_dir.parent / f".{out_dir.name}.lock"
@@ -67,13 +68,13 @@ def report_lock(out_dir: Path) -> Iterator[None]:
         raise OutputError(f"cannot create '{path}': {exc.strerror}; fix: choose a writable --output-dir") from exc
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             handle.seek(0)
             owner = handle.read().strip() or "another process"
             raise OutputError(
-                f"'{out_dir}' is being written by {owner}; fix: wait for it to finish, or use another name "
-                "(--set name=...)"
+                f"'{out_dir}' is being written by {owner}; fix: build with --wait to wait for it, or use another "
+                "name (--set name=...)"
             ) from None
         handle.seek(0)
         handle.truncate()

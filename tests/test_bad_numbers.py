@@ -100,3 +100,23 @@ def test_a_corrupt_training_checkpoint_is_one_line_without_unsafe_advice(tmp_pat
         read_checkpoint(path)
     text = str(caught.value)
     assert "\n" not in text and "weights_only" not in text and str(path) in text
+
+
+def test_scales_import_to_a_folder_fails_before_reading(tmp_path: Path) -> None:
+    cache = tmp_path / "calibration.cache"
+    cache.write_text("TRT-100001-EntropyCalibration2\nx: 3d4ccccd\n")
+    _one_line_error(_cli("scales", "import", str(cache), "--to", str(tmp_path)), "is a folder")
+
+
+def test_a_torchao_state_naming_foreign_globals_is_refused_unread(tmp_path: Path) -> None:
+    import argparse
+
+    import torch
+
+    from deploy_opt.llm.torchao_path import _load_state
+    from dopt_common.errors import CheckpointError
+
+    path = tmp_path / "state.pt"
+    torch.save({"w": torch.zeros(2), "odd": argparse.Namespace(a=1)}, path)  # any class could run code on load
+    with pytest.raises(CheckpointError, match="argparse.Namespace to unpickle, which torchao does not define"):
+        _load_state(path)

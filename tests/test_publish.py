@@ -98,7 +98,7 @@ STAGES = {
     "align": "compare.json",
     "publish": "align verify",  # the gate, the records and the swap follow; the kill may land after it
 }
-KILLS = [(stage, signal.SIGTERM, 143) for stage in STAGES] + [("search", signal.SIGINT, 130)]
+KILLS = [(stage, signal.SIGTERM, 143) for stage in STAGES] + [("export", signal.SIGINT, 130)]  # Ctrl-C in dynamo
 
 
 @pytest.mark.slow
@@ -159,3 +159,31 @@ def test_a_report_path_that_cannot_be_replaced_is_refused_before_any_work(
 def test_a_writer_refuses_a_folder_as_its_output_file(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="is a folder; fix: give a file path"):
         files.write_text(tmp_path, "x")
+
+
+def test_with_wait_a_second_run_waits_for_the_first(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dopt_common.runs import report_lock\n"
+         f"with report_lock(Path({str(tmp_path / 'model')!r})):\n    print('held', flush=True); time.sleep(2)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with report_lock(tmp_path / "model", wait=True):
+            assert time.monotonic() - started > 1.0  # the lock came only when the first run let it go (2 s)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_nan_in_the_evaluation_data_is_blamed_on_the_data(tmp_path: Path) -> None:
+    import numpy as np
+
+    from deploy_opt.build.sources import InputSpec, to_batch
+    from dopt_common.errors import InputError
+
+    x = np.zeros((4, 16), np.float32)
+    x[1, 3] = np.nan
+    with pytest.raises(InputError, match="data.evaluation batch 0: input 'x' holds NaN or Inf \\(1 of 64 values\\)"):
+        to_batch(({"x": x}, np.zeros(4)), (InputSpec("x", ("batch", 16), "float32"),), "data.evaluation batch 0")

@@ -39,10 +39,15 @@ class BuildResult:
     gate: GateResult
 
 
-def run_build(config: BuildConfig, profile: Profile, output_root: Path, progress: bool = True) -> BuildResult:
-    """Build, verify, evaluate and gate one model; every artifact lands in ``output_root/<name>/``."""
+def run_build(
+    config: BuildConfig, profile: Profile, output_root: Path, progress: bool = True, wait: bool = False
+) -> BuildResult:
+    """Build, verify, evaluate and gate one model; every artifact lands in ``output_root/<name>/``.
+
+    ``wait``: wait for another build of the same name to finish instead of failing at once.
+    """
     out_dir = ensure_writable_dir(output_root) / config.name
-    with staged_dir(out_dir) as stage:
+    with staged_dir(out_dir, wait=wait) as stage:
         build, gate = _build_into(config, profile, stage, progress)
     return BuildResult(out_dir, build, gate)
 

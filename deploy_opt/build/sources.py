@@ -211,6 +211,12 @@ def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[InputSpec, ...], wh
                 f"{where}: input '{spec.name}' has shape {list(array.shape)}, declared {list(spec.shape)}; "
                 "fix the data or model.inputs"
             )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise InputError(
+                f"{where}: input '{spec.name}' holds NaN or Inf ({bad} of {array.size} values); fix the data "
+                "function (no model can be calibrated or judged on them)"
+            )
         sizes.add(array.shape[0])
     if len(sizes) > 1:
         raise InputError(f"{where}: inputs disagree on the batch size: {sorted(sizes)}")

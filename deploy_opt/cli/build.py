@@ -10,7 +10,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from deploy_opt.config.profiles import load_build_config
 
     config, profile = load_build_config(args.config, args.profile, args.overrides)
-    result = run_build(config, profile, args.output_dir, progress=not args.quiet)
+    result = run_build(config, profile, args.output_dir, progress=not args.quiet, wait=args.wait)
     metrics = result.build["metrics"]
     fp32_ships = (result.build.get("quantization") or {}).get("quantized_nodes") == 0
     shipped = "shipped FP32 (no INT8 node)" if fp32_ships else "INT8"

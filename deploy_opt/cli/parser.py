@@ -33,6 +33,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="override any config field, e.g. --set benchmark.threads=4 (repeatable)",
     )
     build.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
+    build.add_argument(
+        "--wait", action="store_true", help="wait for another build of the same name to finish (default: fail at once)"
+    )
 
     sens = sub.add_parser(
         "sensitivity", parents=[common], help="rank every quantized node by the accuracy its INT8 costs (heatmap)"
