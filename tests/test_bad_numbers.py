@@ -4,6 +4,7 @@ config values, a user's metric, serve's arguments and a corrupt training checkpo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,26 @@ def test_a_torchao_state_naming_foreign_globals_is_refused_unread(tmp_path: Path
     torch.save({"w": torch.zeros(2), "odd": argparse.Namespace(a=1)}, path)  # any class could run code on load
     with pytest.raises(CheckpointError, match="argparse.Namespace to unpickle, which torchao does not define"):
         _load_state(path)
+
+
+def test_a_wrong_input_name_names_the_user_s_file_not_the_staging_copy(tmp_path: Path) -> None:
+    import tiny_onnx
+    from conftest import write_config
+
+    tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    data = tmp_path / "renamed.py"
+    data.write_text(
+        "import tiny_onnx\n"
+        "def calibration():\n    return [({'inp': x['x']}, y) for x, y in tiny_onnx.calibration()]\n"
+        "def evaluation():\n    return [({'inp': x['x']}, y) for x, y in tiny_onnx.evaluation()]\n"
+    )
+    config = write_config(tmp_path, f"""
+name: renamed
+model: {{onnx: tiny.onnx, inputs: [{{name: inp, shape: [batch, 16], dtype: float32}}]}}
+data: {{calibration: "{data}:calibration", evaluation: "{data}:evaluation", metric: top1}}
+""")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}  # the data module imports tiny_onnx
+    command = ["build", str(config), "--profile", "ci", "--output-dir", str(tmp_path / "o")]
+    result = subprocess.run([sys.executable, "-m", "deploy_opt", *command], capture_output=True, text=True, env=env)
+    _one_line_error(result, "model.inputs ['inp'] do not match the inputs of 'tiny.onnx': ['x']")
+    assert "partial" not in result.stderr

@@ -57,7 +57,9 @@ def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
     return tuple(specs)
 
 
-def check_declared_inputs(declared: tuple[InputSpec, ...], actual: tuple[InputSpec, ...], path: Path) -> None:
+def check_declared_inputs(
+    declared: tuple[InputSpec, ...], actual: tuple[InputSpec, ...], path: Path | str
+) -> None:
     """Declared model.inputs must name the ONNX inputs with the same dtype and rank."""
     by_name = {s.name: s for s in actual}
     if sorted(by_name) != sorted(s.name for s in declared):
@@ -113,7 +115,8 @@ def prepare_fp32(
         info.update({k: v for k, v in changes.items() if v})
     inputs = input_specs_from_onnx(proto)
     if config.model.inputs:
-        check_declared_inputs(config.model.inputs, inputs, out)
+        named = Path(config.model.onnx) if config.model.onnx else f"the export of {config.model.factory}"
+        check_declared_inputs(config.model.inputs, inputs, named)  # the user's file, never the staging copy
         inputs = config.model.inputs
     info["opset"] = default_opset(proto)
     info["nodes"] = len(proto.graph.node)
