@@ -32,7 +32,7 @@ from deploy_opt.train.run_log import truncate_log, write_event
 from deploy_opt.train.schedules import build_scheduler
 from dopt_common.errors import ConfigError, OutputError, SourceError
 from dopt_common.files import atomic_path, ensure_writable_dir, write_json
-from dopt_common.runs import seed_everything
+from dopt_common.runs import report_lock, seed_everything
 
 log = logging.getLogger(__name__)
 LOG_NAME = "train_log.jsonl"
@@ -113,7 +113,8 @@ def train(
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        return _prepare_and_run(config, out, resume, progress, stop_at)
+        with report_lock(out):  # one run per folder: two would interleave their checkpoints and logs
+            return _prepare_and_run(config, out, resume, progress, stop_at)
     finally:
         torch.set_num_threads(threads)
 
