@@ -16,6 +16,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dopt_common.errors import OutputError
 from dopt_common.files import check_replaceable_dir, replace_dir
@@ -57,32 +58,47 @@ def staged_dir(out_dir: Path, wait: bool = False) -> Iterator[Path]:
 @contextlib.contextmanager
 def report_lock(out_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``.<name>.lock`` beside ``out_dir`` for the run; a second run of the same name fails at once, or
-    with ``wait`` waits for the first to finish."""
-    import fcntl
-
+    with ``wait`` waits for the first to finish. The file is removed on release, so no run leaves it behind."""
     path = out_dir.parent / f".{out_dir.name}.lock"
+    handle = _locked(path, out_dir, wait)
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole run)
-    except OSError as exc:
-        raise OutputError(f"cannot create '{path}': {exc.strerror}; fix: choose a writable --output-dir") from exc
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "another process"
-            raise OutputError(
-                f"'{out_dir}' is being written by {owner}; fix: build with --wait to wait for it, or use another "
-                "name (--set name=...)"
-            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}")
         handle.flush()
         yield
     finally:
-        handle.close()  # closing releases the lock; the empty lock file stays (removing it would race)
+        path.unlink(missing_ok=True)  # still holding the lock: a waiter then finds its file gone and retries
+        handle.close()
+
+
+def _locked(path: Path, out_dir: Path, wait: bool) -> Any:
+    """An open, flock-ed handle on ``path``: the file that is at ``path`` now (not one a releaser unlinked)."""
+    import fcntl
+
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole run)
+        except OSError as exc:
+            raise OutputError(f"cannot create '{path}': {exc.strerror}; fix: choose a writable --output-dir") from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            handle.close()
+            raise OutputError(
+                f"'{out_dir}' is being written by {owner}; fix: build with --wait to wait for it, or use another "
+                "name (--set name=...)"
+            ) from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(handle.fileno()).st_ino:
+            return handle
+        handle.close()  # the holder removed this file as it finished: lock the new one
 
 
 STALE = re.compile(r"^\..+\.(partial|old|incoming)-(\d+)$")

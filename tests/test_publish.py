@@ -45,7 +45,7 @@ def test_a_failed_swap_puts_the_previous_report_back(tmp_path: Path, monkeypatch
         with staged_dir(old) as stage:
             (stage / "build.json").write_text('{"new": true}\n')
     assert _tree(old) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]  # no staging, no .old- left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no staging, no .old- left
 
 
 def test_a_staging_folder_on_another_filesystem_is_copied_then_swapped(
@@ -124,7 +124,7 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(
     rest = build.stderr.read()
     returncode = build.wait(timeout=120)
     assert "Traceback" not in rest
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".digits-mlp.lock", "digits-mlp"]  # no staging left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits-mlp"]  # no staging left
     assert set(Path(tempfile.gettempdir()).glob("deploy_opt.*")) <= temp  # nor the exporter's temp folders
     if stage == "publish" and returncode in (0, 1):  # it finished first: then the new report is there, whole
         assert json.loads((old / "build.json").read_text())["name"] == "digits-mlp"
