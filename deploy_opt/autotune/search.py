@@ -187,8 +187,12 @@ def _placement_trials(
 
 
 def _chains_pay(ctx: _Context) -> bool:
-    """Chain coverage is a candidate for ORT's CPU kernels when some chain op reads a weighted op's output."""
-    if "ort-cpu" not in ctx.config.deploy.targets:
+    """Chain coverage is a candidate for ORT's CPU kernels when some chain op reads a weighted op's output.
+
+    Not with TensorRT among the targets: chains quantize outputs, which TensorRT's placement never does.
+    """
+    targets = ctx.config.deploy.targets
+    if "ort-cpu" not in targets or "tensorrt" in targets:
         return False
     weighted = set(ctx.config.quantization.op_types)
     produced = {out for n in ctx.fp32.graph.node if n.op_type in weighted for out in n.output}
