@@ -30,6 +30,25 @@ def write_config(tmp_path: Path, text: str, name: str = "build.yaml") -> Path:
     return path
 
 
+def tiny_cnn_config(tmp_path: Path, calibration: str, evaluation: str) -> Path:
+    """A build config for tiny_torch's CNN (factory, benchmark off, gate max_drop 100) with the given data."""
+    source = HERE / "tiny_torch.py"
+    return write_config(
+        tmp_path,
+        f"""
+name: tiny-cnn
+model:
+  factory: "{source}:build_model"
+  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
+data:
+  calibration: "{calibration}"
+  evaluation: "{evaluation}"
+benchmark: {{enabled: false}}
+gate: {{max_drop: 100}}
+""",
+    )
+
+
 def build_tiny(tmp_path: Path, sections: str, overrides: list[str] | None = None):
     """Build the tiny MLP (profile ci, no benchmark) with extra YAML ``sections``; returns the BuildResult."""
     from deploy_opt.build.pipeline import run_build

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import write_config
+from conftest import tiny_cnn_config, write_config
 
 from calibrators.scales.format import load_scale_file
 from deploy_opt.analysis.align import verify_alignment
@@ -228,24 +228,6 @@ gate:
     assert [o.name for o in fp32.get_outputs()] == ["scores"]
 
 
-def _tiny_cnn_config(tmp_path: Path, calibration: str, evaluation: str) -> Path:
-    source = Path(__file__).resolve().parent / "tiny_torch.py"
-    return write_config(
-        tmp_path,
-        f"""
-name: tiny-cnn
-model:
-  factory: "{source}:build_model"
-  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
-data:
-  calibration: "{calibration}"
-  evaluation: "{evaluation}"
-benchmark: {{enabled: false}}
-gate: {{max_drop: 100}}
-""",
-    )
-
-
 @pytest.mark.slow
 def test_large_models_use_external_data(tmp_path: Path, tiny_model: Path) -> None:
     path = write_config(
@@ -276,7 +258,7 @@ def test_overlapping_calibration_and_evaluation_is_refused(tmp_path: Path) -> No
         "def evaluation():\n    return tiny_torch.calibration()[:2] + tiny_torch.evaluation()\n",
         encoding="utf-8",
     )
-    path = _tiny_cnn_config(tmp_path, "overlap.py:calibration", "overlap.py:evaluation")
+    path = tiny_cnn_config(tmp_path, "overlap.py:calibration", "overlap.py:evaluation")
     config, profile = load_build_config(path, "ci", [])
     with pytest.raises(CalibrationError, match="16 calibration samples also appear in the evaluation data"):
         run_build(config, profile, tmp_path / "reports", progress=False)

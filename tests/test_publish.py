@@ -70,14 +70,20 @@ def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.partial-{os.getpid()}", "c"]
 
 
+def _hold_lock(out_dir: Path, seconds: int) -> subprocess.Popen[str]:
+    """Another process holding ``out_dir``'s report lock for ``seconds``; returns once it holds it."""
+    code = (
+        "import time; from pathlib import Path; from dopt_common.runs import report_lock\n"
+        f"with report_lock(Path({str(out_dir)!r})):\n    print('held', flush=True); time.sleep({seconds})"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_second_run_of_the_same_name_fails_at_once(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dopt_common.runs import report_lock\n"
-         f"with report_lock(Path({str(tmp_path / 'model')!r})):\n    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _hold_lock(tmp_path / "model", seconds=60)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(OutputError, match=f"is being written by pid {holder.pid}"):
             with report_lock(tmp_path / "model"):
                 pass
@@ -162,13 +168,8 @@ def test_a_writer_refuses_a_folder_as_its_output_file(tmp_path: Path) -> None:
 
 
 def test_with_wait_a_second_run_waits_for_the_first(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dopt_common.runs import report_lock\n"
-         f"with report_lock(Path({str(tmp_path / 'model')!r})):\n    print('held', flush=True); time.sleep(2)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _hold_lock(tmp_path / "model", seconds=2)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         started = time.monotonic()
         with report_lock(tmp_path / "model", wait=True):
             assert time.monotonic() - started > 1.0  # the lock came only when the first run let it go (2 s)

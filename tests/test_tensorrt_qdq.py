@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import write_config
+from conftest import tiny_cnn_config
 from onnx import numpy_helper
 
 from calibrators.scales.format import load_scale_file
@@ -30,22 +30,9 @@ INT32_REASON = "int32 DequantizeLinear: TensorRT parse error"
 
 def _build(tmp_path: Path, profile: str, *overrides: str):
     source = HERE / "tiny_torch.py"
-    path = write_config(
-        tmp_path,
-        f"""
-name: tiny-cnn
-model:
-  factory: "{source}:build_model"
-  inputs: [{{name: image, shape: [batch, 1, 8, 8], dtype: float32}}]
-data:
-  calibration: "{source}:calibration"
-  evaluation: "{source}:evaluation"
-benchmark: {{enabled: false}}
-gate: {{max_drop: 100, min_speedup: null}}
-""",
-    )
-    config, prof = load_build_config(path, profile, ["quantization.mode=manual", "quantization.keep_head=false",
-                                                      *overrides])  # fmt: skip
+    path = tiny_cnn_config(tmp_path, f"{source}:calibration", f"{source}:evaluation")
+    settings = ["quantization.mode=manual", "quantization.keep_head=false", "gate.min_speedup=null", *overrides]
+    config, prof = load_build_config(path, profile, settings)
     return run_build(config, prof, tmp_path / "reports", progress=False)
 
 
