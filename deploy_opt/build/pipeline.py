@@ -16,6 +16,7 @@ from deploy_opt.build.export import prepare_fp32
 from deploy_opt.build.inputs import load_inputs
 from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.build.precision import auto_precision, choose_precision, needs_held_evaluation, quantize_model
+from deploy_opt.build.qat import fine_tune
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import compare_and_align, write_backends
@@ -70,6 +71,10 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
             quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
         with times.stage("sensitivity_fallback"):
             precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
+    if config.quantization.qat.enabled:
+        with times.stage("qat"):
+            precision = fine_tune(config, fp32.path, precision, inputs.calibration, evaluation, metric, stage,
+                                  progress)  # fmt: skip
     shipped = precision.shipped
     samples = evaluation if isinstance(evaluation, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
@@ -80,6 +85,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         models = {"ort_fp32": fp32.path, "ort_int8": shipped.path}
         if precision.mixed:
             models["ort_int8_no_fallback"] = precision.full.path
+        models |= dict(precision.alternatives)
         names = [s.name for s in fp32.inputs]
         runtimes = evaluate_runtimes(models, names, inputs.torch_model, evaluation, metric, threads, progress)
     with times.stage("benchmark"):
@@ -109,6 +115,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         calibration=inputs.calibration.to_json(),
         fallback=precision.fallback.to_json(),
         auto=precision.auto.to_json() if precision.auto else None,
+        qat=precision.qat,
         backends=backends,
         alignment=verified.alignment_summary(),
         comparison=verified.comparison_summary(),

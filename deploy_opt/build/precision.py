@@ -59,6 +59,10 @@ class Precision:
     fallback: FallbackChoice
     sensitivity: dict[str, Any] | None
     auto: AutoSearch | None = None  # the auto search's record (quantization.mode: auto)
+    setup: BuildConfig | None = None  # the settings ``full`` was written with (QAT writes its model with them)
+    smoothing: dict[str, Any] | None = None
+    qat: dict[str, Any] | None = None  # the QAT record (build.json ``qat``), when it ran or was considered
+    alternatives: tuple[tuple[str, Path], ...] = ()  # other Q/DQ models evaluated and benchmarked beside it
 
     @property
     def mixed(self) -> bool:
@@ -69,7 +73,9 @@ class Precision:
 def needs_held_evaluation(config: BuildConfig) -> bool:
     """Sensitivity, auto fallback and the auto search revisit the evaluation set, so it must be held in memory."""
     quant = config.quantization
-    return config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto"
+    return (
+        config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
+    )
 
 
 def auto_precision(
@@ -94,16 +100,18 @@ def auto_precision(
             source, smoothing = base.source, base.smoothing
         mixed = base is not None and chosen is not None and chosen.excluded != base.candidate.excluded
         shipped = quantize(setup, source, calibration, stage, ranges=ranges, smoothing=smoothing)
-        full = shipped
+        full, full_setup = shipped, setup
         if mixed:
-            full = quantize(configured(config, base.candidate), source, calibration, stage / ".full",
-                            ranges=base.model.ranges, smoothing=smoothing)  # fmt: skip
+            full_setup = configured(config, base.candidate)
+            full = quantize(full_setup, source, calibration, stage / ".full", ranges=base.model.ranges,
+                            smoothing=smoothing)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record = run_sensitivity(config, source, full.path, held, metric, stage) if config.sensitivity.enabled else None
     _plot(shipped, stage)
     nodes = chosen.excluded if chosen is not None else ()
-    return Precision(source, full, shipped, FallbackChoice(static, nodes), record, outcome.search)
+    fallback = FallbackChoice(static, nodes)
+    return Precision(source, full, shipped, fallback, record, outcome.search, full_setup, smoothing)
 
 
 def _plot(shipped: QuantizedModel, stage: Path) -> None:
@@ -148,4 +156,5 @@ def choose_precision(
         excluded = with_excluded(config, nodes)
         shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
     _plot(shipped, stage)
-    return Precision(source, full, shipped, FallbackChoice(static, nodes, search), record)
+    fallback = FallbackChoice(static, nodes, search)
+    return Precision(source, full, shipped, fallback, record, None, with_excluded(config, ()), smoothing)

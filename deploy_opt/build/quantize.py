@@ -73,8 +73,12 @@ def quantize(
     stage: Path,
     ranges: ActivationRanges | None = None,
     smoothing: dict[str, Any] | None = None,
+    qat: dict[str, Any] | None = None,
 ) -> QuantizedModel:
-    """Calibrate (unless ``ranges`` are given) and write ``scales.json`` and ``model.int8.onnx``."""
+    """Calibrate (unless ``ranges`` are given) and write ``scales.json`` and ``model.int8.onnx``.
+
+    ``smoothing`` and ``qat`` are provenance: how the graph and its ranges were made before quantization.
+    """
     quant, cal = config.quantization, config.calibration
     model = onnx.load(str(fp32_path))
     ranges = ranges or calibrate_activations(config, fp32_path, calibration)
@@ -93,7 +97,8 @@ def quantize(
         tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(
-        quant.activations, tensors, _provenance(config, model, fp32_path, ranges, calibration, smoothing, weights),
+        quant.activations, tensors,
+        _provenance(config, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat),
         tuple(quant.exclude_nodes),
     )  # fmt: skip
     int8_path = write_ort_qdq(
@@ -148,7 +153,6 @@ def _provenance(
     fp32_path: Path,
     ranges: ActivationRanges,
     calibration: CalibrationSet,
-    smoothing: dict[str, Any] | None,
     weights: str,
 ) -> dict[str, Any]:
     """Where the scales came from: the model's hash and opset, the calibration and any smoothing."""
@@ -165,9 +169,12 @@ def _provenance(
         },
         "deploy_opt_version": __version__,
     }
-    if smoothing:
-        provenance["smoothing"] = smoothing
     return provenance
+
+
+def _made_by(smoothing: dict[str, Any] | None, qat: dict[str, Any] | None) -> dict[str, Any]:
+    """The provenance entries of what changed the graph or its ranges before quantization."""
+    return {key: value for key, value in (("smoothing", smoothing), ("qat", qat)) if value}
 
 
 def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weights: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deploy_opt.config.loader import build_dataclass, merge, parse_override
+from deploy_opt.config.qat import QATConfig
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class DataConfig:
     evaluation: str
     metric: str = "top1"
     eval_samples: int | None = None
+    # Optional extra training data for quantization-aware training (same contract as calibration).
+    train: str | None = None
 
     def __post_init__(self) -> None:
         if self.calibration == self.evaluation:
@@ -82,6 +85,11 @@ class DataConfig:
             )
         if self.eval_samples is not None and self.eval_samples <= 0:
             raise ConfigError(f"data.eval_samples must be positive, got {self.eval_samples}")
+        if self.train is not None and self.train == self.evaluation:
+            raise ConfigError(
+                f"data.train and data.evaluation are the same source '{self.train}': training on the evaluation "
+                "samples hides accuracy loss; fix: point them at disjoint splits"
+            )
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,8 @@ class QuantizationConfig:
     # CPU and this machine's ORT int8 kernels saturate u8×s8 pair sums (x86 without VNNI), else full.
     weight_range: Literal["auto", "full", "reduced"] = "auto"
     smoothing_alpha: float = 0.5
+    # Quantization-aware fine-tuning with distillation when PTQ is not enough (deploy_opt/qat/).
+    qat: QATConfig = field(default_factory=QATConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.smoothing_alpha <= 1.0:

@@ -21,6 +21,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     return getattr(tp, "__name__", str(tp))
 
 
@@ -39,7 +41,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[-1] if len(errors) == 1 else f"{where}: {value!r} is not a {_type_name(tp)}")
+        allowed = f"{where}: {value!r} is not allowed; use {_type_name(tp)}"
+        raise ConfigError(errors[-1] if len(errors) == 1 else allowed)
     if origin is Literal:
         if value in args:
             return value

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from deploy_opt.analysis.onnx_torch._common import UnsupportedOpError, to_tensor
 from deploy_opt.analysis.onnx_torch.graph import (
+    InputHook,
     NodeHook,
     initializer_tensors,
     model_opset,
@@ -25,6 +26,7 @@ from deploy_opt.analysis.onnx_torch.graph import (
 )
 
 __all__ = [
+    "InputHook",
     "NodeHook",
     "UnsupportedOpError",
     "initializer_tensors",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -28,6 +28,7 @@ from deploy_opt.analysis.onnx_torch._common import (
 from dopt_common.errors import DeployOptError
 
 NodeHook = Callable[[onnx.NodeProto, list[Any], list[Any]], list[Any] | None]
+InputHook = Callable[[onnx.NodeProto, list[Any]], list[Any]]
 LATEST_OPSET = onnx.defs.onnx_opset_version()
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _CONTROL_FLOW = ("If", "Loop")
@@ -174,30 +175,40 @@ def run_graph(
     feeds: Mapping[str, np.ndarray],
     hook: NodeHook | None = None,
     constants: Mapping[str, Any] | None = None,
+    input_hook: InputHook | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on ``feeds``; returns every tensor by name. ``hook`` may replace a node's outputs.
 
     ``constants`` are the initializers as torch tensors (:func:`initializer_tensors`), to convert them once.
-    The hook sees every node but Constant, subgraph nodes included.
+    The hook sees every node but Constant, subgraph nodes included. ``input_hook`` may replace the inputs a
+    node reads (fake quantization for quantization-aware training), without changing the tensors themselves.
     """
     env: dict[str, Any] = dict(constants) if constants is not None else initializer_tensors(model)
     env.update({name: to_tensor(np.asarray(value)) for name, value in feeds.items()})
     graph = model.graph
-    _run_nodes(graph.node, env, hook, model_opset(model))
+    _run_nodes(graph.node, env, _Hooks(hook, input_hook), model_opset(model))
     missing = [o.name for o in graph.output if o.name not in env]
     if missing:
         raise DeployOptError(f"torch evaluation produced no value for graph output(s) {missing}")
     return env
 
 
-def _run_nodes(nodes: Iterable[onnx.NodeProto], env: dict[str, Any], hook: NodeHook | None, opset: int) -> None:
+class _Hooks(NamedTuple):
+    after: NodeHook | None
+    before: InputHook | None
+
+
+def _run_nodes(nodes: Iterable[onnx.NodeProto], env: dict[str, Any], hooks: _Hooks, opset: int) -> None:
+    hook, before = hooks
     for node in nodes:
         op, names = node.op_type, node.output  # proto field reads cost: read once
         if op == "Constant" and names[0] in env:  # converted once by initializer_tensors
             continue
         inputs = _inputs(node, env)
+        if before is not None and op != "Constant":
+            inputs = before(node, inputs)
         if op in _CONTROL_FLOW and node.domain in _DEFAULT_DOMAINS:
-            outputs = _run_control_flow(node, inputs, env, hook, opset)
+            outputs = _run_control_flow(node, inputs, env, hooks, opset)
         else:
             outputs = run_node(node, inputs, opset)
         if hook is not None and op != "Constant":
@@ -218,27 +229,25 @@ def _inputs(node: onnx.NodeProto, env: dict[str, Any]) -> list[Any]:
 
 
 def _run_control_flow(
-    node: onnx.NodeProto, inputs: list[Any], env: dict[str, Any], hook: NodeHook | None, opset: int
+    node: onnx.NodeProto, inputs: list[Any], env: dict[str, Any], hooks: _Hooks, opset: int
 ) -> list[Any]:
     attrs = node_attrs(node)
     if node.op_type == "If":
         branch = attrs["then_branch"] if bool(inputs[0].reshape(-1)[0]) else attrs["else_branch"]
-        return _run_subgraph(branch, env, {}, hook, opset)
-    return _run_loop(attrs["body"], inputs, env, hook, opset)
+        return _run_subgraph(branch, env, {}, hooks, opset)
+    return _run_loop(attrs["body"], inputs, env, hooks, opset)
 
 
 def _run_subgraph(
-    graph: onnx.GraphProto, env: dict[str, Any], bound: dict[str, Any], hook: NodeHook | None, opset: int
+    graph: onnx.GraphProto, env: dict[str, Any], bound: dict[str, Any], hooks: _Hooks, opset: int
 ) -> list[Any]:
     """A subgraph's outputs; it sees the enclosing scope's tensors, and its own initializers and inputs."""
     scope = {**env, **{i.name: to_tensor(numpy_helper.to_array(i)) for i in graph.initializer}, **bound}
-    _run_nodes(graph.node, scope, hook, opset)
+    _run_nodes(graph.node, scope, hooks, opset)
     return [scope[o.name] for o in graph.output]
 
 
-def _run_loop(
-    body: onnx.GraphProto, inputs: list[Any], env: dict[str, Any], hook: NodeHook | None, opset: int
-) -> list[Any]:
+def _run_loop(body: onnx.GraphProto, inputs: list[Any], env: dict[str, Any], hooks: _Hooks, opset: int) -> list[Any]:
     """Loop: (max trip count, condition, carried values...) → (final carried values..., stacked scan outputs...)."""
     import torch
 
@@ -250,7 +259,7 @@ def _run_loop(
     step = 0
     while going and (trips is None or step < trips):
         bound = dict(zip(names, [torch.tensor(step, dtype=torch.int64), torch.tensor(going), *carried], strict=True))
-        outputs = _run_subgraph(body, env, bound, hook, opset)
+        outputs = _run_subgraph(body, env, bound, hooks, opset)
         going, carried = bool(outputs[0].reshape(-1)[0]), outputs[1 : 1 + len(carried)]
         scans.append(outputs[1 + len(carried) :])
         step += 1

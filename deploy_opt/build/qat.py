@@ -1,0 +1,186 @@
+"""The QAT stage: when PTQ is not enough, fine-tune the fake-quantized graph and ship it if it does better.
+
+It starts from the fully quantized PTQ model (its placement and ``scales.json``), trains the student
+(:mod:`deploy_opt.qat`), writes the fine-tuned FP32 weights back into the graph and the learned activation ranges
+into the scale file, and writes the Q/DQ model the same way PTQ does (ORT's writer, bit-for-bit readback), so
+``align verify``, the comparison and the gate judge it like any other build. ORT scores PTQ, PTQ + fallback and
+QAT on the held-out evaluation set; QAT ships when it meets ``gate.max_drop`` with more nodes in INT8 or a
+smaller drop than what PTQ would ship, else PTQ's answer stands and the record says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
+from deploy_opt.build.calibrate import ActivationRanges
+from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.evaluate import evaluate, session_runner
+from deploy_opt.build.metrics import Metric
+from deploy_opt.build.precision import FallbackChoice, Precision
+from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
+from deploy_opt.build.sources import Batch, iter_batches
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.qat.student import build_student, learned_ranges, trained_model
+from deploy_opt.qat.train import TrainingRun, train_student
+from deploy_opt.report.qat_plot import plot_qat
+from dopt_common.ort import create_session
+from exporters.onnx.io import save_onnx
+
+log = logging.getLogger(__name__)
+
+
+def fine_tune(
+    config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, held: list[Batch],
+    metric: Metric, stage: Path, progress: bool = True,
+) -> Precision:  # fmt: skip
+    """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record."""
+    qat, work = config.quantization.qat, stage / ".qat"
+    shipped_nodes = precision.shipped.info["quantized_nodes"]
+    if qat.enabled == "auto" and shipped_nodes:
+        before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
+        drop = metric.drop(before["ort_fp32"], before["ptq"])
+        if drop <= config.gate.max_drop:
+            why = f"PTQ meets gate.max_drop ({drop:.3f} <= {config.gate.max_drop}); QAT not needed"
+            log.info("QAT skipped: %s", why)
+            return dataclasses.replace(precision, qat={"ran": False, "why": why})
+    start, setup = _start(config, fp32_path, precision, calibration, work)
+    student = build_student(
+        onnx.load(str(start.source)), onnx.load(str(start.model.path)), start.model.scales,
+        weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0], qat.learn_scales,
+    )  # fmt: skip
+    train = [*calibration.batches, *_extra_training(config, held)]
+    run = train_student(student, qat, train, held, metric, config.seed, progress)
+    trained = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
+    setup = _absmax_weights(setup)
+    ranges = _with_learned(start.model.ranges, learned_ranges(student))
+    provenance = {"smoothing": precision.smoothing, "qat": _provenance(qat, run)}
+    model = quantize(setup, trained, calibration, work / "int8", ranges=ranges, **provenance)
+    models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": model.path}
+    if start.model is not precision.shipped:
+        models["ptq_all_int8"] = start.model.path
+    scores = _scores(config, models, held, metric)
+    choice = _choose(config, metric, scores, shipped_nodes, model.info["quantized_nodes"])
+    record = _record(metric, scores, run, choice, shipped_nodes, model, start.model)
+    plot_qat(run, metric.name, scores, stage / "qat.png")
+    if choice != "qat":
+        log.info("QAT kept PTQ's model: %s", record["why"])
+        return dataclasses.replace(precision, qat=record, alternatives=(("ort_int8_qat", model.path),))
+    alternatives = [("ort_int8_ptq", _keep_copy(precision.shipped.path, work / "ptq.int8.onnx"))]
+    if "ptq_all_int8" in models:
+        alternatives.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
+    shipped = quantize(setup, trained, calibration, stage, ranges=ranges, **provenance)
+    return Precision(
+        trained, shipped, shipped, FallbackChoice((), ()), precision.sensitivity, precision.auto, setup,
+        None, record, tuple(alternatives),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    source: Path  # the FP32 graph the start model was quantized from
+    model: QuantizedModel
+
+
+def _start(
+    config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, work: Path
+) -> tuple[_Start, BuildConfig]:
+    """QAT starts from the fully quantized PTQ model; when the search shipped FP32, from a fresh one."""
+    if precision.full.info["quantized_nodes"] and precision.setup is not None:
+        return _Start(precision.source, precision.full), precision.setup
+    setup = with_excluded(config, ())
+    model = quantize(setup, fp32_path, calibration, work / "start")
+    return _Start(fp32_path, model), setup
+
+
+def _extra_training(config: BuildConfig, held: list[Batch]) -> list[Batch]:
+    """``data.train``'s batches (with the declared input specs of the held-out batches)."""
+    ref = config.data.train
+    if ref is None:
+        return []
+    from deploy_opt.build.export import input_specs_from_onnx
+    from exporters.onnx.checks import check_onnx
+
+    model = config.model
+    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(config.base_dir) / model.onnx))
+    batches = list(iter_batches(ref, tuple(specs), config.base_dir, "data.train"))
+    log.info("QAT: %d extra training samples from data.train", sum(b.size for b in batches))
+    return batches
+
+
+def _scores(config: BuildConfig, models: dict[str, Path], held: list[Batch], metric: Metric) -> dict[str, float]:
+    """ORT's score of each model (``ort_fp32`` among them: the reference of unlabelled data)."""
+    threads = config.benchmark.threads
+    runners = {name: session_runner(create_session(path, threads=threads)) for name, path in models.items()}
+    return evaluate(runners, held, metric, "ort_fp32", False).values
+
+
+def _absmax_weights(config: BuildConfig) -> BuildConfig:
+    """QAT trained each weight with its absmax scale; the writer uses the same rule."""
+    return dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, weights="absmax"))
+
+
+def _with_learned(ranges: ActivationRanges, learned: dict[str, tuple[float, float]]) -> ActivationRanges:
+    chosen = {**ranges.chosen, **learned}
+    methods = {**ranges.methods, **{name: "qat" for name in learned}}
+    observed = {**{n: chosen[n] for n in learned}, **ranges.observed}
+    return dataclasses.replace(ranges, chosen=chosen, methods=methods, observed=observed)
+
+
+def _provenance(qat: Any, run: TrainingRun) -> dict[str, Any]:
+    """What scales.json says about where its QAT scales came from."""
+    return {"steps": run.steps, "best_step": run.best_step, "optimizer": run.optimizer, "loss": run.loss,
+            "lr": qat.lr, "scale_lr": qat.scale_lr, "batch_size": qat.batch_size,
+            "validation_loss": [[s, round(v, 6)] for s, v in run.validation_loss]}  # fmt: skip
+
+
+def _choose(config: BuildConfig, metric: Metric, scores: dict[str, float], ptq_nodes: int, qat_nodes: int) -> str:
+    """``qat`` or ``ptq``: QAT ships when it meets the gate and beats PTQ's answer on nodes or accuracy."""
+    limit = config.gate.max_drop
+    qat_drop = metric.drop(scores["ort_fp32"], scores["qat"])
+    ptq_drop = metric.drop(scores["ort_fp32"], scores["ptq"]) if ptq_nodes else None
+    if ptq_drop is None:
+        return "qat" if qat_drop <= limit else "ptq"
+    if qat_drop <= limit and (ptq_drop > limit or qat_nodes > ptq_nodes or qat_drop <= ptq_drop):
+        return "qat"
+    if ptq_drop > limit and qat_drop < ptq_drop and qat_nodes >= ptq_nodes:
+        return "qat"
+    return "ptq"
+
+
+def _record(
+    metric: Metric, scores: dict[str, float], run: TrainingRun, choice: str, ptq_nodes: int,
+    model: QuantizedModel, start: QuantizedModel,
+) -> dict[str, Any]:  # fmt: skip
+    """The build.json ``qat`` section: the side-by-side scores, the choice and the training curves."""
+    fp32 = scores["ort_fp32"]
+    rows = {
+        "ptq": {"metric": scores["ptq"], "drop": metric.drop(fp32, scores["ptq"]), "int8_nodes": ptq_nodes},
+        "qat": {"metric": scores["qat"], "drop": metric.drop(fp32, scores["qat"]),
+                "int8_nodes": model.info["quantized_nodes"]},
+    }  # fmt: skip
+    if "ptq_all_int8" in scores:
+        rows["ptq_all_int8"] = {"metric": scores["ptq_all_int8"], "drop": metric.drop(fp32, scores["ptq_all_int8"]),
+                                "int8_nodes": start.info["quantized_nodes"]}  # fmt: skip
+    start_drop = rows.get("ptq_all_int8", rows["ptq"])["drop"]
+    qat_row, ptq_row = rows["qat"], rows["ptq"]
+    why = (
+        f"QAT: drop {qat_row['drop']:.3f} with {qat_row['int8_nodes']} INT8 nodes; PTQ as shipped before QAT: "
+        f"drop {ptq_row['drop']:.3f} with {ptq_nodes}"
+    )
+    return {
+        "ran": True, "shipped": choice, "why": why, "fp32": fp32, "rows": rows,
+        "improved_on_start": rows["qat"]["drop"] <= start_drop, "training": run.to_json(), "plot": "qat.png",
+    }  # fmt: skip
+
+
+def _keep_copy(path: Path, copy: Path) -> Path:
+    """PTQ's shipped model is about to be overwritten by QAT's; a copy is benchmarked beside it."""
+    import shutil
+
+    return Path(shutil.copyfile(path, copy))

@@ -1,0 +1,211 @@
+"""Quantization-aware training: the fake-quant gradients, the student graph, and QAT inside a real build."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibrators.scales.format import load_scale_file  # noqa: E402
+from conftest import build_tiny  # noqa: E402
+from deploy_opt.build.metrics import resolve_metric  # noqa: E402
+from deploy_opt.build.sources import Batch  # noqa: E402
+from deploy_opt.config.qat import QATConfig  # noqa: E402
+from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_weight  # noqa: E402
+from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
+from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402
+from deploy_opt.qat.train import split_minibatches, train_student  # noqa: E402
+from dopt_common.errors import ConfigError  # noqa: E402
+
+
+def _finite_difference(fn, value: float, eps: float = 1e-4) -> float:
+    return (fn(value + eps) - fn(value - eps)) / (2 * eps)
+
+
+def test_clipped_values_have_the_finite_difference_gradient() -> None:
+    """Outside the range the output is (qmax - z) * s: d/dx = 0 and d/ds = qmax - z, exactly the FD."""
+    scale, zero = 0.1, 10
+    for x0, code in ((40.0, 255), (-5.0, 0)):
+        x = torch.tensor([x0], dtype=torch.float64, requires_grad=True)
+        s = torch.tensor(scale, dtype=torch.float64, requires_grad=True)
+        fake_quantize(x, s, zero, 0, 255).sum().backward()
+
+        def of_s(v: float, x0: float = x0) -> float:
+            return float(
+                fake_quantize(
+                    torch.tensor([x0], dtype=torch.float64), torch.tensor(v, dtype=torch.float64), zero, 0, 255
+                )
+            )
+
+        def of_x(v: float) -> float:
+            return float(
+                fake_quantize(
+                    torch.tensor([v], dtype=torch.float64), torch.tensor(scale, dtype=torch.float64), zero, 0, 255
+                )
+            )
+
+        assert float(s.grad) == pytest.approx(_finite_difference(of_s, scale), abs=1e-6)
+        assert float(s.grad) == pytest.approx(code - zero)
+        assert float(x.grad) == pytest.approx(_finite_difference(of_x, x0), abs=1e-9) == 0.0
+
+
+def test_inside_the_range_the_gradient_is_straight_through_and_lsq() -> None:
+    """Inside: d/dx = 1 (the STE, the FD of the unrounded map) and d/ds = round(x/s) - x/s (LSQ)."""
+    x = torch.tensor([0.234, -0.61], dtype=torch.float64, requires_grad=True)
+    s = torch.tensor(0.01, dtype=torch.float64, requires_grad=True)
+    fake_quantize(x, s, 128, 0, 255, grad_factor=0.5).sum().backward()
+    assert torch.allclose(x.grad, torch.ones(2, dtype=torch.float64))
+    ratio = x.detach() / 0.01
+    assert float(s.grad) == pytest.approx(0.5 * float((torch.round(ratio) - ratio).sum()))
+
+
+def test_weight_fake_quant_is_per_channel_absmax() -> None:
+    weight = torch.tensor([[1.0, -0.5, 0.25], [0.01, 0.02, -0.03]], requires_grad=True)
+    out = fake_quantize_weight(weight, 0, 127)
+    assert torch.allclose(out[0], weight[0], atol=1.0 / 127)
+    assert float(out[1].detach().abs().max()) == pytest.approx(0.03, rel=1e-6)  # its own scale, not row 0's
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.ones_like(weight))
+
+
+def test_student_gradient_matches_the_finite_difference_without_fake_quant(tiny_qdq) -> None:
+    """Through the torch evaluator of the ONNX graph, d loss / d weight equals the central difference."""
+    student, batch = tiny_qdq["student"], tiny_qdq["batches"][0]
+    name = next(iter(student.weights))
+    weight = student.weights[name]
+    loss = run_student(student, batch.inputs, quantized=False)[0].pow(2).sum()
+    loss.backward()
+    index = tuple(np.unravel_index(int(weight.grad.abs().argmax()), weight.shape))
+
+    def at(value: float) -> float:
+        with torch.no_grad():
+            saved = float(weight[index])
+            weight[index] = value
+            out = float(run_student(student, batch.inputs, quantized=False)[0].double().pow(2).sum())
+            weight[index] = saved
+        return out
+
+    fd = _finite_difference(at, float(weight.detach()[index]), eps=1e-2)
+    assert float(weight.grad[index]) == pytest.approx(fd, rel=2e-2)
+
+
+def test_student_starts_where_the_qdq_model_is(tiny_qdq) -> None:
+    """At step 0 the fake-quantized student computes what ORT computes on the Q/DQ model."""
+    from dopt_common.ort import create_session
+
+    student, batch = tiny_qdq["student"], tiny_qdq["batches"][0]
+    session = create_session(tiny_qdq["qdq_path"], threads=1)
+    ort_out = session.run(None, batch.inputs)[0]
+    with torch.no_grad():
+        ours = run_student(student, batch.inputs)[0].numpy()
+    fp32 = run_student(student, batch.inputs, quantized=False)[0].detach().numpy()
+    assert np.abs(ours - ort_out).max() < 0.05 * np.abs(fp32 - ort_out).max() + 1e-4
+
+
+def test_learned_scales_stay_positive_and_finite(tiny_qdq) -> None:
+    """Even with a scale learning rate far too high, the step sizes stay positive and finite."""
+    student, batches = tiny_qdq["student"], tiny_qdq["batches"]
+    qat = QATConfig(enabled=True, steps=30, lr=1e-3, scale_lr=0.5, batch_size=8, budget_s=60)
+    run = train_student(student, qat, batches, batches[:2], resolve_metric("top1"), progress=False)
+    assert run.steps == 30
+    for log_scale in student.log_scales.values():
+        assert torch.isfinite(log_scale) and float(torch.exp(log_scale)) > 0
+    for low, high in learned_ranges(student).values():
+        assert np.isfinite(low) and np.isfinite(high) and low <= 0 <= high and high > low
+
+
+def test_training_lowers_the_validation_loss_and_writes_weights_back(tiny_qdq) -> None:
+    """From deliberately coarse activation steps (4x PTQ's), training recovers: the validation loss falls."""
+    student, batches = tiny_qdq["student"], tiny_qdq["batches"]
+    with torch.no_grad():
+        for log_scale in student.log_scales.values():
+            log_scale += float(np.log(4.0))
+    before = {k: v.detach().clone() for k, v in student.weights.items()}
+    qat = QATConfig(enabled=True, steps=60, lr=1e-3, scale_lr=0.02, batch_size=8, budget_s=60)
+    run = train_student(student, qat, batches, batches[:2], resolve_metric("top1"), progress=False)
+    first, best = run.validation_loss[0][1], min(v for _, v in run.validation_loss)
+    assert best < first and run.best_step > 0
+    model = trained_model(student)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    changed = [k for k in before if not np.array_equal(inits[k], before[k].numpy())]
+    assert changed and all(np.array_equal(inits[k], student.weights[k].detach().numpy()) for k in changed)
+
+
+def test_a_run_over_budget_keeps_its_best_checkpoint(tiny_qdq) -> None:
+    student, batches = tiny_qdq["student"], tiny_qdq["batches"]
+    qat = QATConfig(enabled=True, steps=10_000, lr=1e-3, batch_size=8, budget_s=0.5)
+    run = train_student(student, qat, batches, [], resolve_metric("top1"), progress=False)
+    assert run.stopped == "budget" and run.steps < 10_000
+    keys = {s: (-m, loss) for (s, m), (_, loss) in zip(run.validation_metric, run.validation_loss, strict=True)}
+    assert run.best_step == min(keys, key=keys.get)
+
+
+def test_minibatches_hold_out_validation_and_never_mix_batches() -> None:
+    batches = [Batch({"x": np.arange(20, dtype=np.float32).reshape(10, 2) + 100 * k}, None) for k in range(3)]
+    train, validation = split_minibatches(batches, 4, 0.25, seed=0)
+    pieces = train + validation
+    assert sum(p.size for p in pieces) == 30 and len(validation) == 2
+    for piece in pieces:
+        assert np.ptp(piece.inputs["x"] // 100) == 0  # every row from one source batch
+
+
+def test_losses_choose_and_compare() -> None:
+    probs = torch.softmax(torch.randn(4, 5), -1)
+    assert is_distribution(probs) and not is_distribution(torch.randn(4, 5))
+    assert choose_loss("auto", "mse", probs) == "kl"
+    assert choose_loss("auto", "cosine", torch.randn(4, 5)) == "cosine"
+    assert choose_loss("auto", "top1", torch.randn(4, 5)) == "kl"
+    assert choose_loss("auto", "my.py:score", torch.randn(4, 5)) == "mse"
+    logits = torch.randn(4, 5)
+    for kind in ("kl", "mse", "cosine"):
+        assert float(distill_loss(kind, logits, logits)) == pytest.approx(0.0, abs=1e-5)
+        assert float(distill_loss(kind, logits + torch.randn(4, 5), logits)) > 0.0
+    assert float(distill_loss("kl", probs, probs)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_qat_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match="quantization.qat.steps"):
+        QATConfig(steps=0)
+    with pytest.raises(ConfigError, match="quantization.qat.lr"):
+        QATConfig(lr=float("nan"))
+    with pytest.raises(ConfigError, match="validation"):
+        QATConfig(validation=0.9)
+
+
+def test_a_bring_your_own_onnx_graph_trains_and_ships_verified_scales(tmp_path) -> None:
+    """No torch factory: the build fine-tunes the ONNX graph itself; align verify and compare judge the result."""
+    result = build_tiny(
+        tmp_path,
+        "quantization: {qat: {enabled: true, steps: 40, batch_size: 8}}",
+    )
+    build, out = result.build, result.out_dir
+    qat = build["qat"]
+    assert qat["ran"] and qat["training"]["steps"] == 40
+    assert (out / "qat.png").stat().st_size > 1000
+    assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
+    compare = json.loads((out / "compare.json").read_text())
+    assert "ort_int8" in json.dumps(compare)
+    scales = load_scale_file(out / "scales.json")
+    assert qat["shipped"] == "qat", qat["why"]
+    assert scales.provenance["qat"]["steps"] == 40
+    assert any(t.method == "qat" for t in scales.tensors.values())
+    assert build["metrics"]["ort_int8"] == pytest.approx(qat["rows"]["qat"]["metric"])
+    assert "ort_int8_ptq" in build["metrics"]
+
+
+@pytest.fixture
+def tiny_qdq(tmp_path):
+    """The tiny ONNX MLP quantized by a real (manual, PTQ) build, and its student."""
+    import tiny_onnx
+
+    result = build_tiny(tmp_path, "")
+    out = result.out_dir
+    fp32 = onnx.load(str(out / "model.onnx"))
+    qdq_path = out / "model.int8.onnx"
+    student = build_student(fp32, onnx.load(str(qdq_path)), load_scale_file(out / "scales.json"), 127)
+    batches = [Batch({"x": x["x"] if isinstance(x, dict) else x}, y) for x, y in tiny_onnx.calibration()]
+    return {"student": student, "batches": batches, "qdq_path": qdq_path}
