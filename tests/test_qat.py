@@ -10,12 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibrators.scales.format import load_scale_file  # noqa: E402
 from conftest import build_tiny  # noqa: E402
+
+from calibrators.scales.format import load_scale_file  # noqa: E402
 from deploy_opt.build.metrics import resolve_metric  # noqa: E402
 from deploy_opt.build.sources import Batch  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
-from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_weight  # noqa: E402
+from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_reference, fake_quantize_weight  # noqa: E402
 from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402
 from deploy_opt.qat.train import split_minibatches, train_student  # noqa: E402
@@ -61,6 +62,22 @@ def test_inside_the_range_the_gradient_is_straight_through_and_lsq() -> None:
     assert torch.allclose(x.grad, torch.ones(2, dtype=torch.float64))
     ratio = x.detach() / 0.01
     assert float(s.grad) == pytest.approx(0.5 * float((torch.round(ratio) - ratio).sum()))
+
+
+def test_the_fused_kernel_is_the_reference_maths() -> None:
+    """float32 runs torch's fused LSQ kernel; its output and gradients equal the plain-op version."""
+    x = (torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3).requires_grad_(True)
+    grads = []
+    for fn in (fake_quantize, fake_quantize_reference):
+        s = torch.tensor(0.05, requires_grad=True)
+        y = fn(x, s, 100, 0, 255, 0.01)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        grads.append((y.detach(), x.grad.clone(), float(s.grad)))
+        x.grad = None
+    (y1, gx1, gs1), (y2, gx2, gs2) = grads
+    assert torch.equal(y1, y2)
+    torch.testing.assert_close(gx1, gx2, atol=1e-6, rtol=0)
+    assert gs1 == pytest.approx(gs2, rel=1e-4)
 
 
 def test_weight_fake_quant_is_per_channel_absmax() -> None:

@@ -37,7 +37,23 @@ def scale_gradient(value: Any, factor: float) -> Any:
 
 
 def fake_quantize(x: Any, scale: Any, zero_point: int, qmin: int, qmax: int, grad_factor: float = 1.0) -> Any:
-    """Quantize-dequantize ``x`` with step ``scale`` (a tensor; learnable) and an integer zero point."""
+    """Quantize-dequantize ``x`` with step ``scale`` (a 0-d tensor; learnable) and an integer zero point.
+
+    torch's fused LSQ kernel (one pass forward, one backward; rounding half to even, as QuantizeLinear does);
+    :func:`fake_quantize_reference` is the same maths in plain ops.
+    """
+    import torch
+
+    if x.dtype != torch.float32:  # the fused kernel is float32 only
+        return fake_quantize_reference(x, scale, zero_point, qmin, qmax, grad_factor)
+    zero = torch.tensor([float(zero_point)], dtype=x.dtype)
+    return torch._fake_quantize_learnable_per_tensor_affine(
+        x, scale.reshape(1).to(x.dtype), zero, qmin, qmax, grad_factor
+    )
+
+
+def fake_quantize_reference(x: Any, scale: Any, zero_point: int, qmin: int, qmax: int, grad_factor: float = 1.0) -> Any:
+    """:func:`fake_quantize` written out: ``(clamp(round_ste(x / s) + z, qmin, qmax) - z) * s``."""
     import torch
 
     step = scale_gradient(scale, grad_factor)
@@ -60,9 +76,10 @@ def fake_quantize_weight(weight: Any, axis: int | None, levels: int) -> Any:
     import torch
 
     if axis is None:
-        amax = weight.detach().abs().amax()
-    else:
-        dims = [d for d in range(weight.dim()) if d != axis % weight.dim()]
-        amax = weight.detach().abs().amax(dim=dims, keepdim=True)
-    scale = torch.clamp(amax / levels, min=_TINY)
-    return torch.clamp(round_ste(weight / scale), -levels, levels) * scale
+        scale = torch.clamp(weight.detach().abs().amax() / levels, min=_TINY)
+        return torch.fake_quantize_per_tensor_affine(weight, float(scale), 0, -levels, levels)
+    axis = axis % weight.dim()
+    dims = [d for d in range(weight.dim()) if d != axis]
+    scale = torch.clamp(weight.detach().abs().amax(dim=dims) / levels, min=_TINY)
+    zeros = torch.zeros(scale.shape, dtype=torch.int32)
+    return torch.fake_quantize_per_channel_affine(weight, scale, zeros, axis, -levels, levels)

@@ -102,6 +102,7 @@ def render_summary(build: dict[str, Any]) -> str:
         if fallback.get("auto"):
             lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
     lines += _search_lines(build.get("auto"), build["quantization"])
+    lines += _qat_lines(build.get("qat"), bench.get("batches") or {})
     lines += ["", "## Scale alignment", "", f"- {(build.get('alignment') or {}).get('verdict', 'not checked')}"]
     for check in (build.get("alignment") or {}).get("artifacts", []):
         lines.append(f"  - {check['artifact']}: {check['status']}" + (f" ({check['note']})" if check["note"] else ""))
@@ -157,6 +158,42 @@ def _search_lines(auto: dict[str, Any] | None, quantization: dict[str, Any]) -> 
             f"| {t['step']} | {t['label']} | {t['quantized_nodes']} | {_fmt(t['predicted_drop'])} | "
             f"{t['drop']:.3f} | {speed} |"
         )
+    return lines
+
+
+_QAT_ROWS = (("ptq_all_int8", "PTQ, all INT8"), ("ptq", "PTQ as shipped without QAT"), ("qat", "QAT"))
+
+
+def _qat_lines(qat: dict[str, Any] | None, batches: dict[str, Any]) -> list[str]:
+    """PTQ, PTQ + fallback and QAT side by side: accuracy, speed and nodes in INT8 (quantization.qat)."""
+    if not qat:
+        return []
+    lines = ["", "## Quantization-aware training", ""]
+    if not qat.get("ran"):
+        return [*lines, f"- not run: {qat['why']}"]
+    shipped = qat["shipped"]
+    column = {  # which benchmark column measured each row's model
+        "qat": "speedup" if shipped == "qat" else "speedup_qat",
+        "ptq": "speedup_ptq" if shipped == "qat" else "speedup",
+        "ptq_all_int8": "speedup_ptq_all_int8" if shipped == "qat" else "speedup_no_fallback",
+    }
+    sizes = list(batches)
+    train = qat["training"]
+    lines += [
+        f"- shipped: **{shipped.upper()}**; {qat['why']}",
+        f"- {train['steps']} steps ({train['stopped']}), {train['optimizer']}, {train['loss']} loss, checkpoint "
+        f"of step {train['best_step']}, {train['seconds']:.0f} s; curves in qat.png",
+        "",
+        "| model | metric | drop | INT8 nodes | " + " | ".join(f"speedup b{b}" for b in sizes) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(sizes),
+    ]
+    for key, label in _QAT_ROWS:
+        row = qat["rows"].get(key)
+        if row is None:
+            continue
+        speeds = [batches[b].get(column[key]) for b in sizes]
+        cells = " | ".join("n/a" if v is None else f"{v:.2f}x" for v in speeds)
+        lines.append(f"| {label} | {row['metric']:.3f} | {row['drop']:.3f} | {row['int8_nodes']} | {cells} |")
     return lines
 
 
