@@ -226,3 +226,52 @@ def tiny_qdq(tmp_path):
     student = build_student(fp32, onnx.load(str(qdq_path)), load_scale_file(out / "scales.json"), 127)
     batches = [Batch({"x": x["x"] if isinstance(x, dict) else x}, y) for x, y in tiny_onnx.calibration()]
     return {"student": student, "batches": batches, "qdq_path": qdq_path}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("example", "overrides"),
+    [
+        ("digits", ["calibration.samples=256", "quantization.qat.steps=40"]),
+        (
+            "minilm",
+            ["calibration.samples=48", "data.eval_samples=32", "quantization.qat.steps=12",
+             "quantization.qat.batch_size=8"],
+        ),
+    ],
+)  # fmt: skip
+def test_qat_never_ends_worse_than_its_ptq_start(tmp_path, example: str, overrides: list[str]) -> None:
+    """On the demo and on MiniLM (defaults otherwise), the model QAT writes scores no worse than its PTQ start,
+    measured by ORT on the held-out evaluation set; the shipped model passes align verify."""
+    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.config.profiles import example_config, load_build_config
+
+    sets = ["quantization.mode=manual", "benchmark.enabled=false", "quantization.qat.enabled=true", *overrides]
+    config, profile = load_build_config(example_config(example), "ci", sets)
+    build = run_build(config, profile, tmp_path, progress=False).build
+    qat = build["qat"]
+    start = qat["rows"].get("ptq_all_int8", qat["rows"]["ptq"])
+    assert qat["ran"] and qat["improved_on_start"], qat["rows"]
+    assert qat["rows"]["qat"]["drop"] <= start["drop"] + 1e-9
+    assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
+    assert build["metrics"]["drop"] <= start["drop"] + 1e-9
+
+
+def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer(tmp_path) -> None:
+    from deploy_opt.build.qat import _choose
+    from deploy_opt.config.build import resolve_config
+
+    raw = {"name": "x", "model": {"onnx": "m.onnx"}, "data": {"calibration": "a:b", "evaluation": "a:c"}}
+    config = resolve_config(raw, {}, ["gate.max_drop=1.0"], str(tmp_path))
+    top1 = resolve_metric("top1")
+
+    def choose(ptq: float, qat: float, ptq_nodes: int = 10, qat_nodes: int = 12) -> str:
+        return _choose(config, top1, {"ort_fp32": 90.0, "ptq": 90.0 - ptq, "qat": 90.0 - qat}, ptq_nodes, qat_nodes)
+
+    assert choose(ptq=0.5, qat=0.9) == "qat"  # inside the gate with more nodes in INT8 (faster)
+    assert choose(ptq=0.5, qat=0.9, qat_nodes=10) == "ptq"  # same nodes, less accurate
+    assert choose(ptq=4.0, qat=0.8, qat_nodes=10) == "qat"  # PTQ misses the gate, QAT meets it
+    assert choose(ptq=4.0, qat=1.5, qat_nodes=10) == "qat"  # both miss: QAT is closer with as many nodes
+    assert choose(ptq=0.2, qat=1.5) == "ptq"  # QAT misses the gate PTQ meets
+    assert choose(ptq=0.0, qat=0.8, ptq_nodes=0) == "qat"  # PTQ's answer was FP32
+    assert choose(ptq=0.0, qat=1.2, ptq_nodes=0) == "ptq"

@@ -146,7 +146,7 @@ def choose_precision(
     """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
     source, full, static, smoothing = quantized
     auto = config.quantization.fallback == "auto"
-    analyze = needs_held_evaluation(config)
+    analyze = config.sensitivity.enabled or auto
     held = list(evaluation) if analyze else []  # sensitivity and the fallback search read the same batches
     record = run_sensitivity(config, source, full.path, held, metric, stage) if analyze else None
     search = auto_fallback(config, source, full.path, held, metric, record) if auto else None

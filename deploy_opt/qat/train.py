@@ -115,6 +115,8 @@ def train_student(
         over = time.perf_counter() - start > qat.budget_s
         if step % qat.evaluation_interval == 0 or step == qat.steps or over:
             value = judge(history, step)
+            log.info("QAT step %d/%d: validation %s %.4g, loss %.4g", step, qat.steps, metric.name,
+                     history["validation_metric"][-1][1], value[1])  # fmt: skip
             if value < best[0]:
                 best = (value, step, student.snapshot())
             _score_curve(student, data.curve, teacher, metric, history["metric"], step)
