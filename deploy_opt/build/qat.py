@@ -31,6 +31,7 @@ from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat
 from dopt_common.ort import create_session
 from exporters.onnx.io import save_onnx
+from exporters.ort.graph import kept_nodes
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def fine_tune(
 ) -> Precision:  # fmt: skip
     """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record."""
     qat, work = config.quantization.qat, stage / ".qat"
-    shipped_nodes = precision.shipped.info["quantized_nodes"]
+    shipped_nodes = int8_nodes(precision.shipped.path, config.quantization.op_types)
     if qat.enabled == "auto" and shipped_nodes:
         before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
         drop = metric.drop(before["ort_fp32"], before["ptq"])
@@ -65,8 +66,9 @@ def fine_tune(
     if start.model is not precision.shipped:
         models["ptq_all_int8"] = start.model.path
     scores = _scores(config, models, held, metric)
-    choice = _choose(config, metric, scores, shipped_nodes, model.info["quantized_nodes"])
-    record = _record(metric, scores, run, choice, shipped_nodes, model, start.model)
+    nodes = {key: int8_nodes(path, config.quantization.op_types) for key, path in models.items() if key != "ort_fp32"}
+    choice = _choose(config, metric, scores, nodes["ptq"], nodes["qat"])
+    record = _record(metric, scores, nodes, run, choice)
     plot_qat(run, metric.name, scores, stage / "qat.png")
     if choice != "qat":
         log.info("QAT kept PTQ's model: %s", record["why"])
@@ -153,20 +155,21 @@ def _choose(config: BuildConfig, metric: Metric, scores: dict[str, float], ptq_n
     return "ptq"
 
 
+def int8_nodes(path: Path, op_types: tuple[str, ...]) -> int:
+    """The nodes of ``op_types`` that run in INT8 in a Q/DQ model."""
+    return len(kept_nodes(onnx.load(str(path), load_external_data=False), op_types))
+
+
 def _record(
-    metric: Metric, scores: dict[str, float], run: TrainingRun, choice: str, ptq_nodes: int,
-    model: QuantizedModel, start: QuantizedModel,
-) -> dict[str, Any]:  # fmt: skip
+    metric: Metric, scores: dict[str, float], nodes: dict[str, int], run: TrainingRun, choice: str
+) -> dict[str, Any]:
     """The build.json ``qat`` section: the side-by-side scores, the choice and the training curves."""
     fp32 = scores["ort_fp32"]
     rows = {
-        "ptq": {"metric": scores["ptq"], "drop": metric.drop(fp32, scores["ptq"]), "int8_nodes": ptq_nodes},
-        "qat": {"metric": scores["qat"], "drop": metric.drop(fp32, scores["qat"]),
-                "int8_nodes": model.info["quantized_nodes"]},
-    }  # fmt: skip
-    if "ptq_all_int8" in scores:
-        rows["ptq_all_int8"] = {"metric": scores["ptq_all_int8"], "drop": metric.drop(fp32, scores["ptq_all_int8"]),
-                                "int8_nodes": start.info["quantized_nodes"]}  # fmt: skip
+        key: {"metric": scores[key], "drop": metric.drop(fp32, scores[key]), "int8_nodes": count}
+        for key, count in nodes.items()
+    }
+    ptq_nodes = nodes["ptq"]
     start_drop = rows.get("ptq_all_int8", rows["ptq"])["drop"]
     qat_row, ptq_row = rows["qat"], rows["ptq"]
     why = (
