@@ -58,28 +58,37 @@ def fine_tune(
     train = [*calibration.batches, *_extra_training(config, held)]
     run = train_student(student, qat, train, held, metric, config.seed, progress)
     trained = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
-    setup = _absmax_weights(setup)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
     provenance = {"smoothing": precision.smoothing, "qat": _provenance(qat, run)}
-    model = quantize(setup, trained, calibration, work / "int8", ranges=ranges, **provenance)
+    model = quantize(_absmax_weights(setup), trained, calibration, work / "int8", ranges=ranges, **provenance)
     models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": model.path}
     if start.model is not precision.shipped:
         models["ptq_all_int8"] = start.model.path
     scores = _scores(config, models, held, metric)
     nodes = {key: int8_nodes(path, config.quantization.op_types) for key, path in models.items() if key != "ort_fp32"}
-    choice = _choose(config, metric, scores, nodes["ptq"], nodes["qat"])
+    choice = choose_model(metric, scores, nodes, config.gate.max_drop)
     record = _record(metric, scores, nodes, run, choice)
     plot_qat(run, metric.name, scores, stage / "qat.png")
-    if choice != "qat":
-        log.info("QAT kept PTQ's model: %s", record["why"])
-        return dataclasses.replace(precision, qat=record, alternatives=(("ort_int8_qat", model.path),))
+    log.info("QAT: %s ships; %s", choice, record["why"])
+    if choice == "ptq":
+        others = [("ort_int8_qat", model.path)]
+        if "ptq_all_int8" in models and not precision.mixed:
+            others.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
+        return dataclasses.replace(precision, qat=record, alternatives=tuple(others))
     alternatives = [("ort_int8_ptq", _keep_copy(precision.shipped.path, work / "ptq.int8.onnx"))]
-    if "ptq_all_int8" in models:
-        alternatives.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
-    shipped = quantize(setup, trained, calibration, stage, ranges=ranges, **provenance)
+    if choice == "qat":
+        if "ptq_all_int8" in models:
+            alternatives.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
+        shipped = quantize(_absmax_weights(setup), trained, calibration, stage, ranges=ranges, **provenance)
+        source = trained
+    else:  # QAT ended below its all-INT8 start, which beats what PTQ shipped: the start ships
+        alternatives.append(("ort_int8_qat", model.path))
+        shipped = quantize(setup, start.source, calibration, stage, ranges=start.model.ranges,
+                           smoothing=precision.smoothing)  # fmt: skip
+        source = start.source
     return Precision(
-        trained, shipped, shipped, FallbackChoice((), ()), precision.sensitivity, precision.auto, setup,
-        None, record, tuple(alternatives),
+        source, shipped, shipped, FallbackChoice((), ()), precision.sensitivity, precision.auto, setup,
+        precision.smoothing, record, tuple(alternatives),
     )  # fmt: skip
 
 
@@ -141,18 +150,25 @@ def _provenance(qat: Any, run: TrainingRun) -> dict[str, Any]:
             "validation_loss": [[s, round(v, 6)] for s, v in run.validation_loss]}  # fmt: skip
 
 
-def _choose(config: BuildConfig, metric: Metric, scores: dict[str, float], ptq_nodes: int, qat_nodes: int) -> str:
-    """``qat`` or ``ptq``: QAT ships when it meets the gate and beats PTQ's answer on nodes or accuracy."""
-    limit = config.gate.max_drop
-    qat_drop = metric.drop(scores["ort_fp32"], scores["qat"])
-    ptq_drop = metric.drop(scores["ort_fp32"], scores["ptq"]) if ptq_nodes else None
-    if ptq_drop is None:
-        return "qat" if qat_drop <= limit else "ptq"
-    if qat_drop <= limit and (ptq_drop > limit or qat_nodes > ptq_nodes or qat_drop <= ptq_drop):
-        return "qat"
-    if ptq_drop > limit and qat_drop < ptq_drop and qat_nodes >= ptq_nodes:
-        return "qat"
-    return "ptq"
+_PREFERENCE = ("ptq", "ptq_all_int8", "qat")  # on an exact tie, the model that changed least ships
+
+
+def choose_model(metric: Metric, scores: dict[str, float], nodes: dict[str, int], max_drop: float) -> str:
+    """Which of PTQ's answer (``ptq``), the all-INT8 PTQ start and QAT ships, by their ORT scores.
+
+    Among the INT8 models within ``max_drop``: the most INT8 nodes (the fastest), then the smallest drop. When
+    none is within it: PTQ's answer if it is FP32 (no INT8 model is good enough), else the smallest drop among
+    those with at least as many INT8 nodes as PTQ's answer. So a QAT run that ends below its start never ships.
+    """
+    drops = {key: metric.drop(scores["ort_fp32"], scores[key]) for key in nodes}
+    order = {key: -i for i, key in enumerate(_PREFERENCE)}
+    within = [key for key in nodes if nodes[key] and drops[key] <= max_drop]
+    if within:
+        return max(within, key=lambda k: (nodes[k], -drops[k], order.get(k, -9)))
+    if not nodes["ptq"]:
+        return "ptq"
+    rivals = [key for key in nodes if nodes[key] >= nodes["ptq"]]
+    return min(rivals, key=lambda k: (drops[k], -order.get(k, -9)))
 
 
 def int8_nodes(path: Path, op_types: tuple[str, ...]) -> int:
@@ -178,7 +194,7 @@ def _record(
     )
     return {
         "ran": True, "shipped": choice, "why": why, "fp32": fp32, "rows": rows,
-        "improved_on_start": rows["qat"]["drop"] <= start_drop, "training": run.to_json(), "plot": "qat.png",
+        "improved_on_start": rows["qat"]["drop"] < start_drop, "training": run.to_json(), "plot": "qat.png",
     }  # fmt: skip
 
 
