@@ -236,7 +236,7 @@ def tiny_qdq(tmp_path):
         (
             "minilm",
             ["calibration.samples=48", "data.eval_samples=32", "quantization.qat.steps=12",
-             "quantization.qat.batch_size=8"],
+             "quantization.qat.batch_size=8", "quantization.qat.eval_every=6"],
         ),
     ],
 )  # fmt: skip
@@ -280,3 +280,29 @@ def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer() -> None:
     assert choose(ptq=0.0, qat=1.2, ptq_nodes=0) == "ptq"  # ... and QAT is not good enough either
     assert choose(ptq=0.5, qat=0.9, start=0.6) == "ptq_all_int8"  # QAT ended below its start: the start ships
     assert choose(ptq=3.0, qat=2.0, start=1.5, ptq_nodes=12) == "ptq_all_int8"
+
+
+def test_auto_runs_qat_only_when_ptq_misses_the_gate(tmp_path) -> None:
+    result = build_tiny(tmp_path, "quantization: {qat: {enabled: auto}}\ngate: {max_drop: 50}")
+    qat = result.build["qat"]
+    assert qat["ran"] is False and "QAT not needed" in qat["why"]
+    assert not (result.out_dir / "qat.png").exists()
+
+
+def test_data_train_adds_training_batches(tmp_path) -> None:
+    import tiny_onnx
+    from conftest import HERE
+
+    from deploy_opt.build.qat import _extra_training
+    from deploy_opt.config.build import resolve_config
+
+    model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    source = HERE / "tiny_onnx.py"
+    data = {"calibration": f"{source}:calibration", "evaluation": f"{source}:evaluation",
+            "train": f"{source}:calibration"}  # fmt: skip
+    config = resolve_config({"name": "t", "model": {"onnx": model.name}, "data": data}, {}, [], str(tmp_path))
+    batches = _extra_training(config, [])
+    assert sum(b.size for b in batches) == 128 and set(batches[0].inputs) == {"x"}
+    with pytest.raises(ConfigError, match="data.train and data.evaluation"):
+        resolve_config({"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},
+                       {}, [], str(tmp_path))  # fmt: skip
