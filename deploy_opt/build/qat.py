@@ -17,6 +17,7 @@ from typing import Any
 
 import onnx
 
+from deploy_opt.analysis.onnx_torch import unsupported_ops
 from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
@@ -41,37 +42,24 @@ def fine_tune(
     metric: Metric, stage: Path, progress: bool = True,
 ) -> Precision:  # fmt: skip
     """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record."""
-    qat, work = config.quantization.qat, stage / ".qat"
-    shipped_nodes = int8_nodes(precision.shipped.path, config.quantization.op_types)
-    if qat.enabled == "auto" and shipped_nodes:
-        before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
-        drop = metric.drop(before["ort_fp32"], before["ptq"])
-        if drop <= config.gate.max_drop:
-            why = f"PTQ meets gate.max_drop ({drop:.3f} <= {config.gate.max_drop}); QAT not needed"
-            log.info("QAT skipped: %s", why)
-            return dataclasses.replace(precision, qat={"ran": False, "why": why})
+    why = _skip_reason(config, fp32_path, precision, held, metric)
+    if why is not None:
+        log.info("QAT skipped: %s", why)
+        return dataclasses.replace(precision, qat={"ran": False, "why": why})
+    work = stage / ".qat"
     start, setup = _start(config, fp32_path, precision, calibration, work)
-    student = build_student(
-        onnx.load(str(start.source)), onnx.load(str(start.model.path)), start.model.scales,
-        weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0], qat.learn_scales,
-    )  # fmt: skip
-    train = [*calibration.batches, *_extra_training(config, held)]
-    run = train_student(student, qat, train, held, metric, config.seed, progress)
-    trained = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
-    ranges = _with_learned(start.model.ranges, learned_ranges(student))
-    provenance = {"smoothing": precision.smoothing, "qat": _provenance(qat, run)}
-    model = quantize(_absmax_weights(setup), trained, calibration, work / "int8", ranges=ranges, **provenance)
-    models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": model.path}
+    trained = _train(config, start, setup, precision.smoothing, calibration, held, metric, work, progress)
+    models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": trained.model.path}
     if start.model is not precision.shipped:
         models["ptq_all_int8"] = start.model.path
     scores = _scores(config, models, held, metric)
     nodes = {key: int8_nodes(path, config.quantization.op_types) for key, path in models.items() if key != "ort_fp32"}
     choice = choose_model(metric, scores, nodes, config.gate.max_drop)
-    record = _record(metric, scores, nodes, run, choice)
-    plot_qat(run, metric.name, scores, stage / "qat.png")
+    record = _record(metric, scores, nodes, trained.run, choice)
+    plot_qat(trained.run, metric.name, scores, stage / "qat.png")
     log.info("QAT: %s ships; %s", choice, record["why"])
     if choice == "ptq":
-        others = [("ort_int8_qat", model.path)]
+        others = [("ort_int8_qat", trained.model.path)]
         if "ptq_all_int8" in models and not precision.mixed:
             others.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
         return dataclasses.replace(precision, qat=record, alternatives=tuple(others))
@@ -79,17 +67,61 @@ def fine_tune(
     if choice == "qat":
         if "ptq_all_int8" in models:
             alternatives.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
-        shipped = quantize(_absmax_weights(setup), trained, calibration, stage, ranges=ranges, **provenance)
-        source = trained
+        source, ranges, made_by = trained.graph, trained.ranges, trained.provenance
     else:  # QAT ended below its all-INT8 start, which beats what PTQ shipped: the start ships
-        alternatives.append(("ort_int8_qat", model.path))
-        shipped = quantize(setup, start.source, calibration, stage, ranges=start.model.ranges,
-                           smoothing=precision.smoothing)  # fmt: skip
-        source = start.source
+        alternatives.append(("ort_int8_qat", trained.model.path))
+        source, ranges, made_by = start.source, start.model.ranges, {"smoothing": precision.smoothing}
+    weights = _absmax_weights(setup) if choice == "qat" else setup
+    shipped = quantize(weights, source, calibration, stage, ranges=ranges, **made_by)
     return Precision(
         source, shipped, shipped, FallbackChoice((), ()), precision.sensitivity, precision.auto, setup,
         precision.smoothing, record, tuple(alternatives),
     )  # fmt: skip
+
+
+def _skip_reason(
+    config: BuildConfig, fp32_path: Path, precision: Precision, held: list[Batch], metric: Metric
+) -> str | None:
+    """Why ``enabled: auto`` does not train (None: it trains; ``enabled: true`` always does)."""
+    if config.quantization.qat.enabled is True:
+        return None
+    if int8_nodes(precision.shipped.path, config.quantization.op_types):
+        before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
+        drop = metric.drop(before["ort_fp32"], before["ptq"])
+        if drop <= config.gate.max_drop:
+            return f"PTQ meets gate.max_drop ({drop:.3f} <= {config.gate.max_drop}); QAT not needed"
+    missing = unsupported_ops(onnx.load(str(fp32_path), load_external_data=False))
+    if missing:  # enabled: true raises instead, naming them (build_student)
+        return f"the torch evaluator does not run {', '.join(missing)}; QAT cannot train this graph"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:
+    run: TrainingRun
+    graph: Path  # the fine-tuned FP32 graph
+    ranges: ActivationRanges  # the start's, with the learned ranges in place
+    provenance: dict[str, Any]  # quantize()'s smoothing and qat entries
+    model: QuantizedModel  # the Q/DQ model written from them
+
+
+def _train(
+    config: BuildConfig, start: _Start, setup: BuildConfig, smoothing: dict[str, Any] | None,
+    calibration: CalibrationSet, held: list[Batch], metric: Metric, work: Path, progress: bool,
+) -> _Trained:  # fmt: skip
+    """Train the student of ``start`` and write its Q/DQ model the way PTQ does (into ``work``)."""
+    qat = config.quantization.qat
+    student = build_student(
+        onnx.load(str(start.source)), onnx.load(str(start.model.path)), start.model.scales,
+        weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0], qat.learn_scales,
+    )  # fmt: skip
+    train = [*calibration.batches, *_extra_training(config, held)]
+    run = train_student(student, qat, train, held, metric, config.seed, progress)
+    graph = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
+    ranges = _with_learned(start.model.ranges, learned_ranges(student))
+    provenance = {"smoothing": smoothing, "qat": _provenance(qat, run)}
+    model = quantize(_absmax_weights(setup), graph, calibration, work / "int8", ranges=ranges, **provenance)
+    return _Trained(run, graph, ranges, provenance, model)
 
 
 @dataclasses.dataclass(frozen=True)
