@@ -212,6 +212,8 @@ def test_a_bring_your_own_onnx_graph_trains_and_ships_verified_scales(tmp_path) 
     assert any(t.method == "qat" for t in scales.tensors.values())
     assert build["metrics"]["ort_int8"] == pytest.approx(qat["rows"]["qat"]["metric"])
     assert "ort_int8_ptq" in build["metrics"]
+    summary = (out / "summary.md").read_text()
+    assert "## Quantization-aware training" in summary and "| QAT | " in summary
 
 
 @pytest.fixture
@@ -232,7 +234,7 @@ def tiny_qdq(tmp_path):
 @pytest.mark.parametrize(
     ("example", "overrides"),
     [
-        ("digits", ["calibration.samples=256", "quantization.qat.steps=40"]),
+        ("digits", ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]),
         (
             "minilm",
             ["calibration.samples=48", "data.eval_samples=32", "quantization.qat.steps=12",
