@@ -221,7 +221,7 @@ def _record(
     start_drop = rows.get("ptq_all_int8", rows["ptq"])["drop"]
     qat_row, ptq_row = rows["qat"], rows["ptq"]
     why = (
-        f"QAT: drop {qat_row['drop']:.3f} with {qat_row['int8_nodes']} INT8 nodes; PTQ as shipped before QAT: "
+        f"QAT: drop {qat_row['drop']:.3f} with {qat_row['int8_nodes']} INT8 nodes; PTQ's answer: "
         f"drop {ptq_row['drop']:.3f} with {ptq_nodes}"
     )
     return {

@@ -20,6 +20,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     )
     if result.build.get("auto"):
         print(f"  auto: {result.build['auto']['verdict']}")
+    qat = result.build.get("qat")
+    if qat:
+        print(f"  qat: {qat['shipped'] + ' ships; ' + qat['why'] if qat['ran'] else 'not run: ' + qat['why']}")
     for size, row in ((result.build.get("benchmark") or {}).get("batches") or {}).items():
         print(
             f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, {shipped} "
