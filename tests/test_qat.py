@@ -308,3 +308,20 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     with pytest.raises(ConfigError, match="data.train and data.evaluation"):
         resolve_config({"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},
                        {}, [], str(tmp_path))  # fmt: skip
+
+
+def test_a_failed_auto_run_keeps_ptqs_answer_and_says_why(tmp_path, monkeypatch) -> None:
+    """enabled: auto is the default, so a QAT failure must not cost the user the PTQ build."""
+    import deploy_opt.build.qat as stage
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("simulated failure inside the torch evaluator")
+
+    monkeypatch.setattr(stage, "train_student", broken)
+    result = build_tiny(tmp_path, "quantization: {qat: {enabled: auto}}\ngate: {max_drop: -50}")
+    qat = result.build["qat"]
+    assert qat["ran"] is False and "simulated failure" in qat["why"] and "PTQ's answer stands" in qat["why"]
+    assert result.build["quantization"]["quantized_nodes"] > 0
+    (tmp_path / "true").mkdir()
+    with pytest.raises(RuntimeError, match="simulated"):
+        build_tiny(tmp_path / "true", "quantization: {qat: {enabled: true}}")

@@ -30,6 +30,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat
+from dopt_common.errors import DeployOptError
 from dopt_common.ort import create_session
 from exporters.onnx.io import save_onnx
 from exporters.ort.graph import kept_nodes
@@ -48,7 +49,14 @@ def fine_tune(
         return dataclasses.replace(precision, qat={"ran": False, "why": why})
     work = stage / ".qat"
     start, setup = _start(config, fp32_path, precision, calibration, work)
-    trained = _train(config, start, setup, precision.smoothing, calibration, held, metric, work, progress)
+    try:
+        trained = _train(config, start, setup, precision.smoothing, calibration, held, metric, work, progress)
+    except (DeployOptError, RuntimeError, ValueError) as exc:
+        if config.quantization.qat.enabled is True:
+            raise
+        why = f"training failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); PTQ's answer stands"
+        log.warning("QAT: %s", why)
+        return dataclasses.replace(precision, qat={"ran": False, "why": why})
     models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": trained.model.path}
     if start.model is not precision.shipped:
         models["ptq_all_int8"] = start.model.path
@@ -85,6 +93,10 @@ def _skip_reason(
     """Why ``enabled: auto`` does not train (None: it trains; ``enabled: true`` always does)."""
     if config.quantization.qat.enabled is True:
         return None
+    reachable = [t for t in (precision.auto.trials if precision.auto else ()) if t.quantized_nodes and
+                 t.meets(config.gate.max_drop)]  # fmt: skip
+    if reachable:  # an INT8 model met the accuracy gate; what it lacked (if anything) was speed
+        return f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}); QAT not needed"
     if int8_nodes(precision.shipped.path, config.quantization.op_types):
         before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
         drop = metric.drop(before["ort_fp32"], before["ptq"])

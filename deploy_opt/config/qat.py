@@ -31,14 +31,15 @@ class DistillConfig:
 class QATConfig:
     """Quantization-aware fine-tuning of the ONNX graph, starting from the PTQ model's scales.
 
-    ``enabled``: false, true, or auto (only when PTQ with the allowed fallback misses ``gate.max_drop``).
+    ``enabled``: false, true, or auto (the default: only when PTQ with the allowed fallback misses
+    ``gate.max_drop``, and the graph runs in the torch evaluator).
     ``optimizer``: ``adamw`` (fp32 state) or ``int8adamw`` (deploy_opt's block-wise 8-bit state).
     ``learn_scales``: learn the activation scales (LSQ); off, they stay those of the PTQ ``scales.json``.
     ``budget_s``: wall-clock limit of the training loop; a run over it keeps its best checkpoint so far.
     ``eval_every``: steps between held-out evaluations (for ``qat.png``); null: five evaluations per run.
     """
 
-    enabled: bool | Literal["auto"] = False
+    enabled: bool | Literal["auto"] = "auto"
     steps: int = 300
     lr: float = 1e-5
     scale_lr: float = 1e-3
