@@ -48,8 +48,8 @@ def fine_tune(
         log.info("QAT skipped: %s", why)
         return dataclasses.replace(precision, qat={"ran": False, "why": why})
     work = stage / ".qat"
-    start, setup = _start(config, fp32_path, precision, calibration, work)
     try:
+        start, setup = _start(config, fp32_path, precision, calibration, work)
         trained = _train(config, start, setup, precision.smoothing, calibration, held, metric, work, progress)
     except (DeployOptError, RuntimeError, ValueError) as exc:
         if config.quantization.qat.enabled is True:
