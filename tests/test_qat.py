@@ -320,7 +320,8 @@ def test_a_failed_auto_run_keeps_ptqs_answer_and_says_why(tmp_path, monkeypatch)
     monkeypatch.setattr(stage, "train_student", broken)
     result = build_tiny(tmp_path, "quantization: {qat: {enabled: auto}}\ngate: {max_drop: -50}")
     qat = result.build["qat"]
-    assert qat["ran"] is False and "simulated failure" in qat["why"] and "PTQ's answer stands" in qat["why"]
+    assert qat["ran"] is False and "QAT failed (RuntimeError: simulated failure" in qat["why"]
+    assert "PTQ's answer stands" in qat["why"]
     assert result.build["quantization"]["quantized_nodes"] > 0
     (tmp_path / "true").mkdir()
     with pytest.raises(RuntimeError, match="simulated"):

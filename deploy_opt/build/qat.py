@@ -54,7 +54,7 @@ def fine_tune(
     except (DeployOptError, RuntimeError, ValueError) as exc:
         if config.quantization.qat.enabled is True:
             raise
-        why = f"training failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); PTQ's answer stands"
+        why = f"QAT failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); PTQ's answer stands"
         log.warning("QAT: %s", why)
         return dataclasses.replace(precision, qat={"ran": False, "why": why})
     models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": trained.model.path}
