@@ -21,6 +21,7 @@ from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # 
 from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402
 from deploy_opt.qat.train import split_minibatches, train_student  # noqa: E402
 from dopt_common.errors import ConfigError  # noqa: E402
+from dopt_common.files import sha256_file  # noqa: E402
 
 
 def _finite_difference(fn, value: float, eps: float = 1e-4) -> float:
@@ -209,6 +210,7 @@ def test_a_bring_your_own_onnx_graph_trains_and_ships_verified_scales(tmp_path) 
     scales = load_scale_file(out / "scales.json")
     assert qat["shipped"] == "qat", qat["why"]
     assert scales.provenance["qat"]["steps"] == 40
+    assert scales.provenance["model_sha256"] == sha256_file(out / "model.qat.onnx")
     assert any(t.method == "qat" for t in scales.tensors.values())
     assert build["metrics"]["ort_int8"] == pytest.approx(qat["rows"]["qat"]["metric"])
     assert "ort_int8_ptq" in build["metrics"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,8 @@ def fine_tune(
     if choice == "qat":
         if "ptq_all_int8" in models:
             alternatives.insert(0, ("ort_int8_ptq_all_int8", start.model.path))
-        source, ranges, made_by = trained.graph, trained.ranges, trained.provenance
+        source = Path(shutil.copyfile(trained.graph, stage / "model.qat.onnx"))  # scales.json's model_sha256
+        ranges, made_by = trained.ranges, trained.provenance
     else:  # QAT ended below its all-INT8 start, which beats what PTQ shipped: the start ships
         alternatives.append(("ort_int8_qat", trained.model.path))
         source, ranges, made_by = start.source, start.model.ranges, {"smoothing": precision.smoothing}
@@ -244,6 +246,4 @@ def _record(
 
 def _keep_copy(path: Path, copy: Path) -> Path:
     """PTQ's shipped model is about to be overwritten by QAT's; a copy is benchmarked beside it."""
-    import shutil
-
     return Path(shutil.copyfile(path, copy))
