@@ -228,7 +228,7 @@ def trained_model(student: Student) -> onnx.ModelProto:
     values = {name: t.detach().cpu().numpy() for name, t in student.weights.items()}
     for init in model.graph.initializer:
         if init.name in values:
-            dtype = numpy_helper.to_array(init).dtype if not init.external_data else np.float32
+            dtype = numpy_helper.to_array(init).dtype
             init.CopyFrom(numpy_helper.from_array(values.pop(init.name).astype(dtype), init.name))
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output[0] in values:
