@@ -298,14 +298,14 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     from conftest import HERE
 
     from deploy_opt.build.qat import _extra_training
-    from deploy_opt.config.build import resolve_config
+    from deploy_opt.config.build import InputSpec, resolve_config
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
     source = HERE / "tiny_onnx.py"
     data = {"calibration": f"{source}:calibration", "evaluation": f"{source}:evaluation",
             "train": f"{source}:calibration"}  # fmt: skip
     config = resolve_config({"name": "t", "model": {"onnx": model.name}, "data": data}, {}, [], str(tmp_path))
-    batches = _extra_training(config, [])
+    batches = _extra_training(config, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
     assert sum(b.size for b in batches) == 128 and set(batches[0].inputs) == {"x"}
     with pytest.raises(ConfigError, match="data.train and data.evaluation"):
         resolve_config({"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},

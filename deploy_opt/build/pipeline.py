@@ -74,7 +74,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     if config.quantization.qat.enabled:
         with times.stage("qat"):
             precision = fine_tune(config, fp32.path, precision, inputs.calibration, evaluation, metric, stage,
-                                  progress)  # fmt: skip
+                                  inputs.specs, progress)  # fmt: skip
     shipped = precision.shipped
     samples = evaluation if isinstance(evaluation, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).

@@ -27,7 +27,7 @@ from deploy_opt.build.metrics import Metric
 from deploy_opt.build.precision import FallbackChoice, Precision
 from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
 from deploy_opt.build.sources import Batch, iter_batches
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import BuildConfig, InputSpec
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat
@@ -41,9 +41,12 @@ log = logging.getLogger(__name__)
 
 def fine_tune(
     config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, held: list[Batch],
-    metric: Metric, stage: Path, progress: bool = True,
+    metric: Metric, stage: Path, specs: tuple[InputSpec, ...], progress: bool = True,
 ) -> Precision:  # fmt: skip
-    """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record."""
+    """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record.
+
+    ``specs``: the model's input specs (as the load stage resolved them), for ``data.train``'s batches.
+    """
     why = _skip_reason(config, fp32_path, precision, held, metric)
     if why is not None:
         log.info("QAT skipped: %s", why)
@@ -51,7 +54,8 @@ def fine_tune(
     work = stage / ".qat"
     try:
         start, setup = _start(config, fp32_path, precision, calibration, work)
-        trained = _train(config, start, setup, precision.smoothing, calibration, held, metric, work, progress)
+        train = [*calibration.batches, *_extra_training(config, specs)]
+        trained = _train(config, start, setup, precision.smoothing, calibration, train, held, metric, work, progress)
     except (DeployOptError, RuntimeError, ValueError) as exc:
         if config.quantization.qat.enabled is True:
             raise
@@ -121,7 +125,7 @@ class _Trained:
 
 def _train(
     config: BuildConfig, start: _Start, setup: BuildConfig, smoothing: dict[str, Any] | None,
-    calibration: CalibrationSet, held: list[Batch], metric: Metric, work: Path, progress: bool,
+    calibration: CalibrationSet, train: list[Batch], held: list[Batch], metric: Metric, work: Path, progress: bool,
 ) -> _Trained:  # fmt: skip
     """Train the student of ``start`` and write its Q/DQ model the way PTQ does (into ``work``)."""
     qat = config.quantization.qat
@@ -129,7 +133,6 @@ def _train(
         onnx.load(str(start.source)), onnx.load(str(start.model.path)), start.model.scales,
         weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0], qat.learn_scales,
     )  # fmt: skip
-    train = [*calibration.batches, *_extra_training(config, held)]
     run = train_student(student, qat, train, held, metric, config.seed, progress)
     graph = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
@@ -155,17 +158,12 @@ def _start(
     return _Start(fp32_path, model), setup
 
 
-def _extra_training(config: BuildConfig, held: list[Batch]) -> list[Batch]:
-    """``data.train``'s batches (with the declared input specs of the held-out batches)."""
+def _extra_training(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[Batch]:
+    """``data.train``'s batches, validated against the model's input specs."""
     ref = config.data.train
     if ref is None:
         return []
-    from deploy_opt.build.export import input_specs_from_onnx
-    from exporters.onnx.checks import check_onnx
-
-    model = config.model
-    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(config.base_dir) / model.onnx))
-    batches = list(iter_batches(ref, tuple(specs), config.base_dir, "data.train"))
+    batches = list(iter_batches(ref, specs, config.base_dir, "data.train"))
     log.info("QAT: %d extra training samples from data.train", sum(b.size for b in batches))
     return batches
 
