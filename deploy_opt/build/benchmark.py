@@ -79,7 +79,10 @@ def compare(
     sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int,
     max_seconds: float | None = None,
 ) -> dict[str, dict[str, object]]:  # fmt: skip
-    """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians)."""
+    """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians).
+
+    With ``ort_fp32_original`` (a pruned build) the pruned FP32 and INT8 are also timed against it.
+    """
     results: dict[str, dict[str, object]] = {}
     for size in sizes:
         stats = measure(sessions, feed_of_size(batch, size), warmup, repeats, max_seconds)
@@ -87,5 +90,8 @@ def compare(
         for name in stats:
             if name.startswith("ort_int8") and "ort_fp32" in stats:
                 row[name.replace("ort_int8", "speedup")] = stats["ort_fp32"].median_ms / stats[name].median_ms
+        if "ort_fp32_original" in stats:  # a pruned build: both pruned models against the unpruned FP32
+            for name in ("ort_fp32", "ort_int8"):
+                row[f"speedup_{name[4:]}_vs_original"] = stats["ort_fp32_original"].median_ms / stats[name].median_ms
         results[str(size)] = row
     return results

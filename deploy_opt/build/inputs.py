@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from deploy_opt.build.sources import Batch, iter_batches, load_torch_model
 from deploy_opt.config.build import BuildConfig, InputSpec
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,13 @@ def load_inputs(config: BuildConfig) -> BuildInputs:
     if not head:
         raise InputError(f"data.evaluation '{config.data.evaluation}' yielded no samples; fix the data function")
     return BuildInputs(torch_model, tuple(specs), calibration, head, stream)
+
+
+def training_batches(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[Batch]:
+    """``data.train``'s batches (extra training data for QAT and distillation), validated against the specs."""
+    ref = config.data.train
+    if ref is None:
+        return []
+    batches = list(iter_batches(ref, specs, config.base_dir, "data.train"))
+    log.info("%d extra training samples from data.train", sum(b.size for b in batches))
+    return batches

@@ -7,15 +7,17 @@ module only composes them. The build is assembled in a staging folder and publis
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy_opt.build.export import prepare_fp32
-from deploy_opt.build.inputs import load_inputs
+from deploy_opt.build.inputs import load_inputs, training_batches
 from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.build.precision import auto_precision, choose_precision, needs_held_evaluation, quantize_model
+from deploy_opt.build.prune import ORIGINAL_DIR, finish_prune, prune_model
 from deploy_opt.build.qat import fine_tune
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
@@ -58,11 +60,22 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     seed_everything(config.seed)
     with times.stage("load"):
         inputs = load_inputs(config)
+    metric = resolve_metric(config.data.metric, config.base_dir)
+    evaluation = inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled)
+    pruned = None
+    if config.prune.enabled:
+        with times.stage("prune"):
+            pruned = prune_model(config.prune, str(config.model.factory), inputs.torch_model,
+                                 [s.name for s in inputs.specs], [*inputs.calibration.batches,
+                                 *training_batches(config, inputs.specs)], evaluation, metric, stage, config.seed,
+                                 progress)  # fmt: skip
+        inputs = dataclasses.replace(inputs, torch_model=pruned.model)
     with times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])
         fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
-    metric = resolve_metric(config.data.metric, config.base_dir)
-    evaluation = inputs.evaluation(hold=needs_held_evaluation(config))
+        if pruned is not None:  # the reference the gate judges against, and the latency baseline
+            original = prepare_fp32(config, pruned.original, inputs.calibration.batches[0], parity,
+                                    ensure_writable_dir(stage / ORIGINAL_DIR))  # fmt: skip
     if config.quantization.mode == "auto":
         with times.stage("auto_search"):
             precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
@@ -86,8 +99,11 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         if precision.mixed:
             models["ort_int8_no_fallback"] = precision.full.path
         models |= dict(precision.alternatives)
+        reference = inputs.torch_model if pruned is None else pruned.original
+        if pruned is not None:
+            models = {"ort_fp32_original": original.path} | models
         names = [s.name for s in fp32.inputs]
-        runtimes = evaluate_runtimes(models, names, inputs.torch_model, evaluation, metric, threads, progress)
+        runtimes = evaluate_runtimes(models, names, reference, evaluation, metric, threads, progress)
     with times.stage("benchmark"):
         bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0])
     with times.stage("compare_align"):
@@ -97,6 +113,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         )  # fmt: skip
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None)
+    prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
     gate_cfg = config.gate
     speedup = gate_cfg.min_speedup if bench else None
     judged = {"metrics": metrics, "benchmark": bench, "quantization": shipped.info, "targets": config.deploy.targets}
@@ -116,6 +133,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         fallback=precision.fallback.to_json(),
         auto=precision.auto.to_json() if precision.auto else None,
         qat=precision.qat,
+        prune=prune,
         backends=backends,
         alignment=verified.alignment_summary(),
         comparison=verified.comparison_summary(),

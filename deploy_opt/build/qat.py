@@ -23,10 +23,11 @@ from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.evaluate import evaluate, session_runner
+from deploy_opt.build.inputs import training_batches
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.precision import FallbackChoice, Precision
 from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
-from deploy_opt.build.sources import Batch, iter_batches
+from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig, InputSpec
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
@@ -54,7 +55,7 @@ def fine_tune(
     work = stage / ".qat"
     try:
         start, setup = _start(config, fp32_path, precision, calibration, work)
-        train = [*calibration.batches, *_extra_training(config, specs)]
+        train = [*calibration.batches, *training_batches(config, specs)]
         trained = _train(config, start, setup, precision.smoothing, calibration, train, held, metric, work, progress)
     except (DeployOptError, RuntimeError, ValueError) as exc:
         if config.quantization.qat.enabled is True:
@@ -156,16 +157,6 @@ def _start(
     setup = with_excluded(config, ())
     model = quantize(setup, fp32_path, calibration, work / "start")
     return _Start(fp32_path, model), setup
-
-
-def _extra_training(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[Batch]:
-    """``data.train``'s batches, validated against the model's input specs."""
-    ref = config.data.train
-    if ref is None:
-        return []
-    batches = list(iter_batches(ref, specs, config.base_dir, "data.train"))
-    log.info("QAT: %d extra training samples from data.train", sum(b.size for b in batches))
-    return batches
 
 
 def _scores(config: BuildConfig, models: dict[str, Path], held: list[Batch], metric: Metric) -> dict[str, float]:

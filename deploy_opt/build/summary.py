@@ -12,17 +12,20 @@ from deploy_opt.config.build import DeployConfig
 def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool) -> dict[str, Any]:
     """Every runtime's score and the FP32 → INT8 drop (and the drop without fallback, when there is one)."""
     scores = runtimes.scores
+    base = "ort_fp32_original" if "ort_fp32_original" in scores.values else "ort_fp32"  # a pruned build's original
     record = {
         "name": metric.name,
         "higher_is_better": metric.higher_is_better,
         "samples": scores.samples,
         "reference": "labels" if labelled else f"{runtimes.reference} output",
         **scores.values,
-        "drop": metric.drop(scores.values["ort_fp32"], scores.values["ort_int8"]),
-        "drop_vs": "ort_fp32",
+        "drop": metric.drop(scores.values[base], scores.values["ort_int8"]),
+        "drop_vs": base,
     }
+    if base != "ort_fp32":
+        record["drop_pruned_fp32"] = metric.drop(scores.values[base], scores.values["ort_fp32"])
     if "ort_int8_no_fallback" in scores.values:
-        record["drop_no_fallback"] = metric.drop(scores.values["ort_fp32"], scores.values["ort_int8_no_fallback"])
+        record["drop_no_fallback"] = metric.drop(scores.values[base], scores.values["ort_int8_no_fallback"])
     return record
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deploy_opt.config.loader import build_dataclass, merge, parse_override
+from deploy_opt.config.prune import PruneConfig
 from deploy_opt.config.qat import QATConfig
 from dopt_common.errors import ConfigError
 
@@ -335,6 +336,8 @@ class BuildConfig:
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    # Structured pruning and distillation of a torch model before export (deploy_opt/prune/); off by default.
+    prune: PruneConfig = field(default_factory=PruneConfig)
     # Set by the loader (the config file's folder), never by the user.
     base_dir: str = field(default=".", metadata={"internal": True})
 
@@ -342,6 +345,12 @@ class BuildConfig:
         if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
             raise ConfigError(
                 f"name '{self.name}' must be a plain folder name (no slashes, not hidden): it names reports/<name>/"
+            )
+
+        if self.prune.enabled and not self.model.factory:
+            raise ConfigError(
+                "prune needs model.factory: structured pruning works on a torch model before export, not on an "
+                "ONNX file; fix: give the torch factory, or set prune.ratio: 0"
             )
 
     def to_dict(self) -> dict[str, Any]:

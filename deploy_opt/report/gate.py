@@ -137,9 +137,11 @@ def apply_gate(
             drop = float(metrics["drop"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
-        fp32, int8 = metrics.get("ort_fp32", float("nan")), metrics.get("ort_int8", float("nan"))
+        base = metrics.get("drop_vs", "ort_fp32")
+        fp32, int8 = metrics.get(base, float("nan")), metrics.get("ort_int8", float("nan"))
+        what = "unpruned FP32" if base == "ort_fp32_original" else "FP32"
         text = (
-            f"{metrics.get('name', 'metric')} drop {drop:.3f} points (FP32 {fp32:.3f} → INT8 {int8:.3f}) "
+            f"{metrics.get('name', 'metric')} drop {drop:.3f} points ({what} {fp32:.3f} → INT8 {int8:.3f}) "
             f"<= {max_drop:g}"
         )
         criteria.append(Criterion("max_drop", drop, max_drop, drop <= max_drop, text))
@@ -160,7 +162,8 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
         raise ReportError(
             f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
         )
-    speedup = float(batches[size]["speedup"])
+    vs_original = "speedup_int8_vs_original" in batches[size]  # a pruned build: judged against the unpruned FP32
+    speedup = float(batches[size]["speedup_int8_vs_original" if vs_original else "speedup"])
     targets = list(build.get("targets") or ())  # build.json: target -> what was built for it
     if targets and "ort-cpu" not in targets:
         text = (
@@ -171,7 +174,8 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
     if (build.get("quantization") or {}).get("quantized_nodes") == 0:
         text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
         return Criterion("min_speedup", speedup, min_speedup, True, text)
-    text = f"INT8 speedup {speedup:.2f}x at batch {size} >= {min_speedup:g}x"
+    against = " over the unpruned FP32" if vs_original else ""
+    text = f"INT8 speedup{against} {speedup:.2f}x at batch {size} >= {min_speedup:g}x"
     return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
 
 

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.report.prune_report import prune_lines
 from dopt_common.files import sha256_file, write_json, write_text
 
 PACKAGES = ("deploy_opt", "torch", "onnx", "onnxruntime", "onnxscript", "onnxsim", "onnxslim", "numpy")
@@ -103,6 +104,7 @@ def render_summary(build: dict[str, Any]) -> str:
             lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
     lines += _search_lines(build.get("auto"), build["quantization"])
     lines += _qat_lines(build.get("qat"), bench.get("batches") or {})
+    lines += prune_lines(build.get("prune"))
     lines += ["", "## Scale alignment", "", f"- {(build.get('alignment') or {}).get('verdict', 'not checked')}"]
     for check in (build.get("alignment") or {}).get("artifacts", []):
         lines.append(f"  - {check['artifact']}: {check['status']}" + (f" ({check['note']})" if check["note"] else ""))

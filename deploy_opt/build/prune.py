@@ -1,0 +1,183 @@
+"""The prune stage: structured pruning of the torch model, distillation from the unpruned model, ``pruned.pt``.
+
+It runs before export when ``prune`` is on. The original model stays the build's reference: the evaluate stage
+scores it (torch, and its ONNX export as ``ort_fp32_original``), the drop the gate judges is measured from it, and
+the benchmark times it beside the pruned FP32 and INT8 models. :func:`stage_table` then puts the four stages
+(original, pruned, distilled, INT8) side by side for build.json, ``summary.md`` and ``prune.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.build.metrics import Metric, RunningMean
+from deploy_opt.build.sources import Batch
+from deploy_opt.config.prune import PruneConfig
+from deploy_opt.prune.checkpoint import save_pruned
+from deploy_opt.prune.distill import distill_student, run_model
+from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
+from deploy_opt.prune.structure import prune_structure, torch_pruning
+from deploy_opt.qat.loop import CURVE_SAMPLES
+
+log = logging.getLogger(__name__)
+ORIGINAL_DIR = "original"  # the unpruned model's ONNX export, in the staging folder until the benchmark is done
+
+
+@dataclass(frozen=True)
+class PrunedModel:
+    """The pruned, distilled student, the unpruned original (the reference) and the build.json ``prune`` record."""
+
+    model: Any
+    original: Any
+    info: dict[str, Any]
+
+
+def prune_model(
+    prune: PruneConfig, factory: str, original: Any, names: Sequence[str], batches: Sequence[Batch],
+    evaluation: Sequence[Batch], metric: Metric, stage: Path, seed: int = 0, progress: bool = True,
+) -> PrunedModel:  # fmt: skip
+    """Prune a copy of ``original`` as ``prune`` says, distil it from ``original``, save ``stage/pruned.pt``.
+
+    ``batches``: the training data (the calibration sample, plus ``data.train``); ``evaluation``: the evaluation
+    set, whose first samples give each stage's metric against the original (torch).
+    """
+    example = ordered_tensors(batches[0].head(2).inputs, names)
+    original = original.eval()
+    student = copy.deepcopy(original)
+    for p in student.parameters():
+        p.requires_grad_(True)
+    importance = choose_importance(prune.method, student, batches, lambda m, x: run_model(m, x, names), seed)
+    cuts, _ = prune_structure(student, example, prune, importance)
+    clear_gradients(student)
+    sample = _sample(evaluation)
+    stages = {"original": _measure(original, original, example, sample, metric, names)}
+    stages["pruned"] = _measure(student, original, example, sample, metric, names)
+    training = None
+    if prune.distill.steps:
+        training = distill_student(student, original, prune.distill, names, batches, evaluation, metric, seed,
+                                   progress)  # fmt: skip
+        stages["distilled"] = _measure(student, original, example, sample, metric, names)
+    cut_rows = [asdict(c) | {"ratio": round(c.ratio, 4)} for c in cuts]
+    save_pruned(stage / "pruned.pt", factory, original, student, {"cuts": cut_rows})
+    _log_cuts(cuts, stages)
+    info = {
+        "method": prune.method,
+        "per_layer": prune.per_layer,
+        "ratio": prune.ratio,
+        "head_ratio": prune.heads,
+        "targets": list(prune.targets),
+        "removed": _removed(cuts),
+        "cuts": cut_rows,
+        "stages_torch": stages,
+        "torch_metric_samples": sum(b.size for b in sample),
+        "training": None if training is None else training.to_json(),
+        "checkpoint": "pruned.pt (torch.load(weights_only=True); rebuild: deploy_opt.prune.checkpoint.load_pruned)",
+    }
+    return PrunedModel(student.eval(), original, info)
+
+
+def _sample(evaluation: Sequence[Batch]) -> list[Batch]:
+    out, total = [], 0
+    for batch in evaluation:
+        if total >= CURVE_SAMPLES:
+            break
+        out.append(batch.head(CURVE_SAMPLES - total))
+        total += out[-1].size
+    return out
+
+
+def _measure(
+    model: Any, original: Any, example: Sequence[Any], sample: list[Batch], metric: Metric, names: Sequence[str]
+) -> dict[str, Any]:
+    """Parameters, MACs (one sample) and the metric against labels, else against the original's output."""
+    import torch
+
+    params = sum(p.numel() for p in model.parameters())
+    try:
+        macs, _ = torch_pruning().utils.count_ops_and_params(model, tuple(t[:1] for t in example))
+        macs = int(macs)
+    except Exception as exc:  # noqa: BLE001 (the op counter is best effort; the build does not depend on it)
+        log.warning("prune: MACs not counted (%s)", exc)
+        macs = None
+    mean = RunningMean()
+    with torch.no_grad():
+        for batch in sample:
+            out = run_model(model, batch.inputs, names).numpy()
+            reference = batch.label if batch.label is not None else run_model(original, batch.inputs, names).numpy()
+            mean.add(metric.score(out, reference))
+    return {"params": int(params), "macs": macs, "metric": mean.value if sample else None}
+
+
+def _removed(cuts: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Per kind (ffn, heads, channels): units before and after, and the share removed."""
+    out: dict[str, dict[str, Any]] = {}
+    for cut in cuts:
+        row = out.setdefault(cut.kind, {"before": 0, "after": 0, "layers": 0})
+        row["before"] += cut.before
+        row["after"] += cut.after
+        row["layers"] += 1
+    for row in out.values():
+        row["ratio"] = round(1 - row["after"] / row["before"], 4)
+    return out
+
+
+def _log_cuts(cuts: Sequence[Any], stages: dict[str, Any]) -> None:
+    for kind, row in _removed(cuts).items():
+        log.info("prune: %s %d → %d (%.1f%% removed over %d layers)", kind, row["before"], row["after"],
+                 100 * row["ratio"], row["layers"])  # fmt: skip
+    log.info("prune: %s", ", ".join(f"{k} {v['params']:,} params, metric {v['metric']}" for k, v in stages.items()))
+
+
+def stage_table(info: dict[str, Any], metrics: dict[str, Any], bench: dict[str, Any] | None,
+                sizes: dict[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per stage (original, pruned, distilled, INT8): size, parameters, MACs, latency and metric.
+
+    Latency and the ORT metric are the benchmark's and the evaluate stage's (the whole evaluation set, against the
+    original); the pruned stage's metric is torch's on the first evaluation samples (it has no ONNX model).
+    """
+    torch_stages = info["stages_torch"]
+    batches = (bench or {}).get("batches") or {}
+    final = "distilled" if "distilled" in torch_stages else "pruned"
+    session = {"original": "ort_fp32_original", final: "ort_fp32", "int8": "ort_int8"}
+    rows = []
+    for name in ("original", "pruned", "distilled", "int8"):
+        base = torch_stages.get(final if name == "int8" else name)
+        if base is None:
+            continue
+        key = session.get(name)
+        rows.append({
+            "stage": name,
+            "params": base["params"],
+            "macs": base["macs"],
+            "bytes": sizes.get(key),
+            "metric_torch": None if name == "int8" else base["metric"],
+            "metric_ort": metrics.get(key) if key else None,
+            "latency_ms": {b: row[key]["median_ms"] for b, row in batches.items() if key and key in row},
+        })  # fmt: skip
+    return rows
+
+
+def finish_prune(
+    pruned: PrunedModel, metrics: dict[str, Any], bench: dict[str, Any] | None, models: dict[str, Path],
+    metric: str, stage: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """The build.json ``prune`` record with the stage table; draws ``prune.png``; drops the original's export."""
+    from deploy_opt.report.prune_report import plot_prune
+
+    sizes = {name: _file_bytes(path) for name, path in models.items()}
+    record = pruned.info | {"stages": stage_table(pruned.info, metrics, bench, sizes)}
+    plot_prune(record, metric, stage / "prune.png")
+    shutil.rmtree(stage / ORIGINAL_DIR, ignore_errors=True)
+    return record
+
+
+def _file_bytes(path: Path) -> int:
+    """An ONNX model's bytes on disk, its external data file included."""
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
