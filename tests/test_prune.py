@@ -33,6 +33,7 @@ def _kept_rows(pruned: torch.Tensor, original: torch.Tensor) -> list[int]:
     return [int(torch.nonzero((original == row).all(dim=1))[0]) for row in pruned]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_channel_pruning_keeps_residual_shapes_consistent() -> None:
     """Every conv feeding a residual add shrinks alike; the depthwise conv keeps groups == channels; ORT agrees."""
     import onnxruntime as ort

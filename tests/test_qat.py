@@ -297,7 +297,7 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     import tiny_onnx
     from conftest import HERE
 
-    from deploy_opt.build.qat import _extra_training
+    from deploy_opt.build.inputs import training_batches
     from deploy_opt.config.build import InputSpec, resolve_config
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
@@ -305,7 +305,7 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     data = {"calibration": f"{source}:calibration", "evaluation": f"{source}:evaluation",
             "train": f"{source}:calibration"}  # fmt: skip
     config = resolve_config({"name": "t", "model": {"onnx": model.name}, "data": data}, {}, [], str(tmp_path))
-    batches = _extra_training(config, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
+    batches = training_batches(config, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
     assert sum(b.size for b in batches) == 128 and set(batches[0].inputs) == {"x"}
     with pytest.raises(ConfigError, match="data.train and data.evaluation"):
         resolve_config({"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},

@@ -23,7 +23,7 @@ from deploy_opt.prune.checkpoint import save_pruned
 from deploy_opt.prune.distill import distill_student, run_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure, torch_pruning
-from deploy_opt.qat.loop import CURVE_SAMPLES
+from deploy_opt.qat.loop import curve_batches
 
 log = logging.getLogger(__name__)
 ORIGINAL_DIR = "original"  # the unpruned model's ONNX export, in the staging folder until the benchmark is done
@@ -55,7 +55,7 @@ def prune_model(
     importance = choose_importance(prune.method, student, batches, lambda m, x: run_model(m, x, names), seed)
     cuts, _ = prune_structure(student, example, prune, importance)
     clear_gradients(student)
-    sample = _sample(evaluation)
+    sample = curve_batches(evaluation)
     stages = {"original": _measure(original, original, example, sample, metric, names)}
     stages["pruned"] = _measure(student, original, example, sample, metric, names)
     training = None
@@ -80,16 +80,6 @@ def prune_model(
         "checkpoint": "pruned.pt (torch.load(weights_only=True); rebuild: deploy_opt.prune.checkpoint.load_pruned)",
     }
     return PrunedModel(student.eval(), original, info)
-
-
-def _sample(evaluation: Sequence[Batch]) -> list[Batch]:
-    out, total = [], 0
-    for batch in evaluation:
-        if total >= CURVE_SAMPLES:
-            break
-        out.append(batch.head(CURVE_SAMPLES - total))
-        total += out[-1].size
-    return out
 
 
 def _measure(

@@ -132,7 +132,7 @@ def run_distillation(
     history: dict[str, list[tuple[int, float]]] = {k: [] for k in ("train", "validation", "validation_metric",
                                                                   "metric")}  # fmt: skip
     judge = _Judge(trainee, validation, teacher, kind, settings, metric)
-    curve = _curve_batches(evaluation)
+    curve = curve_batches(evaluation)
     best = (judge(history, 0), 0, trainee.snapshot())
     _score_curve(trainee, curve, teacher, metric, history["metric"], 0)
     start, stopped, step, order = time.perf_counter(), "steps", 0, []
@@ -218,7 +218,8 @@ class _Judge:
         return (-mean.value if self.metric.higher_is_better else mean.value, loss)
 
 
-def _curve_batches(evaluation: Sequence[Batch]) -> list[Batch]:
+def curve_batches(evaluation: Sequence[Batch]) -> list[Batch]:
+    """The first ``CURVE_SAMPLES`` samples of the evaluation set."""
     out, total = [], 0
     for batch in evaluation:
         if total >= CURVE_SAMPLES:
