@@ -24,13 +24,13 @@ def plot_prune(record: dict[str, Any], metric: str, path: Path) -> Path:
     panels = [
         ("parameters (M)", [r["params"] / 1e6 for r in rows]),
         ("MACs per sample (M)", [(r["macs"] or 0) / 1e6 for r in rows]),
-        (f"ORT latency, batch {batch} (ms)", [r["latency_ms"].get(batch, 0.0) for r in rows]),
+        (f"ORT latency, batch {batch} (ms)", [r["latency_ms"].get(batch) for r in rows]),
         (f"{metric} vs the original", [_metric(r) for r in rows]),
     ]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.4))
     for ax, (title, values) in zip(axes, panels, strict=True):
-        bars = ax.bar(names, values, color=colours)
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7)
+        bars = ax.bar(names, [0.0 if v is None else v for v in values], color=colours)
+        ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.3g}" for v in values], fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=8)
     low = min((v for v in panels[3][1] if v), default=0.0)
