@@ -17,13 +17,11 @@ import functools
 import json
 import logging
 
-from prune_vs_scratch import _score
-
 from deploy_opt.build.inputs import load_inputs
 from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.config.loader import parse_override
 from deploy_opt.config.profiles import load_build_config
-from deploy_opt.prune.distill import distill_student, run_model
+from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure
 
@@ -58,9 +56,10 @@ def main() -> None:
         importance = choose_importance(config.prune.method, student, train, forward, 0)
         prune_structure(student, ordered_tensors(train[0].head(2).inputs, names), config.prune, importance)
         clear_gradients(student)
-        row = {"variant": variant or "config", "pruned": _score(student, original, evaluation, metric, names)}
+        scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
+        row = {"variant": variant or "config", "pruned": score_model(student, *scored)}
         run = distill_student(student, original, config.prune.distill, names, train, evaluation, metric, 0, True)
-        row |= {"distilled": _score(student.eval(), original, evaluation, metric, names), "seconds": round(run.seconds),
+        row |= {"distilled": score_model(student.eval(), *scored), "seconds": round(run.seconds),
                 "curve": run.metric, "prune": dataclasses.asdict(config.prune)}  # fmt: skip
         results.append(row)
         print(json.dumps({k: row[k] for k in ("variant", "pruned", "distilled", "seconds")}), flush=True)

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.metrics import Metric, RunningMean
+from deploy_opt.build.metrics import Metric
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.prune import PruneConfig
 from deploy_opt.prune.checkpoint import save_pruned
-from deploy_opt.prune.distill import distill_student, run_model
+from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure, torch_pruning
 from deploy_opt.qat.loop import curve_batches
@@ -56,13 +56,14 @@ def prune_model(
     cuts, _ = prune_structure(student, example, prune, importance)
     clear_gradients(student)
     sample = curve_batches(evaluation)
-    stages = {"original": _measure(original, original, example, sample, metric, names)}
-    stages["pruned"] = _measure(student, original, example, sample, metric, names)
+    scored = (sample, reference_targets(original, sample, names), metric, names)
+    stages = {"original": _measure(original, example, scored)}
+    stages["pruned"] = _measure(student, example, scored)
     training = None
     if prune.distill.steps:
         training = distill_student(student, original, prune.distill, names, batches, evaluation, metric, seed,
                                    progress)  # fmt: skip
-        stages["distilled"] = _measure(student, original, example, sample, metric, names)
+        stages["distilled"] = _measure(student, example, scored)
     cut_rows = [asdict(c) | {"ratio": round(c.ratio, 4)} for c in cuts]
     save_pruned(stage / "pruned.pt", factory, original, student, {"cuts": cut_rows})
     _log_cuts(cuts, stages)
@@ -82,12 +83,8 @@ def prune_model(
     return PrunedModel(student.eval(), original, info)
 
 
-def _measure(
-    model: Any, original: Any, example: Sequence[Any], sample: list[Batch], metric: Metric, names: Sequence[str]
-) -> dict[str, Any]:
-    """Parameters, MACs (one sample) and the metric against labels, else against the original's output."""
-    import torch
-
+def _measure(model: Any, example: Sequence[Any], scored: tuple) -> dict[str, Any]:
+    """Parameters, MACs (one sample) and the metric (``scored``: the arguments of ``score_model`` after it)."""
     params = sum(p.numel() for p in model.parameters())
     try:
         macs, _ = torch_pruning().utils.count_ops_and_params(model, tuple(t[:1] for t in example))
@@ -95,13 +92,7 @@ def _measure(
     except Exception as exc:  # noqa: BLE001 (the op counter is best effort; the build does not depend on it)
         log.warning("prune: MACs not counted (%s)", exc)
         macs = None
-    mean = RunningMean()
-    with torch.no_grad():
-        for batch in sample:
-            out = run_model(model, batch.inputs, names).numpy()
-            reference = batch.label if batch.label is not None else run_model(original, batch.inputs, names).numpy()
-            mean.add(metric.score(out, reference))
-    return {"params": int(params), "macs": macs, "metric": mean.value if sample else None}
+    return {"params": int(params), "macs": macs, "metric": score_model(model, *scored)}
 
 
 def _removed(cuts: Sequence[Any]) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from deploy_opt.build.metrics import Metric
+from deploy_opt.build.metrics import Metric, RunningMean
 from deploy_opt.build.sources import Batch
 from deploy_opt.config.prune import PruneDistillConfig
 from deploy_opt.prune.importance import ordered_tensors
@@ -33,6 +33,27 @@ def first_output(result: Any) -> Any:
 def run_model(model: Any, inputs: dict, names: Sequence[str]) -> Any:
     """The model's first output for a batch of named arrays."""
     return first_output(model(*ordered_tensors(inputs, names)))
+
+
+def reference_targets(original: Any, batches: Sequence[Batch], names: Sequence[str]) -> list[Any]:
+    """What each batch is scored against: its labels, else the original model's output (computed once)."""
+    import torch
+
+    with torch.no_grad():
+        return [b.label if b.label is not None else run_model(original, b.inputs, names).numpy() for b in batches]
+
+
+def score_model(
+    model: Any, batches: Sequence[Batch], targets: Sequence[Any], metric: Metric, names: Sequence[str]
+) -> float | None:
+    """The metric of ``model`` over ``batches`` against :func:`reference_targets`; None without batches."""
+    import torch
+
+    mean = RunningMean()
+    with torch.no_grad():
+        for batch, target in zip(batches, targets, strict=True):
+            mean.add(metric.score(run_model(model, batch.inputs, names).numpy(), target))
+    return mean.value if batches else None
 
 
 def find_blocks(model: Any) -> list[str]:

@@ -130,13 +130,14 @@ def prune_structure(
     import torch
 
     tp = torch_pruning()
-    attention = find_attention(model) if "heads" in config.targets and config.heads > 0 else []
+    found = find_attention(model)
+    attention = found if "heads" in config.targets and config.heads > 0 else []
     kinds = classify_groups(model, example, attention)
     keep_out = output_layers(model, example)
     targeted = set(config.targets) - ({"heads"} if not attention else set())
     layers = {id(m): m for m in model.modules()}
     ignored = [layers[i] for i, (kind, _) in kinds.items() if kind not in targeted or i in keep_out]
-    ignored += [layer for a in find_attention(model) if a not in attention for layer in a.qkv]
+    ignored += [layer for a in found if a not in attention for layer in a.qkv]
     prunable = [name for i, (kind, name) in kinds.items() if kind in targeted and i not in keep_out]
     if not prunable:
         found = ", ".join(sorted({k for k, _ in kinds.values()})) or "none"
