@@ -18,24 +18,14 @@ import dataclasses
 import json
 import logging
 
+import torch
+
 from deploy_opt.build.inputs import load_inputs, training_batches
-from deploy_opt.build.metrics import RunningMean, resolve_metric
+from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.config.profiles import load_build_config
-from deploy_opt.prune.distill import distill_student, run_model
+from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure
-
-
-def _score(model, original, batches, metric, names) -> float:
-    import torch
-
-    mean = RunningMean()
-    with torch.no_grad():
-        for batch in batches:
-            out = run_model(model, batch.inputs, names).numpy()
-            ref = batch.label if batch.label is not None else run_model(original, batch.inputs, names).numpy()
-            mean.add(metric.score(out, ref))
-    return mean.value
 
 
 def main() -> None:
@@ -57,10 +47,12 @@ def main() -> None:
     prune_structure(pruned, example, config.prune, importance)
     clear_gradients(pruned)
     scratch = copy.deepcopy(pruned)
+    torch.manual_seed(config.seed)  # the fresh start is reproducible
     for module in scratch.modules():
         if hasattr(module, "reset_parameters"):
             module.reset_parameters()
-    results = {"original": _score(original, original, evaluation, metric, names),
+    scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
+    results = {"original": score_model(original, *scored),
                "params_original": sum(p.numel() for p in original.parameters()),
                "params_student": sum(p.numel() for p in pruned.parameters())}  # fmt: skip
     long = dataclasses.replace(config.prune.distill, steps=4 * config.prune.distill.steps)
@@ -70,9 +62,9 @@ def main() -> None:
         ("scratch+distilled 4x steps", copy.deepcopy(scratch), long, True),
     )
     for name, student, distill, fresh in runs:
-        results[f"{name} before"] = _score(student, original, evaluation, metric, names)
+        results[f"{name} before"] = score_model(student, *scored)
         run = distill_student(student, original, distill, names, train, evaluation, metric, 0, True, fresh=fresh)
-        results[name] = _score(student.eval(), original, evaluation, metric, names)
+        results[name] = score_model(student.eval(), *scored)
         results[f"{name} seconds"] = round(run.seconds, 1)
     print(json.dumps({"metric": metric.name, "samples": sum(b.size for b in evaluation)} | results, indent=1))
 
