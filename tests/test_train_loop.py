@@ -111,7 +111,7 @@ def parameters_of(path: Path) -> dict[str, torch.Tensor]:
         ({"optimizer": {"type": "adam"}}, r"optimizer\.type: 'adam' is not allowed; use one of adamw, lion, sgd"),
         ({"optimizer": {"state": "int4"}}, r"optimizer\.state: 'int4' is not allowed; use one of int8, fp32"),
         ({"optimizer": {"block_size": 16}}, r"block_size must be in 64\.\.8192, got 16"),
-        ({"optimizer": {"type": "sgd", "betas": [0.9, 0.99]}}, r"betas applies to adamw and lion"),
+        ({"optimizer": {"type": "sgd", "betas": [0.9, 0.99]}}, r"betas applies to adamw, lion and sophia"),
         ({"scheduler": {"type": "exp"}}, r"scheduler.*'exp' is not one of warmup_cosine"),
         ({"scheduler": {"warm": 0.1}}, r"unknown key 'scheduler\.warm'"),
         ({"epochs": 2}, r"exactly one of 'steps'.*or 'epochs'"),

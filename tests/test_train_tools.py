@@ -177,10 +177,12 @@ def test_transformer_with_ample_memory_gets_adamw_fp32() -> None:
     assert "ample" in _choice(rec, "state")[1]
 
 
-def test_llm_with_ample_memory_gets_adamw_and_says_sophia_is_not_built() -> None:
+def test_llm_with_ample_memory_gets_adamw_and_says_when_sophia_applies() -> None:
     rec = recommend("llm", 7e9, 10_000_000, 141)
     assert rec.optimizer == "adamw" and rec.state == "int8"  # >= 1B → int8 regardless of memory
-    assert "Sophia" in _choice(rec, "optimizer")[1] and "not built yet" in _choice(rec, "optimizer")[1]
+    assert "Sophia is offered for pre-training on sequences of 2,048+ tokens" in _choice(rec, "optimizer")[1]
+    long = recommend("llm", 7e9, 10_000_000, 141, seq_len=8192)
+    assert long.optimizer == "sophia" and long.state == "int8"
 
 
 def test_tight_llm_still_gets_adamw_and_warns_when_nothing_fits() -> None:

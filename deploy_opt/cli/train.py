@@ -30,7 +30,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         if not args.verbose:  # the printed lines carry the reasons; the log copy is for training runs
             logging.getLogger("deploy_opt.train.recommend").setLevel(logging.WARNING)
-        rec = recommend(args.model_type, parse_count(args.params), parse_count(args.samples), args.memory_gb)
+        rec = recommend(args.model_type, parse_count(args.params), parse_count(args.samples), args.memory_gb,
+                        seq_len=args.seq_len)
         print(json.dumps(rec.to_json(), indent=1) if args.json else format_recommendation(rec))
         return 0
     from deploy_opt.config.profiles import config_path

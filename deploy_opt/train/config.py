@@ -18,10 +18,11 @@ from deploy_opt.config.loader import build_dataclass, merge, parse_override, rea
 from deploy_opt.train.schedules import ScheduleConfig
 from dopt_common.errors import ConfigError
 
-OptimizerType = Literal["adamw", "lion", "sgd"]
-# The per-type default learning rates of the agreed optimizer API (Lion runs at ~1/10 of AdamW's LR).
-DEFAULT_LR = {"adamw": 1e-3, "lion": 1e-4, "sgd": 1e-2}
-DEFAULT_BETAS = {"adamw": (0.9, 0.999), "lion": (0.9, 0.99)}
+OptimizerType = Literal["adamw", "lion", "sgd", "sophia"]
+# The per-type default learning rates of the agreed optimizer API (Lion runs at ~1/10 of AdamW's LR; Sophia's
+# clipped update is at most lr per element, like Lion's sign update).
+DEFAULT_LR = {"adamw": 1e-3, "lion": 1e-4, "sgd": 1e-2, "sophia": 1e-4}
+DEFAULT_BETAS = {"adamw": (0.9, 0.999), "lion": (0.9, 0.99), "sophia": (0.965, 0.99)}
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class OptimizerConfig:
     """Which int8-state optimizer, its hyper-parameters and its state quantization."""
 
     type: OptimizerType = "adamw"
-    lr: float | None = None  # None: the type's default (adamw 1e-3, lion 1e-4, sgd 1e-2)
-    betas: tuple[float, ...] | None = None  # adamw and lion; None: the type's default
+    lr: float | None = None  # None: the type's default (adamw 1e-3, lion 1e-4, sgd 1e-2, sophia 1e-4)
+    betas: tuple[float, ...] | None = None  # adamw, lion and sophia; None: the type's default
     eps: float = 1e-8  # adamw only
     momentum: float = 0.9  # sgd only
     nesterov: bool = False  # sgd only
@@ -41,13 +42,17 @@ class OptimizerConfig:
     min_numel: int = 4096  # smaller tensors keep fp32 state
     fp32_patterns: tuple[str, ...] = ("embed", "lm_head")  # parameters named like these keep fp32 state
     fp32_warmup_steps: int = 0
+    rho: float = 0.04  # sophia only: the clipping scale γ of clip(m / max(γ h, ε), 1)
+    update_period: int = 10  # sophia only: steps between Hessian estimates (k)
+    # sophia only: gnb (Gauss-Newton-Bartlett, needs the data's logits), hutchinson, or auto (gnb when it can)
+    estimator: Literal["auto", "gnb", "hutchinson"] = "auto"
 
     def __post_init__(self) -> None:
         if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"optimizer.lr must be positive, got {self.lr}")
         if self.betas is not None:
             if self.type == "sgd":
-                raise ConfigError("optimizer.betas applies to adamw and lion; for sgd set optimizer.momentum")
+                raise ConfigError("optimizer.betas applies to adamw, lion and sophia; for sgd set optimizer.momentum")
             if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
                 raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if not 0.0 <= self.momentum < 1.0:
@@ -55,6 +60,10 @@ class OptimizerConfig:
         if self.weight_decay < 0 or self.eps <= 0:
             raise ConfigError(
                 f"optimizer.weight_decay must be >= 0 and optimizer.eps > 0, got {self.weight_decay}, {self.eps}"
+            )
+        if not self.rho > 0 or self.update_period < 1:
+            raise ConfigError(
+                f"optimizer.rho must be > 0 and optimizer.update_period >= 1, got {self.rho}, {self.update_period}"
             )
         if not 64 <= self.block_size <= 8192:
             raise ConfigError(f"optimizer.block_size must be in 64..8192, got {self.block_size}")
@@ -71,7 +80,7 @@ class OptimizerConfig:
 
     @property
     def resolved_betas(self) -> tuple[float, float]:
-        """The betas: the configured ones or the type's default (adamw and lion only)."""
+        """The betas: the configured ones or the type's default (adamw, lion and sophia only)."""
         betas = self.betas if self.betas is not None else DEFAULT_BETAS[self.type]
         return (float(betas[0]), float(betas[1]))
 

@@ -10,6 +10,8 @@ The function is called as ``fn(batch_size=..., seed=...)`` and returns a :class:
   dict (``model(**inputs)``); ``target`` is whatever ``loss`` and ``metric`` take.
 - ``loss(output, target)`` returns a scalar tensor; ``metric(output, target)`` returns a float averaged over
   the batch (e.g. accuracy), weighted by ``len(target)`` over the evaluation set.
+- ``logits(output)`` (optional) returns the output's logits, classes on the last dim: Sophia's Gauss-Newton-Bartlett
+  Hessian estimator samples labels from them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class TrainData:
     loss: Callable[[Any, Any], torch.Tensor]
     metric: Callable[[Any, Any], float] | None = None
     metric_name: str = "metric"
+    # Where the model's output keeps its logits ([..., classes]), for Sophia's Gauss-Newton-Bartlett estimator;
+    # None: Sophia falls back to the Hutchinson estimator.
+    logits: Callable[[Any], torch.Tensor] | None = None
 
     def evaluation_batches(self) -> Iterable[Batch]:
         """A fresh iterable over the evaluation batches."""

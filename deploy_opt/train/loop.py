@@ -26,10 +26,12 @@ from deploy_opt.build.sources import call_user, resolve_callable
 from deploy_opt.train.checkpoint import CHECKPOINT_NAME, Progress, read_checkpoint, restore_checkpoint, save_checkpoint
 from deploy_opt.train.config import OptimizerConfig, TrainConfig
 from deploy_opt.train.data import TrainData, batch_size_of, evaluate, load_train_data, run_model
+from deploy_opt.train.hessian import sophia_backward
 from deploy_opt.train.optimizers import Int8AdamW, Int8Lion, Int8SGD, optimizer_state_bytes
 from deploy_opt.train.param_groups import DEFAULT_NO_DECAY, decay_groups
 from deploy_opt.train.run_log import truncate_log, write_event
 from deploy_opt.train.schedules import build_scheduler
+from deploy_opt.train.sophia import Int8Sophia
 from dopt_common.errors import ConfigError, OutputError, SourceError
 from dopt_common.files import atomic_path, ensure_writable_dir, write_json
 from dopt_common.runs import report_lock, seed_everything
@@ -75,6 +77,9 @@ def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.op
         return Int8AdamW(groups, betas=config.resolved_betas, eps=config.eps, **common)
     if config.type == "lion":
         return Int8Lion(groups, betas=config.resolved_betas, **common)
+    if config.type == "sophia":
+        return Int8Sophia(groups, betas=config.resolved_betas, rho=config.rho, update_period=config.update_period,
+                          **common)
     return Int8SGD(groups, momentum=config.momentum, nesterov=config.nesterov, **common)
 
 
@@ -249,8 +254,9 @@ def _train_step(
     """Forward, backward, clip, maybe skip, step; returns the step's log fields."""
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    loss = data.loss(run_model(model, inputs), target)
-    loss.backward()
+    output = run_model(model, inputs)
+    loss = data.loss(output, target)
+    hessian = sophia_backward(optimizer, loss, output, data.logits, config.optimizer.estimator)
     with_grad = [p for p in params if p.grad is not None]
     grad_norm = _clip(with_grad, config.clip_norm)
     reason = _anomaly(grad_norm, state.recent_norms, config)
@@ -260,6 +266,8 @@ def _train_step(
         log.warning("step %d skipped: %s", state.step + 1, reason)
     else:
         before = [p.detach().clone() for p in with_grad]
+        if hessian is not None:
+            optimizer.update_hessian(hessian)  # type: ignore[attr-defined]
         optimizer.step()
         update_norm = _distance(before, with_grad)
         state.recent_norms.append(grad_norm)

@@ -24,7 +24,12 @@ GB = 1e9  # decimal gigabytes, as GPU memory is sold and as the issue's "112 GB"
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 STATE_BYTES = {"fp32": 4, "int8": 1}
-OPTIMIZER_STATES = {"adamw": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",), "sgd": ("momentum_buffer",)}
+OPTIMIZER_STATES = {
+    "adamw": ("exp_avg", "exp_avg_sq"),
+    "lion": ("exp_avg",),
+    "sgd": ("momentum_buffer",),
+    "sophia": ("exp_avg", "hessian"),
+}
 SHARD_MODES = ("optimizer", "full")
 SCALE_BYTES = 4  # one fp32 absmax scale per block per state tensor
 MIN_BLOCK, MAX_BLOCK = 64, 8192

@@ -1,7 +1,7 @@
 """The quantization config an int8 optimizer writes into its checkpoints, and the conversions between state forms.
 
-A param's state holds, per moment ``kind`` (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``), either one fp32
-tensor under ``kind`` (the key torch's own optimizers use) or ``kind + "_codes"`` (int8/uint8, flat) and
+A param's state holds, per moment ``kind`` (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``hessian``), either
+one fp32 tensor under ``kind`` (the key torch's own optimizers use) or ``kind + "_codes"`` (int8/uint8, flat) and
 ``kind + "_scales"`` (fp32, one per block). ``step`` is a 0-d fp32 tensor, as in ``torch.optim.AdamW``.
 """
 
@@ -34,6 +34,8 @@ MOMENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "Int8AdamW": (("exp_avg", "signed"), ("exp_avg_sq", "second")),
     "Int8Lion": (("exp_avg", "signed"),),
     "Int8SGD": (("momentum_buffer", "signed"),),
+    # Sophia's Hessian EMA is non-negative like AdamW's second moment, and spans decades the same way.
+    "Int8Sophia": (("exp_avg", "signed"), ("hessian", "second")),
 }
 
 
@@ -97,6 +99,8 @@ def config_of_checkpoint(state_dict: dict[str, Any]) -> StateConfig | None:
 
 def _infer_family(state: dict[Any, dict[str, Any]]) -> str | None:
     keys = {key for param_state in state.values() for key in param_state}
+    if "hessian" in keys:
+        return "Int8Sophia"
     if "exp_avg_sq" in keys:
         return "Int8AdamW"
     if "momentum_buffer" in keys:
@@ -111,7 +115,7 @@ def config_differences(saved: StateConfig, current: StateConfig) -> list[str]:
     fields = ["optimizer", "state"]
     if saved.state == current.state == "int8":
         fields += ["block_size", "min_numel", "fp32_patterns", "fp32_warmup_steps"]
-        if current.optimizer == "Int8AdamW":
+        if current.optimizer in ("Int8AdamW", "Int8Sophia"):
             fields.append("second_moment_code")
     return [
         f"{field}: checkpoint {_show(getattr(saved, field))}, optimizer {_show(getattr(current, field))}"
