@@ -361,3 +361,14 @@ def test_cli_lists_profiles(tmp_path: Path) -> None:
     assert SHIPPED_PROFILES <= listed
     for line in proc.stdout.splitlines():
         assert re.match(r"^\S+\s{2,}\S", line), line  # name, then its description
+
+
+def test_exponent_floats_without_a_dot_are_floats() -> None:
+    # YAML 1.1 reads `5e-5` as a string; in a float field it is the number people meant, and junk still fails.
+    from deploy_opt.config.profiles import example_config
+    from deploy_opt.train.config import load_train_config
+
+    config = load_train_config(example_config("train_minilm"), ["optimizer.lr=5e-5", "optimizer.rho=4E-2"])
+    assert config.optimizer.lr == 5e-5 and config.optimizer.rho == 0.04
+    with pytest.raises(ConfigError, match="optimizer.lr: expected float, got '5e-5x'"):
+        load_train_config(example_config("train_minilm"), ["optimizer.lr=5e-5x"])

@@ -22,6 +22,8 @@ BLOCKED = [
     "transformers",
     "torch",
     "matplotlib",
+    "ray",
+    "optuna",
 ]
 BLOCKER = textwrap.dedent(f"""
     import importlib.abc, sys
@@ -70,7 +72,7 @@ def test_core_imports_without_heavy_optional_packages() -> None:
 
 
 def test_help_runs_without_heavy_optional_packages() -> None:
-    for argv in (["--help"], ["build", "--help"], ["gate", "--help"], ["profiles"]):
+    for argv in (["--help"], ["build", "--help"], ["gate", "--help"], ["profiles"], ["train", "search", "--help"]):
         result = _run(
             f"import sys; sys.argv = ['deploy_opt', *{argv!r}]\nimport runpy\n"
             "runpy.run_module('deploy_opt', run_name='__main__')"

@@ -4,6 +4,7 @@ against exact diagonals; checkpoints; the training loop and the recommender."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -190,3 +191,22 @@ def test_the_recommender_offers_sophia_for_long_llm_pretraining() -> None:
     assert recommend("llm", "125M", "10B", memory_gb=80).optimizer == "adamw"
     with pytest.raises(ConfigError, match="seq_len"):
         recommend("llm", "125M", "10B", memory_gb=80, seq_len=0)
+
+
+def test_sophia_fine_tunes_the_minilm_pair_slice_with_gnb_on_the_pair_logits(tmp_path) -> None:
+    pytest.importorskip("tokenizers")
+    from deploy_opt.config.profiles import config_path
+    from deploy_opt.demo.minilm_pairs import pair_data, pair_logits
+    from deploy_opt.train.config import load_train_config
+    from deploy_opt.train.loop import train
+
+    data = pair_data(batch_size=8, seed=0)
+    batches = data.train(0)
+    assert all(b[0][0].shape[0] == 8 for b in batches) and data.logits is pair_logits
+    config = load_train_config(config_path("train_minilm", "train_minilm"),
+                               ["optimizer.type=sophia", "optimizer.lr=5e-5", "steps=3", "batch_size=8",
+                                "optimizer.update_period=2", "optimizer.state=int8"])
+    result = train(config, tmp_path / "run", progress=False)
+    assert result.completed and math.isfinite(result.metrics["eval_loss"])
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["optimizer"]["state"]
+    assert any("hessian_codes" in s for s in state.values())  # estimates at steps 1 and 3, stored in int8

@@ -113,7 +113,7 @@ def make_parser() -> argparse.ArgumentParser:
     train_sub = train.add_subparsers(dest="train_command", metavar="ACTION", required=True)
     est = train_sub.add_parser("estimate", parents=[common], help="training memory per device, by component")
     est.add_argument("--params", required=True, help="parameter count: 7e9, 7B, 125M")
-    est.add_argument("--optimizer", choices=["adamw", "lion", "sgd"], default="adamw")
+    est.add_argument("--optimizer", choices=["adamw", "lion", "sgd", "sophia"], default="adamw")
     est.add_argument("--state", choices=["int8", "fp32"], default="int8", help="optimizer state precision")
     est.add_argument("--param-dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     est.add_argument("--shards", type=int, default=1, help="data-parallel devices sharing the state (ZeRO)")
@@ -125,6 +125,7 @@ def make_parser() -> argparse.ArgumentParser:
     rec.add_argument("--params", required=True, help="parameter count: 7e9, 7B, 125M")
     rec.add_argument("--samples", required=True, help="training samples: 50000, 1.2M")
     rec.add_argument("--memory-gb", type=float, required=True, help="memory per device")
+    rec.add_argument("--seq-len", type=int, help="tokens per training sequence (long LLM pre-training: Sophia)")
     rec.add_argument("--json", action="store_true", help="print JSON instead of the lines")
     run = train_sub.add_parser("run", parents=[common], help="train with a train.yaml (int8 optimizer state)")
     run.add_argument("config_flag", nargs="?", metavar="CONFIG", help="train YAML (default: the digits CNN)")
@@ -132,6 +133,19 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     run.add_argument("--output-dir", type=Path, help="where checkpoints and train_log.jsonl go")
     run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint there")
+    search = train_sub.add_parser(
+        "search", parents=[common], help="hyper-parameter search: a grid, then Optuna TPE; trials on Ray"
+    )
+    search.add_argument("config_flag", nargs="?", metavar="CONFIG", help="train YAML (default: the digits CNN)")
+    search.add_argument("--config", dest="config", help="train YAML (same as the positional argument)")
+    search.add_argument("--space", type=Path, help="search space YAML (default: deploy_opt.train.search.space)")
+    search.add_argument("--trials", type=int, default=16, help="trials in all, both stages (default 16)")
+    search.add_argument("--parallel", type=int, default=1, help="trials at once (> 1 runs them as Ray tasks)")
+    search.add_argument("--address", help="a Ray cluster's address (default: a local Ray instance)")
+    search.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial on Ray (default 0)")
+    search.add_argument("--output-dir", type=Path, default=Path("reports"), help="parent of <name>-search/")
+    search.add_argument("--name", help="run name (default: the config file's name)")
+    search.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
     sub.add_parser("profiles", parents=[common], help="list the hardware presets")
     return parser

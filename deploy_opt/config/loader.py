@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any, Literal
 import yaml
 
 from dopt_common.errors import ConfigError
+
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _type_name(tp: Any) -> str:
@@ -53,6 +56,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return build_dataclass(tp, value, where)
+    if tp is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 5e-5 (no dot) as a string; people write it that way
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):  # YAML's .nan/.inf: a NaN threshold passes every comparison it meets
             raise ConfigError(f"{where}: {value} is not a finite number; give a finite value")

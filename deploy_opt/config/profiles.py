@@ -79,11 +79,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return Profile(name=path.stem, description=description.strip(), path=path, sections=raw)
 
 
-EXAMPLES = ("digits", "minilm", "train_digits")
+EXAMPLES = ("digits", "minilm", "train_digits", "train_minilm")
 
 
 def example_config(name: str) -> Path:
-    """The path of an example config shipped in ``deploy_opt.demo`` (``digits``, ``minilm``, ``train_digits``)."""
+    """The path of an example config shipped in ``deploy_opt.demo`` (one of ``EXAMPLES``)."""
     if name not in EXAMPLES:
         raise ConfigError(f"unknown example config '{name}'; available: {', '.join(EXAMPLES)} (or a path to a .yaml)")
     return Path(str(resources.files("deploy_opt.demo") / f"{name}.yaml"))

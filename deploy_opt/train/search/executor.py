@@ -1,0 +1,104 @@
+"""Where trial segments run: in this process (``--parallel 1`` without Ray), or as Ray tasks.
+
+Ray does the scheduling and placement (one CPU, or ``gpus_per_trial`` GPUs, per task; a local instance by
+default, a cluster through ``address``). The search only submits segments and collects whichever finishes first.
+On a cluster the output folder must be on storage every node sees (each trial resumes from its checkpoint there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from dopt_common.deps import require
+from dopt_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Key = Any
+
+
+class InProcessExecutor:
+    """Runs each submitted call when its result is asked for, one at a time."""
+
+    parallel = 1
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Key, Callable[..., Any], tuple[Any, ...]]] = []
+
+    def submit(self, key: Key, fn: Callable[..., Any], *args: Any) -> None:
+        self._pending.append((key, fn, args))
+
+    def busy(self) -> int:
+        return len(self._pending)
+
+    def next_result(self) -> tuple[Key, Any]:
+        """The next call's key and result, or the exception it raised."""
+        key, fn, args = self._pending.pop(0)
+        try:
+            return key, fn(*args)
+        except Exception as exc:  # noqa: BLE001  (a trial's own error ends that trial, not the search)
+            return key, exc
+
+    def close(self) -> None:
+        self._pending.clear()
+
+
+class RayExecutor:
+    """Submits each call as a Ray task and returns results in the order they finish."""
+
+    def __init__(self, parallel: int, address: str | None, gpus_per_trial: float) -> None:
+        ray = require("ray", purpose="train search with --parallel > 1 or --address", extra="search")
+        self._ray = ray
+        self.parallel = parallel
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=parallel, num_gpus=None if gpus_per_trial else 0, include_dashboard=False,
+                         log_to_driver=False)
+        resources = ray.cluster_resources()
+        log.info("Ray: %s, %g CPUs, %g GPUs", address or "local instance", resources.get("CPU", 0),
+                 resources.get("GPU", 0))
+        if gpus_per_trial and resources.get("GPU", 0) < gpus_per_trial:
+            raise ConfigError(f"--gpus-per-trial {gpus_per_trial:g} but the Ray cluster has "
+                              f"{resources.get('GPU', 0):g} GPUs; fix: pass 0, or an --address with GPUs")
+        self._options = {"num_cpus": 1, "num_gpus": gpus_per_trial, "max_retries": 0}
+        self._remote: dict[Callable[..., Any], Any] = {}
+        self._refs: dict[Any, Key] = {}
+
+    def submit(self, key: Key, fn: Callable[..., Any], *args: Any) -> None:
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = self._ray.remote(**self._options)(fn)
+        self._refs[remote.remote(*args)] = key
+
+    def busy(self) -> int:
+        return len(self._refs)
+
+    def next_result(self) -> tuple[Key, Any]:
+        """The first task to finish: its key and result, or the exception it raised."""
+        done, _ = self._ray.wait(list(self._refs), num_returns=1)
+        key = self._refs.pop(done[0])
+        try:
+            return key, self._ray.get(done[0])
+        except Exception as exc:  # noqa: BLE001  (RayTaskError wraps the trial's own error)
+            return key, getattr(exc, "cause", None) or exc
+
+    def close(self) -> None:
+        for ref in self._refs:
+            self._ray.cancel(ref, force=True)
+        self._refs.clear()
+        self._ray.shutdown()
+
+
+def make_executor(parallel: int, address: str | None, gpus_per_trial: float) -> InProcessExecutor | RayExecutor:
+    """In-process for ``--parallel 1`` without an address when Ray is absent; Ray otherwise."""
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+    if gpus_per_trial < 0:
+        raise ConfigError(f"--gpus-per-trial must be >= 0, got {gpus_per_trial}")
+    if parallel == 1 and address is None and gpus_per_trial == 0:
+        return InProcessExecutor()
+    return RayExecutor(parallel, address, gpus_per_trial)
