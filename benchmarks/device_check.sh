@@ -5,9 +5,9 @@
 #   optimizers  Int8AdamW vs torch.optim.AdamW(fused=True) training a 27M-parameter Llama on Python's own
 #               docs: optimizer state bytes per parameter, median step times (CUDA events), final loss (<= 180 s)
 #   llm         deploy_opt's GPTQ (sym, no act-order) and AWQ on CUDA: quantization time and held-out
-#               perplexity, on SmolLM2-135M when its GGUF is here, else on the model trained above   (<= 180 s)
-#   report      OUT/device_check.json and a table on stdout; the KV-cache simulation is listed as
-#               "not built yet (issue 19)"                                                          (<= 20 s)
+#               perplexity, on SmolLM2-135M when its GGUF is here, else on the model trained above, and
+#               again with lmdeploy's int8 and int4 KV cache simulated                                (<= 180 s)
+#   report      OUT/device_check.json and a table on stdout                                         (<= 20 s)
 #
 #   bash benchmarks/device_check.sh              # the GPU run
 #   bash benchmarks/device_check.sh --dry-run    # the same code on the CPU at tiny sizes, < 60 s (CI runs it)

@@ -73,12 +73,14 @@ def _group_size(model: torch.nn.Module) -> int:
     return 128 if all(w % 128 == 0 for w in widths) else 64
 
 
-def _ppl(model: torch.nn.Module, tokenizer: Any, device: torch.device, settings: dict[str, int]) -> float:
+def _ppl(model: torch.nn.Module, tokenizer: Any, device: torch.device, settings: dict[str, int],
+         kv_bits: int | None = None) -> float:
+    """Held-out perplexity; ``kv_bits`` 8 or 4 simulates lmdeploy's quantized KV cache (deploy_opt.llm.kv_cache)."""
     from deploy_opt.llm.checks import perplexity
     from deploy_opt.llm.text_data import pydoc_texts
 
     result = perplexity(OnDevice(model, device), tokenizer, pydoc_texts("evaluation"),
-                        max_seq_len=settings["eval_seq_len"], max_tokens=settings["eval_tokens"])
+                        max_seq_len=settings["eval_seq_len"], max_tokens=settings["eval_tokens"], kv_bits=kv_bits)
     return float(result["ppl"])
 
 
@@ -113,6 +115,7 @@ def run_llm(device: torch.device, model_kind: str, model_path: Path, settings_na
         seconds = time.perf_counter() - begin
         with torch.no_grad():
             ppl = _ppl(model, tokenizer, device, settings)
+            kv = {bits: _ppl(model, tokenizer, device, settings, kv_bits=bits) for bits in (8, 4)}
         errors = [r.output_error for r in result.records]
         rows.append({
             "method": method,
@@ -124,9 +127,12 @@ def run_llm(device: torch.device, model_kind: str, model_path: Path, settings_na
             "ppl_fp32": ppl_fp32,
             "ppl_w4": ppl,
             "increase": ppl / ppl_fp32 - 1,
+            "ppl_kv8": kv[8],
+            "ppl_kv4": kv[4],
             "mean_output_error": sum(errors) / len(errors),
         })
-        say(f"llm: {method} g{group}: {seconds:.1f} s, perplexity {ppl_fp32:.3f} -> {ppl:.3f}")
+        say(f"llm: {method} g{group}: {seconds:.1f} s, perplexity {ppl_fp32:.3f} -> {ppl:.3f}; with the KV cache "
+            f"simulated int8 {kv[8]:.3f}, int4 {kv[4]:.3f}")
         del model, result
     return {
         "device": str(device),

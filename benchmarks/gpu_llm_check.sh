@@ -2,7 +2,8 @@
 # The LLM GPU check, for a user's machine with an NVIDIA GPU and a package index: serve a W4A16 SmolLM2
 # checkpoint with lmdeploy through `python -m deploy_opt serve` (backend auto: deploy_opt picks the lmdeploy engine
 # that accepts the checkpoint, or refuses it with the re-quantize advice), send four OpenAI-style chat requests,
-# and print the answers and tokens/s.
+# and print the answers and tokens/s; then serve it again with the int8 KV cache (`serve --kv-cache int8`, lmdeploy's
+# --quant-policy 8) and print the same, with the GPU memory in use and the KV-cache size lmdeploy logged.
 #
 #   bash benchmarks/gpu_llm_check.sh [CHECKPOINT_DIR]
 #
@@ -75,7 +76,8 @@ echo "$command_line" | tee "$OUT/serve_command.txt"
 engine="$(sed -n 's/.*--backend \([a-z]*\).*/\1/p' <<< "$command_line")"
 log "deploy_opt routes the checkpoint to lmdeploy's ${engine:-?} engine"
 
-# 4. Serve in a new process group; the trap that kills the group is in place before the server starts.
+# 4. Serve in a new process group; the trap that kills the group is in place before the server starts. Run twice:
+#    the fp16 KV cache, then the int8 one (serve --kv-cache int8 → lmdeploy --quant-policy 8).
 SERVER_PGID=""
 stop_server() {
   if [ -n "$SERVER_PGID" ] && kill -0 -- "-$SERVER_PGID" 2> /dev/null; then
@@ -90,11 +92,13 @@ stop_server() {
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM
-log "starting: python -m deploy_opt serve $CKPT (log: $OUT/serve.log)"
+serve_and_ask() {
+KV="$1"
+log "starting: python -m deploy_opt serve $CKPT --kv-cache $KV (log: $OUT/serve-$KV.log)"
 # A background job of a non-interactive script is not a process-group leader, so setsid does not fork: the PID
 # in $! is the new session's, and its process group id.
-(cd "$REPO" && exec setsid python -m deploy_opt serve "$CKPT" --port "$PORT" --lmdeploy "$VENV/bin/lmdeploy") \
-  > "$OUT/serve.log" 2>&1 < /dev/null &
+(cd "$REPO" && exec setsid python -m deploy_opt serve "$CKPT" --port "$PORT" --kv-cache "$KV" \
+  --lmdeploy "$VENV/bin/lmdeploy") > "$OUT/serve-$KV.log" 2>&1 < /dev/null &
 SERVER_PGID=$!
 ready=0
 for _ in $(seq 1 150); do  # up to 5 minutes: lmdeploy's first start compiles kernels
@@ -103,12 +107,13 @@ for _ in $(seq 1 150); do  # up to 5 minutes: lmdeploy's first start compiles ke
   sleep 2
 done
 if [ "$ready" != 1 ]; then
-  log "the server did not come up; the end of $OUT/serve.log:"
-  tail -40 "$OUT/serve.log" >&2
+  log "the server did not come up; the end of $OUT/serve-$KV.log:"
+  tail -40 "$OUT/serve-$KV.log" >&2
   exit 1
 fi
 
 # 5. Four chat requests, one at a time.
+echo "== KV cache: $KV =="
 timeout 300 python - "$PORT" <<'PY'
 import json, sys, time, urllib.request
 port = sys.argv[1]
@@ -136,4 +141,10 @@ for prompt in prompts:
     print(f"- {prompt}\n  → {answer[:200]}\n  ({tokens} tokens, {tokens / seconds:.1f} tokens/s)")
 print(f"overall: {total_tokens} tokens in {total_s:.2f} s = {total_tokens / total_s:.1f} tokens/s (one request at a time)")
 PY
-log "done; the server's log is $OUT/serve.log"
+log "KV cache $KV: GPU memory in use $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1)"
+grep -iE "cache|block" "$OUT/serve-$KV.log" | grep -iE "token|block|memory" | tail -3 >&2 || true
+stop_server
+SERVER_PGID=""
+}
+for KV in none int8; do serve_and_ask "$KV"; done
+log "done; the servers' logs are $OUT/serve-none.log and $OUT/serve-int8.log"

@@ -1,5 +1,5 @@
 """benchmarks/device_check.sh --dry-run: the GPU machine's script runs its real code paths on the CPU, and its
-table and JSON carry every row (the optimizers, GPTQ and AWQ, and the KV-cache line that says it is not built)."""
+table and JSON carry every row (the optimizers, GPTQ and AWQ, and their perplexity with the KV cache simulated)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def test_json_has_every_section_and_row(dry_run):
     assert {("optimizers", "torch AdamW fused"), ("optimizers", "Int8AdamW"), ("optimizers", "Int8AdamW eager")} \
         <= subjects
     assert {row["subject"].split()[0] for row in summary["rows"] if row["check"] == "llm"} == {"gptq", "awq"}
-    assert ("kv-cache", "simulation") in subjects
-    assert summary["kv_cache"] == "not built yet (issue 19)"
+    assert {row["subject"] for row in summary["rows"] if row["check"] == "kv-cache"} == {
+        f"{row['subject'].split()[0]} {row['subject'].split()[1]} + KV int8/int4"
+        for row in summary["rows"] if row["check"] == "llm"}
 
 
 def test_optimizer_numbers_are_sane(dry_run):
@@ -68,6 +69,7 @@ def test_llm_rows_quantized_every_linear(dry_run):
     for row in section["rows"]:
         assert row["linears"] == 14  # 2 layers x (q, k, v, o, gate, up, down)
         assert row["ppl_w4"] > 1 and row["quantize_s"] > 0
+        assert row["ppl_kv8"] > 1 and row["ppl_kv4"] > 1 and row["ppl_kv8"] != row["ppl_w4"]
         assert row["group_size"] == 128
 
 

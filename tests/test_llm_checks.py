@@ -152,6 +152,70 @@ def test_stability_run_flags_a_repeated_token(tiny, hooked) -> None:
         assert run["top_token_share"] == 1.0
 
 
+def _repeat(out):
+    logits = torch.full_like(out, -10.0)
+    logits[..., 42] = 10.0
+    return logits
+
+
+def _varied(tiny):
+    noise = torch.Generator().manual_seed(0)
+    eos = tiny[1].eos_token_id
+
+    def varied(out):
+        logits = torch.randn(out.shape, generator=noise)
+        logits[..., eos] = -1e4
+        return logits
+
+    return varied
+
+
+@pytest.fixture
+def swap(tiny):
+    """Replace the tiny model's logits with ``fn``'s, undoing the previous replacement (FP run, then quantized)."""
+    model, _ = tiny
+    handles = []
+
+    def apply(fn):
+        while handles:
+            handles.pop().remove()
+        handles.append(model.lm_head.register_forward_hook(lambda module, args, out: fn(out)))
+
+    yield apply
+    while handles:
+        handles.pop().remove()
+
+
+def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, swap) -> None:
+    from deploy_opt.llm.stability_baseline import judge_against_baseline
+
+    swap(_repeat)
+    baseline = _stability(tiny, generations=2)
+    quantized = _stability(tiny, generations=2)  # "quantized": the same habit as the FP model
+    assert not baseline["ok"] and not quantized["ok"]  # judged alone, both would be flagged
+    judged = judge_against_baseline(baseline, quantized)
+    assert judged["ok"] and judged["flagged"] == 0 and judged["excused"] == 2 and judged["flagged_raw"] == 2
+    run = judged["runs"][0]
+    assert run["new_flags"] == [] and {"dominant_token", "repeated_ngrams"} <= set(run["excused_flags"])
+    assert run["fp_text"] == run["text"] and run["fp_flags"] == run["flags"]
+
+
+def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, swap) -> None:
+    from deploy_opt.llm.stability_baseline import judge_against_baseline
+
+    swap(_varied(tiny))
+    baseline = _stability(tiny, generations=2)
+    swap(_repeat)
+    judged = judge_against_baseline(baseline, _stability(tiny, generations=2))
+    assert not judged["ok"] and judged["flagged"] == 2 and judged["excused"] == 0
+    assert "dominant_token" in judged["runs"][0]["new_flags"] and judged["runs"][0]["fp_flags"] == []
+    # NaN is flagged even when the FP model has it too.
+    swap(lambda out: out * float("nan"))
+    nan = _stability(tiny, generations=2, max_new_tokens=8, max_seq_len=40)
+    judged = judge_against_baseline(nan, nan)
+    assert not judged["ok"] and all("non_finite_logits" in r["new_flags"] for r in judged["runs"])
+
+
 def test_stability_run_refuses_bad_settings(tiny) -> None:
     model, tokenizer = tiny
     with pytest.raises(ConfigError, match="must exceed max_new_tokens"):

@@ -39,12 +39,12 @@ def test_load_texts_txt_jsonl_and_folder(tmp_path: Path) -> None:
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "a.txt").write_text("def f():\n    return 1\n\nprint(f())\n", encoding="utf-8")
     (tmp_path / "notes.txt").write_text("Plain prose.\n", encoding="utf-8")
-    (tmp_path / "skip.md").write_text("not loaded", encoding="utf-8")
+    (tmp_path / "readme.md").write_text("Any UTF-8 file is text.", encoding="utf-8")
     _write_jsonl(tmp_path / "mixed.jsonl", [{"text": "hello", "domain": "chat"}, {"text": "no domain"}])
 
     docs = load_texts([tmp_path])
     by_source = {Path(d.source).name: d for d in docs}  # jsonl sources are "file.jsonl:line"
-    assert len(docs) == 4
+    assert len(docs) == 5 and by_source["readme.md"].domain == "readme"
     assert by_source["a.txt"].domain == "code"  # subfolder name
     assert by_source["a.txt"].text.startswith("def f()")  # a .txt file is one document
     assert by_source["notes.txt"].domain == "notes"  # file stem
@@ -75,11 +75,15 @@ def test_load_texts_bad_paths(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
     with pytest.raises(InputError, match="no text found"):
         load_texts([tmp_path / "empty.txt"])
-    (tmp_path / "data.csv").write_text("a,b\n", encoding="utf-8")
-    with pytest.raises(InputError, match="neither .txt nor .jsonl"):
-        load_texts([tmp_path / "data.csv"])
+    (tmp_path / "model.bin").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    with pytest.raises(InputError, match=r"model.bin' is a binary file, not text"):
+        load_texts([tmp_path / "model.bin"])
     (tmp_path / "sub").mkdir()
-    with pytest.raises(InputError, match="holds no .txt or .jsonl"):
+    with pytest.raises(InputError, match="holds no files"):
+        load_texts([tmp_path / "sub"])
+    (tmp_path / "sub" / "notes").write_text("real text", encoding="utf-8")
+    (tmp_path / "sub" / "weights.pt").write_bytes(b"PK\x03\x04\x00\x00")
+    with pytest.raises(InputError, match=r"weights.pt' is a binary file"):
         load_texts([tmp_path / "sub"])
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8"):
@@ -179,3 +183,15 @@ def test_stratified_samples_refuse_bad_settings(tokenizer, kwargs, error, match)
     docs = [TextDoc("s", "code", "print('hello world')\n" * 5)]
     with pytest.raises(error, match=match):
         stratified_text_samples(docs, tokenizer, **kwargs)
+
+
+def test_text_files_of_any_suffix_are_read_as_documents(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "GPL-3").write_text("GNU GENERAL PUBLIC LICENSE", encoding="utf-8")
+    (tmp_path / "corpus" / ".hidden").write_bytes(b"\x00\x01")  # hidden files are not data
+    docs = load_texts([tmp_path / "data.csv", tmp_path / "corpus"])
+    assert [(Path(d.source).name, d.domain) for d in docs] == [("data.csv", "data"), ("GPL-3", "GPL-3")]
+    licenses = Path("/usr/share/common-licenses")
+    if licenses.is_dir():  # Debian's license texts: no suffix at all
+        assert len(load_texts([licenses])) >= 5

@@ -13,7 +13,7 @@ import tiny_llama
 
 from deploy_opt.llm.config import load_llm_config
 from deploy_opt.llm.pipeline import run_quantize_llm
-from dopt_common.errors import ConfigError, InputError
+from dopt_common.errors import ConfigError, InputError, OutputError
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,32 @@ def test_torchao_int8_weight_only_runs_with_the_same_checks(tiny_folder: Path, t
     assert report["checkpoint"]["format"] == "torchao" and "serve_command" not in report
     assert report["perplexity"]["increase"] < 0.05  # int8 weight-only barely moves a model
     assert report["checkpoint"]["reload"]["max_logit_diff"] < 1e-3
+
+
+@pytest.mark.slow
+def test_default_name_kv_checks_and_another_models_folder(tiny_folder: Path, tmp_path: Path) -> None:
+    flags = {
+        "model": {"path": str(tiny_folder)},
+        "quantization": {"method": "rtn", "group_size": 32},
+        "calibration": {"samples": 16, "max_seq_len": 64},
+        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16,
+                   "kv_cache": "int8", "session_len": 1024},
+        "gate": {"max_ppl_increase": "50%"},
+    }
+    result = run_quantize_llm(load_llm_config(None, flags), tmp_path, progress=False)
+    assert result.out_dir.name == "model-rtn-g32"  # <model folder>-<method>-g<group>
+    report = result.report
+    kv = report["kv_cache"]
+    assert kv["kv_cache"] == "int8" and kv["perplexity"]["kv_bits"] == 8
+    quantized_ppl = report["perplexity"]["quantized"]["ppl"]
+    assert kv["increase_vs_quantized"] == pytest.approx(kv["perplexity"]["ppl"] / quantized_ppl - 1)
+    # head_dim 16: 16 int8 bytes plus a 4-byte scale and zero point against 32 fp16 bytes, per head and token.
+    assert kv["memory"]["session_len"] == 1024 and kv["memory"]["saved_fraction"] == pytest.approx(1 - 20 / 32)
+    assert kv["stability"]["generations"] == 2 and "fp_text" in kv["stability"]["runs"][0]
+    assert {c["name"] for c in report["gate"]["criteria"]} >= {"perplexity_kv_cache", "stability_kv_cache"}
+    assert "fp_text" in report["stability"]["runs"][0] and "excused" in report["stability"]
+    # Another model under the same name is refused, and the first run's folder is untouched.
+    other = tiny_llama.make_tiny_llama(tmp_path / "elsewhere" / "model", seed=1)
+    with pytest.raises(OutputError, match="holds a run of another model"):
+        run_quantize_llm(load_llm_config(None, {**flags, "model": {"path": str(other)}}), tmp_path, progress=False)
+    assert (result.out_dir / "quantize_report.json").is_file()

@@ -62,6 +62,28 @@ def evaluation_data(batch_size: int = 32) -> list[Item]:
     return _batches("test", batch_size)
 
 
+def train_data(batch_size: int = 32, seed: int = 0) -> Any:
+    """The training split reshuffled each epoch (seeded) and the test split, for ``train run|search``
+    (``benchmarks/unseen/train_cnn.yaml``): cross-entropy, top-1 accuracy, no ``logits`` (Sophia: Hutchinson)."""
+    import torch
+    import torch.nn.functional as F
+
+    from deploy_opt.train.data import TrainData
+
+    x, y, _ = (torch.from_numpy(a) for a in _splits()["train"])
+    tx, ty, _ = (torch.from_numpy(a) for a in _splits()["test"])
+
+    def epoch_batches(epoch: int) -> list[tuple[Any, Any]]:
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+        return [(x[idx], y[idx]) for idx in order.split(batch_size) if len(idx) == batch_size]
+
+    def accuracy(logits: Any, target: Any) -> float:
+        return float((logits.argmax(dim=1) == target).float().mean())
+
+    evaluation = [(tx[i : i + 256], ty[i : i + 256]) for i in range(0, len(tx), 256)]
+    return TrainData(epoch_batches, evaluation, F.cross_entropy, accuracy, "accuracy")
+
+
 def _block(channels: int) -> Any:
     from torch import nn
 

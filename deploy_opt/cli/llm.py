@@ -46,7 +46,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "checkpoint/ folder")  # fmt: skip
     section = (load_profile(args.profile).sections.get("serve") or {}) if args.profile else {}
     serve = build_dataclass(ServeConfig, section, "serve")
-    given = {k: getattr(args, k) for k in ("port", "tp", "backend", "session_len") if getattr(args, k) is not None}
+    keys = ("port", "tp", "backend", "session_len", "kv_cache")
+    given = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     serve = dataclasses.replace(serve, **given)
     if args.dry_run:
         print(" ".join(serve_command(args.checkpoint, serve, args.lmdeploy)))

@@ -79,6 +79,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="lmdeploy engine (auto: TurboMind if it serves the checkpoint, else the PyTorch engine)",
     )
     serve.add_argument("--session-len", type=int, help="max context length (default: lmdeploy's)")
+    serve.add_argument(
+        "--kv-cache", choices=["none", "int8", "int4"], help="quantize the KV cache (lmdeploy --quant-policy 8|4)"
+    )
     serve.add_argument("--lmdeploy", default="lmdeploy", help="the lmdeploy executable (its own venv)")
     serve.add_argument("--dry-run", action="store_true", help="print the command and exit")
 

@@ -19,6 +19,8 @@ class ServeConfig:
     backend: Literal["auto", "turbomind", "pytorch"] = "auto"
     session_len: int | None = None
     ready_timeout_s: int = 600
+    # lmdeploy's --quant-policy 8|4: the KV cache in int8 or int4 (check it first: quantize-llm --kv-cache int8)
+    kv_cache: Literal["none", "int8", "int4"] = "none"
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:

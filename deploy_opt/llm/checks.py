@@ -61,9 +61,14 @@ def perplexity(
     stride: int | None = None,
     max_tokens: int | None = 4096,
     progress: bool = False,
+    kv_bits: int | None = None,
 ) -> dict[str, Any]:
-    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32."""
+    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32.
+
+    ``kv_bits`` (8 or 4) simulates lmdeploy's quantized KV cache (``kv_cache.simulated_kv_cache``)."""
     import torch
+
+    from deploy_opt.llm.kv_cache import simulated_kv_cache
 
     _positive_int("max_seq_len", max_seq_len, 2)
     stride = max_seq_len if stride is None else _positive_int("stride", stride)
@@ -80,11 +85,11 @@ def perplexity(
 
     nll_sum, scored, windows, prev_end = 0.0, 0, 0, 0
     starts = range(0, len(ids) - 1, stride)
-    with torch.no_grad():
+    with torch.no_grad(), simulated_kv_cache(kv_bits):
         for begin in _progress(starts, progress, "perplexity"):
             end = min(begin + max_seq_len, len(ids))
             window = torch.tensor([ids[begin:end]], dtype=torch.long)
-            logits = model(input_ids=window, use_cache=False).logits[0, :-1].float()
+            logits = model(input_ids=window, use_cache=kv_bits is not None).logits[0, :-1].float()
             token_nll = -torch.log_softmax(logits, dim=-1).gather(1, window[0, 1:, None])[:, 0]
             fresh = token_nll[-min(end - prev_end, token_nll.numel()) :]
             if not torch.isfinite(fresh).all():
@@ -107,6 +112,7 @@ def perplexity(
         "max_seq_len": max_seq_len,
         "stride": stride,
         "text_tokens": len(all_ids),
+        "kv_bits": kv_bits,
     }
 
 
@@ -158,12 +164,12 @@ def repetition_stats(ids: Sequence[int]) -> dict[str, float]:
     return {"repeated_4gram_share": repeated, "top_token_share": top}
 
 
-def _all_finite(model: Any, sequence: list[int], generated_logits: Sequence[Any]) -> bool:
+def _all_finite(model: Any, sequence: list[int], generated_logits: Sequence[Any], cache: bool = False) -> bool:
     """Finite logits over the whole sequence in one forward pass, and in every step generate() took."""
     import torch
 
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([sequence], dtype=torch.long), use_cache=False).logits
+        logits = model(input_ids=torch.tensor([sequence], dtype=torch.long), use_cache=cache).logits
     return bool(torch.isfinite(logits).all()) and all(bool(torch.isfinite(s).all()) for s in generated_logits)
 
 
@@ -206,9 +212,13 @@ def stability_run(
     filler: str | None = None,
     chat: bool | None = None,
     progress: bool = False,
+    kv_bits: int | None = None,
 ) -> dict[str, Any]:
     """Greedy and sampled generations; flags NaN/Inf logits and degenerate repetition. The last one fills the
-    context with real text (``filler``, default pydoc calibration text) so positions up to max_seq_len run."""
+    context with real text (``filler``, default pydoc calibration text) so positions up to max_seq_len run.
+    ``kv_bits`` (8 or 4) runs it all with lmdeploy's quantized KV cache simulated."""
+    from deploy_opt.llm.kv_cache import simulated_kv_cache
+
     _positive_int("generations", generations)
     _positive_int("max_new_tokens", max_new_tokens)
     if _positive_int("max_seq_len", max_seq_len) <= max_new_tokens:
@@ -234,12 +244,15 @@ def stability_run(
         ids = ids[-budget:]
         config = _generation_config(model, tokenizer, max_new_tokens, sampled)
         start = time.perf_counter()
-        new, step_logits, error = _generate_one(model, ids, config, seed + i)
+        with simulated_kv_cache(kv_bits):
+            new, step_logits, error = _generate_one(model, ids, config, seed + i)
         seconds = time.perf_counter() - start
         sequence = ids + new
         if long:  # check every position up to max_seq_len, even when generation stopped early at EOS
             sequence = sequence + filler_ids[: max(0, max_seq_len - len(sequence))]
-        flags, stats = _judge(new, config.eos_token_id, _all_finite(model, sequence, step_logits), error)
+        with simulated_kv_cache(kv_bits):
+            finite = _all_finite(model, sequence, step_logits, cache=kv_bits is not None)
+        flags, stats = _judge(new, config.eos_token_id, finite, error)
         runs.append(
             {
                 "prompt": text,
@@ -262,6 +275,7 @@ def stability_run(
         "flagged": flagged,
         "max_seq_len": max_seq_len,
         "longest_sequence": max(r["positions"] for r in runs),
+        "kv_bits": kv_bits,
         "warnings": warnings,
         "runs": runs,
     }

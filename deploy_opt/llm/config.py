@@ -42,6 +42,9 @@ class LLMQuantConfig:
     desc_act: bool = False  # act-order GPTQ quantizes, but no lmdeploy engine serves it
     symmetric: bool = True
     keep: tuple[str, ...] = ("embed_tokens", "lm_head")
+    # lmdeploy: a Hugging Face folder lmdeploy serves; gguf: checkpoint/model.gguf for llama.cpp and Ollama
+    # (group 32, Q4_0 for symmetric codes, Q4_1 for asymmetric; needs a GGUF source model)
+    format: Literal["lmdeploy", "gguf"] = "lmdeploy"
 
     def __post_init__(self) -> None:
         if self.bits != 4 and not self.method.startswith("torchao"):
@@ -49,6 +52,13 @@ class LLMQuantConfig:
         group = self.group_size
         if group != "auto" and group != -1 and (group < 8 or group & (group - 1)):
             raise ConfigError(f"quantization.group_size {group}: use auto, a power of two >= 8, or -1")
+        if self.format == "gguf" and (self.method.startswith("torchao") or self.desc_act
+                                      or group not in ("auto", 32)):
+            raise ConfigError(
+                "quantization.format gguf stores blocks of 32 consecutive weights: use method auto, gptq, awq or "
+                f"rtn with group_size 32 (or auto) and no act-order, got {self.method}, group {group}, desc_act "
+                f"{self.desc_act}"
+            )
         if self.method == "auto" and self.desc_act:
             raise ConfigError(
                 "quantization.desc_act true with method auto: auto writes only what lmdeploy serves, and no engine "
@@ -81,6 +91,14 @@ class LLMChecksConfig:
     eval_seq_len: int = 512  # perplexity window: 512 on the last 4,096 tokens, the reference definition
     generations: int = 8
     max_new_tokens: int = 48
+    # int8|int4: also measure perplexity and the stability run with lmdeploy's KV-cache quantization simulated, and
+    # the KV memory saved at session_len tokens; the serve command then carries --quant-policy
+    kv_cache: Literal["none", "int8", "int4"] = "none"
+    session_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.session_len < 1:
+            raise ConfigError(f"checks.session_len {self.session_len}: give the tokens per session, e.g. 4096")
 
 
 @dataclass(frozen=True)
@@ -94,7 +112,7 @@ class LLMGateConfig:
 class LLMConfig:
     """A whole ``quantize-llm`` run."""
 
-    name: str = "smollm2-w4a16"
+    name: str | None = None  # None: <model>-<method>[-g<group>], e.g. smollm2-awq-g64
     seed: int = 0
     model: LLMModelConfig = field(default_factory=LLMModelConfig)
     quantization: LLMQuantConfig = field(default_factory=LLMQuantConfig)

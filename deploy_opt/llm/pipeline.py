@@ -5,18 +5,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy_opt import __version__
+from deploy_opt.config.serve import ServeConfig
 from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
 from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate
 from deploy_opt.report.record import versions
-from dopt_common.errors import ConfigError, InputError
+from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.files import ensure_writable_dir, write_json
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
@@ -35,64 +37,119 @@ class LLMResult:
     gate: GateResult
 
 
+@dataclass(frozen=True)
+class LoadedLLM:
+    """The model, its tokenizer, the resolved scheme and the texts: everything decided before any long step."""
+
+    source: Path
+    model: Any
+    tokenizer: Any
+    scheme: QuantScheme
+    evaluation_docs: list[TextDoc]
+    selection: Any  # text_data.TextSelection
+
+
 def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True) -> LLMResult:
     """Quantize, check and gate one LLM; everything lands in ``output_root/<name>/`` (checkpoint/ inside)."""
-    out_dir = ensure_writable_dir(output_root) / config.name
     import torch
-
-    with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
-        report, gate = _run(config, stage, out_dir, progress)
-    return LLMResult(out_dir, report, gate)
-
-
-def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple[dict[str, Any], GateResult]:
-
-    from deploy_opt.llm.checks import perplexity, stability_run
-    from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
-    from deploy_opt.llm.text_data import stratified_text_samples
 
     seed_everything(config.seed)
     times = Timings()
-    cal, quant, checks = config.calibration, config.quantization, config.checks
-
     with times.stage("load"):
-        source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
-        model, tokenizer = load_model_folder(source)
-        scheme = _plan(quant, model)  # method/group 'auto' resolved; a group that cannot work fails here
-        calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
-        evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
-        _refuse_overlap(calibration_docs, evaluation_docs)
-        selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
-        for warning in selection.warnings:
-            log.warning("calibration text: %s", warning)
+        loaded = load_llm(config)
+    name = config.name or default_run_name(config.model.path, loaded.scheme)
+    out_dir = ensure_writable_dir(output_root) / name
+    refuse_other_model(out_dir, loaded.source)
+    with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
+        report, gate = _run(config, name, loaded, times, stage, out_dir, progress)
+    return LLMResult(out_dir, report, gate)
 
+
+def load_llm(config: LLMConfig) -> LoadedLLM:
+    """Load the model and texts and resolve ``auto`` (a group that cannot work fails here, before any long step)."""
+    from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
+    from deploy_opt.llm.text_data import stratified_text_samples
+
+    cal, checks = config.calibration, config.checks
+    source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
+    model, tokenizer = load_model_folder(source)
+    scheme = _plan(config.quantization, model)
+    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
+    _refuse_overlap(calibration_docs, evaluation_docs)
+    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+    for warning in selection.warnings:
+        log.warning("calibration text: %s", warning)
+    return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection)
+
+
+def default_run_name(model_path: str, scheme: QuantScheme) -> str:
+    """``<model>-<method>[-g<group>]``: smollm2-awq-g64, llama-gptq-g128, llama-torchao-int8-wo."""
+    model = "smollm2" if model_path == "smollm2" else Path(model_path.rstrip("/")).name
+    model = Path(model).stem if model.endswith(".gguf") else model
+    grouped = scheme.method in ("gptq", "awq", "rtn", "torchao-int4-wo")
+    group = f"-g{scheme.group_size}" if grouped and scheme.group_size > 0 else ""
+    return f"{model}-{scheme.method}{group}"
+
+
+def refuse_other_model(out_dir: Path, source: Path) -> None:
+    """A run folder holds one model: replacing another model's run needs a --name of its own."""
+    import json
+
+    report = out_dir / "quantize_report.json"
+    if not report.is_file():
+        return
+    try:
+        previous = json.loads(report.read_text(encoding="utf-8"))["model"]["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a readable report of ours: publishing replaces it whole, as any run folder
+    if Path(previous).resolve() != source.resolve():
+        raise OutputError(
+            f"'{out_dir}' holds a run of another model ({previous}); fix: pass --name for this one, or delete it"
+        )
+
+
+def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path,
+         progress: bool) -> tuple[dict[str, Any], GateResult]:
+    from deploy_opt.llm.checks import perplexity, stability_run
+    from deploy_opt.llm.stability_baseline import judge_against_baseline
+
+    cal, checks = config.calibration, config.checks
+    model, tokenizer, scheme = loaded.model, loaded.tokenizer, loaded.scheme
+    evaluation_docs, selection, source = loaded.evaluation_docs, loaded.selection, loaded.source
+
+    stability_kwargs = {"generations": checks.generations, "max_new_tokens": checks.max_new_tokens,
+                        "max_seq_len": cal.max_seq_len, "seed": config.seed, "progress": progress}
     with times.stage("perplexity_original"):
         ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
         original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
+        baseline = stability_run(model, tokenizer, pydoc_texts("prompts"), **stability_kwargs)
 
     with times.stage("quantize"):
         checkpoint = stage / "checkpoint"
-        engine, fmt = _quantize(config, scheme, model, tokenizer, selection.tensors(), checkpoint, progress)
+        engine, fmt = _quantize(config, scheme, model, tokenizer, selection.tensors(), checkpoint, progress, source)
 
     with times.stage("checks"):
         quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
-        stability = stability_run(
-            model,
-            tokenizer,
-            pydoc_texts("prompts"),
-            generations=checks.generations,
-            max_new_tokens=checks.max_new_tokens,
-            max_seq_len=cal.max_seq_len,
-            seed=config.seed,
-            progress=progress,
+        stability = judge_against_baseline(
+            baseline, stability_run(model, tokenizer, pydoc_texts("prompts"), **stability_kwargs)
         )
 
+    kv = None
+    if checks.kv_cache != "none":
+        from deploy_opt.llm.kv_report import kv_checks
+
+        with times.stage("kv_cache"):
+            kv = kv_checks(model, tokenizer, checks.kv_cache, checks.session_len, evaluation_docs,
+                           pydoc_texts("prompts"), ppl_kwargs, stability_kwargs, quantized, baseline)
+        kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
+
     with times.stage("reload"):
-        reload = _check_reload(model, tokenizer, checkpoint, fmt)
+        reload = engine["gguf"]["read_back"] if fmt == "gguf" else _check_reload(model, tokenizer, checkpoint, fmt)
 
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
-        "name": config.name,
+        "name": name,
         "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
         "method": scheme.method,
         "scheme": scheme.to_json(),
@@ -108,13 +165,19 @@ def _run(config: LLMConfig, stage: Path, out_dir: Path, progress: bool) -> tuple
             else list(checks.eval_texts),
         },
         "stability": stability,
+        "kv_cache": kv,
         "timings_s": times.seconds,
         "config": config.to_dict(),
         "seed": config.seed,
         "versions": _versions(),
     }
+    if fmt == "gguf":
+        report["serve"] = _gguf_serve_record(out_dir / "checkpoint" / engine["gguf"]["file"], engine["gguf"])
     if fmt in ("gptq", "awq"):
-        report["serve"] = _serve_record(checkpoint, out_dir / "checkpoint", config)
+        serve = config.serve
+        if serve.kv_cache == "none" and checks.kv_cache != "none":  # serve what was checked
+            serve = dataclasses.replace(serve, kv_cache=checks.kv_cache)
+        report["serve"] = _serve_record(checkpoint, out_dir / "checkpoint", serve)
         if report["serve"]["servable"]:
             report["serve_command"] = report["serve"]["command"]
     limit = config.gate.max_ppl_increase
@@ -138,7 +201,8 @@ def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
 
 
 def _quantize(
-    config: LLMConfig, scheme: QuantScheme, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool
+    config: LLMConfig, scheme: QuantScheme, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool,
+    source: Path,
 ) -> tuple[dict[str, Any], str]:
     """Run the resolved method and write its checkpoint; (the report's quantization section, format)."""
     quant = config.quantization
@@ -162,17 +226,40 @@ def _quantize(
         keep=quant.keep,
         progress=progress,
     )
+    if quant.format == "gguf":
+        return _write_gguf(model, result, source, checkpoint), "gguf"
     fmt = "awq" if scheme.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
     write_quantized_checkpoint(model, result.weights, checkpoint, fmt=fmt, tokenizer=tokenizer)
     return result.as_dict(), fmt
 
 
-def _serve_record(checkpoint: Path, published: Path, config: LLMConfig) -> dict[str, Any]:
+def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path) -> dict[str, Any]:
+    """checkpoint/model.gguf; the model then holds what the file reads back as (the checks measure the file)."""
+    from deploy_opt.llm.gguf_export import GGUF_NAME, export_gguf, load_read_back, match_gguf_weights
+
+    match_gguf_weights(model, dict(result.weights))
+    record, names, arch = export_gguf(model, dict(result.weights), source, checkpoint)
+    load_read_back(model, checkpoint / GGUF_NAME, names, arch)
+    return {**result.as_dict(), "gguf": record}
+
+
+def _gguf_serve_record(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """lmdeploy does not read GGUF: how llama.cpp and Ollama serve the file instead."""
+    return {
+        "servable": False,
+        "reason": "a GGUF file is served by llama.cpp or Ollama, not lmdeploy",
+        "llama_cpp_command": ["llama-server", "-m", str(path), "--port", "8080"],
+        "ollama_modelfile": f"FROM {path}",
+        "llama_cpp_check": record["llama_cpp"],
+    }
+
+
+def _serve_record(checkpoint: Path, published: Path, serve: ServeConfig) -> dict[str, Any]:
     """How ``serve`` will run the checkpoint once published, or why lmdeploy 0.18 would refuse it."""
     from deploy_opt.llm.serve import serve_command
 
     try:
-        command = serve_command(checkpoint, config.serve)
+        command = serve_command(checkpoint, serve)
     except ConfigError as exc:
         reason = str(exc).replace(str(checkpoint.resolve()), str(published)).replace(str(checkpoint), str(published))
         log.warning("serve will refuse this checkpoint: %s", reason)

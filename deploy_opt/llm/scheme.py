@@ -24,6 +24,7 @@ from dopt_common.errors import ConfigError
 log = logging.getLogger(__name__)
 AUTO_GROUP_SIZES = (128, 64, 32)  # largest first; 128 is the only group TurboMind serves
 TURBOMIND_GROUP_SIZE = 128
+GGUF_GROUP_SIZE = 32  # ggml's Q4_0/Q4_1/Q8_0 block
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ def auto_group_size(in_features: Mapping[str, int]) -> tuple[int, str]:
 def resolve_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int]) -> QuantScheme:
     """The scheme to quantize with, given the configured one and each target Linear's in_features."""
     requested = {"method": quant.method, "group_size": quant.group_size, "desc_act": quant.desc_act}
+    if quant.format == "gguf":
+        return _gguf_scheme(quant, in_features, requested)
     if quant.group_size == "auto":
         group, why = auto_group_size(in_features)
         group_reason = f"group_size auto: {why}"
@@ -101,3 +104,20 @@ def resolve_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int]) -> Qua
         f"and the PyTorch engine has no GPTQ; {group_reason}"
     )
     return QuantScheme("awq", group, False, False, reason, requested)
+
+
+def _gguf_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int], requested: Mapping[str, Any]) -> QuantScheme:
+    """GGUF: group 32 always (ggml's block); auto is symmetric GPTQ (Q4_0), AWQ's codes become Q4_1."""
+    blocker = _blocker(in_features, GGUF_GROUP_SIZE)
+    if blocker is not None:
+        raise ConfigError(f"--format gguf: ggml's blocks of 32 do not divide {blocker[0]} (in_features "
+                          f"{blocker[1]}); fix: use the lmdeploy format")
+    if quant.method == "auto":
+        method, symmetric = "gptq", quant.symmetric
+        how = "method auto: gptq, no act-order"
+    else:
+        method, symmetric = quant.method, quant.symmetric and quant.method != "awq"
+        how = f"method {method} as configured"
+    block = "Q4_0 (symmetric codes)" if symmetric else "Q4_1 (asymmetric codes)"
+    reason = f"format gguf: group 32 (ggml's block); {how} → {block}"
+    return QuantScheme(method, GGUF_GROUP_SIZE, False, symmetric, reason, requested)

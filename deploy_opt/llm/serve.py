@@ -98,6 +98,10 @@ def serve_command(checkpoint: Path, serve: ServeConfig, lmdeploy: str = "lmdeplo
     ]
     if serve.session_len:
         command += ["--session-len", str(serve.session_len)]
+    if serve.kv_cache != "none":
+        from deploy_opt.llm.kv_cache import check_engine_policy
+
+        command += ["--quant-policy", str(check_engine_policy(serve.kv_cache, backend))]
     return command
 
 

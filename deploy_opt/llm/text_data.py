@@ -30,7 +30,7 @@ DOC_SEPARATOR = "\n\n"
 EVALUATION_MIN_CHARS = 32_000
 MAX_SAMPLES = 100_000
 RECOMMENDED_SAMPLES = (500, 1000)
-TEXT_SUFFIXES = (".txt", ".jsonl")
+BINARY_PROBE_BYTES = 8192  # a NUL byte in the first 8 KiB: a binary file (git's and grep's rule)
 
 # Coarse groups of pydoc topics, following the chapters of the language reference; unknown topics are "other".
 _TOPIC_GROUPS = {
@@ -113,14 +113,19 @@ class TextSelection:
 
 
 def _read_text(path: Path) -> str:
+    """A file's text as UTF-8, whatever its suffix; a binary file (a NUL byte) or another encoding is refused."""
     try:
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read text file '{path}': {exc.strerror}") from exc
+    if b"\x00" in data[:BINARY_PROBE_BYTES]:
+        raise InputError(f"'{path}' is a binary file, not text; fix: give UTF-8 text files (any suffix) or .jsonl")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(
             f"text file '{path}' is not UTF-8 ({exc.reason} at byte {exc.start}); fix: re-save it as UTF-8"
         ) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read text file '{path}': {exc.strerror}") from exc
 
 
 def _load_jsonl(path: Path, default_domain: str) -> list[TextDoc]:
@@ -146,24 +151,30 @@ def _load_jsonl(path: Path, default_domain: str) -> list[TextDoc]:
 def _load_file(path: Path, default_domain: str) -> list[TextDoc]:
     if path.suffix == ".jsonl":
         return _load_jsonl(path, default_domain)
-    if path.suffix == ".txt":
-        # A .txt file is one document: calibration wants long contiguous context, and windows are cut later.
-        text = _read_text(path)
-        return [TextDoc(str(path), default_domain, text)] if text.strip() else []
-    raise InputError(f"'{path}' is neither .txt nor .jsonl; fix: give .txt files, .jsonl files or a folder of them")
+    # Any other file is one document of UTF-8 text, whatever its suffix (Debian's license texts have none):
+    # calibration wants long contiguous context, and windows are cut later.
+    text = _read_text(path)
+    return [TextDoc(str(path), default_domain, text)] if text.strip() else []
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """Every file under ``path``, hidden files and folders (``.git``, ``.DS_Store``) left out."""
+    files = (p for p in path.rglob("*") if p.is_file())
+    return sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(path).parts))
 
 
 def load_texts(paths: Sequence[str | Path]) -> list[TextDoc]:
-    """Documents from .txt files (one each), .jsonl files (field "text", optional "domain") or folders of them."""
+    """Documents from UTF-8 text files of any suffix (one each), .jsonl files (field "text", optional "domain") or
+    folders of them; a binary file is refused, naming it."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     docs: list[TextDoc] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+            files = _folder_files(path)
             if not files:
-                raise InputError(f"folder '{path}' holds no .txt or .jsonl files; fix: point to the text data")
+                raise InputError(f"folder '{path}' holds no files; fix: point to the text data")
             for file in files:
                 # Files in a subfolder take the subfolder's name as domain (data/code/a.txt → "code").
                 parts = file.relative_to(path).parts
@@ -171,10 +182,10 @@ def load_texts(paths: Sequence[str | Path]) -> list[TextDoc]:
         elif path.is_file():
             docs.extend(_load_file(path, path.stem))
         else:
-            raise InputError(f"text data '{path}' does not exist; fix: give an existing .txt/.jsonl file or folder")
+            raise InputError(f"text data '{path}' does not exist; fix: give an existing text file or folder")
     if not docs:
         shown = ", ".join(str(p) for p in paths) or "(no paths)"
-        raise InputError(f"no text found in {shown}; fix: give non-empty .txt or .jsonl files")
+        raise InputError(f"no text found in {shown}; fix: give non-empty text or .jsonl files")
     log.info("loaded %d documents from %d paths", len(docs), len(paths))
     return docs
 

@@ -6,6 +6,7 @@ be judged (missing file or field).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -111,7 +112,19 @@ def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateRes
         flagged = int(stability.get("flagged", 0))
         total = stability.get("generations", "?")
         text = f"stability run: {flagged} of {total} generations flagged (NaN/Inf logits, repetition)"
+        if "baseline" in stability:
+            text += f" that the FP model does not show ({stability.get('excused', 0)} excused: the FP model does too)"
         criteria.append(Criterion("stability", flagged, 0, bool(stability["ok"]), text))
+    kv = report.get("kv_cache") or {}
+    if kv:
+        limit = parse_increase(max_increase)
+        criterion = ppl_gate(before, float(kv["perplexity"]["ppl"]), limit)
+        criteria.append(dataclasses.replace(criterion, name="perplexity_kv_cache",
+                                            text=f"{criterion.text} with the {kv['kv_cache']} KV cache"))
+        judged = kv["stability"]
+        criteria.append(Criterion("stability_kv_cache", judged["flagged"], 0, bool(judged["ok"]),
+                                  f"stability run with the {kv['kv_cache']} KV cache: {judged['flagged']} of "
+                                  f"{judged['generations']} generations flagged that the FP model does not show"))
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
 
 

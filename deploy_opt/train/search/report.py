@@ -92,6 +92,9 @@ def plot_curves(summary: dict[str, Any], path: Path) -> Path:
         value = "n/a" if default["eval_loss"] is None else f"{default['eval_loss']:.4g}"
         ax.plot(steps, losses, color="black", linestyle="--", linewidth=1.6, label=f"default #{default['number']} "
                 f"({value})")
+    lowest = min((v for line in ax.get_lines() for v in line.get_ydata()), default=0.0)
+    if lowest > 0:
+        ax.set_yscale("log")  # losses span decades; the ends, where trials differ, stay readable
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (smoothed)")
     ax.set_title(f"{summary['name']}: best {len(ranked)} trials against the default (eval_loss in brackets)")

@@ -1,0 +1,205 @@
+"""``quantize-llm --format gguf``: the W4 codes as a GGUF file llama.cpp and Ollama load, verified by reading it back.
+
+- **Type, chosen to match the weights** (group 32, no act-order): symmetric 4-bit codes (zero point 8) are ``Q4_0``,
+  asymmetric ones ``Q4_1`` (``m = -zero * scale``); ``Q8_0`` is the 8-bit symmetric type (no method here writes
+  8-bit codes yet).
+- **The in-memory model is the file's model:** before the checks run, each quantized Linear is set to exactly what
+  its GGUF blocks decode to (fp16 ``d`` and ``m``), so the perplexity and stability measured are the file's.
+- **Metadata and the other tensors** (embeddings, norms) come from the source GGUF byte for byte
+  (``exporters.gguf.write_gguf``): GGUF export needs a GGUF source, such as the default SmolLM2.
+- **Read back** with the gguf package's own dequantizer and compared with the in-memory weights (q/k rows put back
+  from llama.cpp's rotary order); then, if ``llama-cpp-python`` is installed, llama.cpp loads the file and answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from calibrators.groupwise.rtn import QuantizedWeight
+from dopt_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GGUF_GROUP = 32
+PERMUTED_ARCHS = ("llama",)  # llama.cpp permutes q/k rows for these (convert_hf_to_gguf.py LlamaModel)
+GGUF_NAME = "model.gguf"
+
+
+def gguf_type(weight: QuantizedWeight) -> str:
+    """Q4_0 or Q4_1 for these codes; ConfigError naming what GGUF cannot hold."""
+    if weight.group_size != GGUF_GROUP or weight.act_order:
+        raise ConfigError(
+            f"GGUF blocks are 32 consecutive weights: the codes have group {weight.group_size}"
+            f"{' with act-order' if weight.act_order else ''}; fix: --group-size 32 --no-desc-act"
+        )
+    if weight.bits != 4:
+        raise ConfigError(f"GGUF export writes 4-bit codes here, got {weight.bits}-bit")
+    return "Q4_0" if weight.sym and bool((weight.zeros == 8).all()) else "Q4_1"
+
+
+def block_params(weight: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(codes [out, in] uint8, d [out, blocks] fp16, m [out, blocks] fp16 or zeros, type)."""
+    qtype = gguf_type(weight)
+    codes = weight.qweight.to(torch.uint8).cpu().numpy()
+    d = weight.scales.t().contiguous().cpu().numpy().astype(np.float16)
+    m = (-(weight.zeros.float() * weight.scales.float())).t().contiguous().cpu().numpy().astype(np.float16)
+    return codes, d, (m if qtype == "Q4_1" else np.zeros_like(d)), qtype
+
+
+def decoded_weight(weight: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight [out, in] that the GGUF blocks of these codes decode to (fp16 ``d`` and ``m``)."""
+    codes, d, m, qtype = block_params(weight)
+    q = codes.astype(np.float32).reshape(codes.shape[0], -1, GGUF_GROUP)
+    d32, m32 = d.astype(np.float32)[..., None], m.astype(np.float32)[..., None]
+    values = (q - 8.0) * d32 if qtype == "Q4_0" else q * d32 + m32
+    return torch.from_numpy(values.reshape(codes.shape))
+
+
+def match_gguf_weights(model: torch.nn.Module, weights: dict[str, QuantizedWeight]) -> None:
+    """Set each quantized Linear of ``model`` to exactly its GGUF decoding (checked before any long step)."""
+    for name, weight in weights.items():
+        module = model.get_submodule(name.removesuffix(".weight"))
+        module.weight.data.copy_(decoded_weight(weight))
+
+
+def export_gguf(model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path,
+                out_dir: Path) -> tuple[dict[str, Any], dict[str, str], str]:
+    """Write ``out_dir/model.gguf`` from the source GGUF and the codes, read it back; (report, HF → GGUF names,
+    architecture)."""
+    from exporters.gguf import pack_q4_0, pack_q4_1, permute_qk, read_gguf, write_gguf
+
+    if source.suffix != ".gguf":
+        raise ConfigError(
+            f"--format gguf copies the tokenizer and architecture metadata of a GGUF source model, and '{source}' "
+            "is a Hugging Face folder; fix: start from a .gguf (convert the folder with llama.cpp's "
+            "convert_hf_to_gguf.py) or use the default lmdeploy format"
+        )
+    arch, names = _gguf_names(source, weights)
+    heads = _head_counts(model)
+    floats, float_names = changed_floats(model, source, set(weights), arch, heads)
+    packed: dict[str, Any] = dict(floats)
+    for hf_name, weight in weights.items():
+        codes, d, m, qtype = block_params(weight)
+        gguf_name = names[hf_name]
+        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            n_head = heads[0] if "attn_q" in gguf_name else heads[1]
+            codes, d, m = (permute_qk(a, n_head) for a in (codes, d, m))
+        packed[gguf_name] = pack_q4_0(codes, d) if qtype == "Q4_0" else pack_q4_1(codes, d, m)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / GGUF_NAME
+    written = write_gguf(source, path, packed)
+    check = verify_read_back(model, path, {**names, **float_names}, arch, heads, read_gguf(path))
+    log.info("wrote %s (%.1f MB, %s): read back %s", path.name, written["bytes"] / 1e6, ", ".join(written["types"]),
+             "exactly" if check["exact"] else f"with max |diff| {check['max_abs_diff']:.3g}")
+    return {"file": GGUF_NAME, **written, "read_back": check, "llama_cpp": llama_cpp_check(path)}, names, arch
+
+
+def _gguf_names(source: Path, weights: dict[str, QuantizedWeight]) -> tuple[str, dict[str, str]]:
+    """The architecture and each quantized Linear's GGUF tensor name (gguf's own HF → GGUF name map)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    blocks = int(reader.fields[f"{arch}.block_count"].contents())
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    if arch not in by_name:
+        raise ConfigError(f"GGUF architecture {arch!r} is unknown to the gguf package; fix: update gguf")
+    table = gguf.get_tensor_name_map(by_name[arch], blocks)
+    names = {}
+    for hf_name in weights:
+        mapped = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ConfigError(f"no GGUF tensor name for {hf_name} in a {arch} model; fix: use the lmdeploy format")
+        names[hf_name] = mapped if mapped.endswith(".weight") else mapped + ".weight"
+    return arch, names
+
+
+def changed_floats(model: torch.nn.Module, source: Path, quantized: set[str], arch: str,
+                   heads: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The model's other tensors that differ from the source GGUF's (AWQ folds its scales into the norms), as F32
+    arrays in GGUF row order by GGUF name; and every other mapped tensor's name, for the read-back check."""
+    import gguf
+
+    from exporters.gguf import permute_qk, read_gguf
+
+    stored = read_gguf(source)
+    table = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], len(stored))
+    changed, names = {}, {}
+    for name, tensor in model.state_dict().items():
+        module = name.removesuffix(".weight").removesuffix(".bias")
+        if module in quantized:
+            continue
+        mapped = table.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None or mapped not in stored:
+            continue  # e.g. a tied lm_head: the file has token_embd only
+        names[module + ".weight" if name.endswith(".weight") else name] = mapped
+        values = tensor.detach().float().cpu().numpy()
+        if arch in PERMUTED_ARCHS and mapped.endswith(("attn_q.weight", "attn_k.weight")):
+            values = permute_qk(values, heads[0] if "attn_q" in mapped else heads[1])
+        if not np.array_equal(stored[mapped].reshape(values.shape), values):
+            changed[mapped] = values
+    if changed:
+        log.info("%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32",
+                 len(changed))
+    return changed, names
+
+
+def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
+    config = model.config
+    heads = int(config.num_attention_heads)
+    return heads, int(getattr(config, "num_key_value_heads", None) or heads)
+
+
+def verify_read_back(model: torch.nn.Module, path: Path, names: dict[str, str], arch: str,
+                     heads: tuple[int, int], tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Compare every tensor of the file, dequantized by the gguf package, with the in-memory model's weight."""
+    from exporters.gguf import unpermute_qk
+
+    worst, inexact = 0.0, []
+    params = dict(model.named_parameters())
+    for hf_name, gguf_name in names.items():
+        key = hf_name if hf_name in params else hf_name.removesuffix(".weight") + ".weight"
+        live = params[key].detach().float().cpu().numpy()
+        values = tensors[gguf_name].reshape(live.shape)
+        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            values = unpermute_qk(values, heads[0] if "attn_q" in gguf_name else heads[1])
+        diff = float(np.abs(values - live).max())
+        worst = max(worst, diff)
+        if diff:
+            inexact.append(hf_name)
+    return {"tensors_checked": len(names), "exact": not inexact, "max_abs_diff": worst,
+            "inexact": inexact[:10], "reader": "gguf.quants.dequantize"}
+
+
+def load_read_back(model: torch.nn.Module, path: Path, names: dict[str, str], arch: str) -> None:
+    """Put the file's dequantized Linears into ``model`` (for perplexity on what was read back)."""
+    from exporters.gguf import read_gguf, unpermute_qk
+
+    tensors, heads = read_gguf(path), _head_counts(model)
+    for hf_name, gguf_name in names.items():
+        module = model.get_submodule(hf_name.removesuffix(".weight"))
+        values = tensors[gguf_name].reshape(module.weight.shape)
+        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            values = unpermute_qk(values, heads[0] if "attn_q" in gguf_name else heads[1])
+        module.weight.data.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+
+
+def llama_cpp_check(path: Path, prompt: str = "The capital of France is") -> dict[str, Any]:
+    """Load the file with llama.cpp (llama-cpp-python) and complete a prompt; says so when it is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return {"loaded": False, "reason": "llama-cpp-python is not installed (pip install llama-cpp-python builds "
+                                           "llama.cpp from source)"}
+    try:
+        llm = Llama(model_path=str(path), n_ctx=256, verbose=False, n_threads=2)
+        text = llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    except (ValueError, RuntimeError) as exc:
+        return {"loaded": False, "reason": f"llama.cpp refused the file: {exc}"}
+    log.info("llama.cpp loads %s and completes %r with %r", path.name, prompt, text)
+    return {"loaded": True, "prompt": prompt, "completion": text}

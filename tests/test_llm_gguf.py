@@ -1,0 +1,120 @@
+"""``quantize-llm --format gguf``: ggml's block packing against the gguf package's own dequantizer, llama.cpp's q/k
+row order against transformers', and the whole export on a tiny GGUF Llama: it reads back exactly, reloads as the
+same model, and llama.cpp loads it when llama-cpp-python is installed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+import gguf  # noqa: E402
+import tiny_llama  # noqa: E402
+
+from deploy_opt.llm.config import load_llm_config  # noqa: E402
+from deploy_opt.llm.pipeline import run_quantize_llm  # noqa: E402
+from dopt_common.errors import ConfigError  # noqa: E402
+from exporters.gguf import pack_q4_0, pack_q4_1, pack_q8_0, permute_qk, tensor_types, unpermute_qk  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def _dequantize(packed) -> np.ndarray:
+    qtype = getattr(gguf.GGMLQuantizationType, packed.qtype)
+    return np.asarray(gguf.quants.dequantize(packed.data, qtype), dtype=np.float32)
+
+
+def test_q4_0_q4_1_and_q8_0_blocks_decode_as_ggml_defines_them() -> None:
+    codes = RNG.integers(0, 16, size=(6, 64))
+    d = RNG.uniform(0.01, 0.1, size=(6, 2)).astype(np.float16)
+    m = RNG.uniform(-0.5, 0.5, size=(6, 2)).astype(np.float16)
+    per_value = np.repeat(d.astype(np.float32), 32, axis=1)
+    assert np.array_equal(_dequantize(pack_q4_0(codes, d)), (codes - 8) * per_value)
+    expected = codes * per_value + np.repeat(m.astype(np.float32), 32, axis=1)
+    assert np.array_equal(_dequantize(pack_q4_1(codes, d, m)), expected.astype(np.float32))
+    signed = RNG.integers(-127, 128, size=(6, 64))
+    assert np.array_equal(_dequantize(pack_q8_0(signed, d)), signed * per_value)
+    assert pack_q4_0(codes, d).data.shape == (6, 2 * 18) and pack_q4_1(codes, d, m).data.shape == (6, 2 * 20)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        pack_q4_0(codes[:, :48], d)
+
+
+def test_qk_rows_follow_llama_cpp_and_transformers_reads_them_back() -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rows = RNG.normal(size=(48, 5)).astype(np.float32)
+    permuted = permute_qk(rows, 4)
+    assert not np.array_equal(permuted, rows) and np.array_equal(unpermute_qk(permuted, 4), rows)
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 4})
+    assert np.array_equal(processor._reverse_permute_weights(permuted, 4, 4), rows)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama.make_tiny_llama_gguf(tmp_path_factory.mktemp("tiny_gguf") / "tiny.gguf")
+
+
+def _config(source: Path, method: str = "auto", **quant):
+    return load_llm_config(None, {
+        "model": {"path": str(source)},
+        "quantization": {"method": method, "format": "gguf", **quant},
+        "calibration": {"samples": 32, "max_seq_len": 64},
+        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16},
+        "gate": {"max_ppl_increase": "50%"},
+    })
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "qtype"), [("auto", "Q4_0"), ("awq", "Q4_1")])
+def test_gguf_export_reads_back_exactly_and_reloads_as_the_same_model(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch, method: str, qtype: str
+) -> None:
+    monkeypatch.setenv("DEPLOY_OPT_CACHE", str(tmp_path / "cache"))
+    result = run_quantize_llm(_config(tiny_gguf, method), tmp_path / "reports", progress=False)
+    report = json.loads((result.out_dir / "quantize_report.json").read_text())
+    assert result.out_dir.name == f"tiny-{'gptq' if method == 'auto' else 'awq'}-g32"
+    record = report["quantization"]["gguf"]
+    assert report["checkpoint"]["format"] == "gguf" and record["types"] == [qtype]
+    assert record["read_back"]["exact"] and record["read_back"]["max_abs_diff"] == 0.0
+    assert record["read_back"]["tensors_checked"] == 21  # every tensor of the file, not only the 14 quantized
+    # AWQ folds its scales into the RMSNorms before the Linears: those go in as F32, the rest as the source had them.
+    assert (record["replaced_f32"] > 0) == (method == "awq") and record["replaced"] == 14
+    path = result.out_dir / "checkpoint" / "model.gguf"
+    types = tensor_types(path)
+    assert types["blk.0.attn_q.weight"] == qtype and types["blk.0.attn_norm.weight"] == "F32"
+    assert types["token_embd.weight"] == "F32"  # not quantized: copied from the source as it was
+    # transformers reads the written file back as the model the checks measured.
+    from deploy_opt.llm.checks import perplexity
+    from deploy_opt.llm.gguf_model import load_model_folder
+    from deploy_opt.llm.text_data import pydoc_texts
+
+    reloaded, tokenizer = load_model_folder(path)
+    again = perplexity(reloaded, tokenizer, pydoc_texts("evaluation"), max_seq_len=64, max_tokens=256)
+    assert again["ppl"] == pytest.approx(report["perplexity"]["quantized"]["ppl"], rel=1e-5)
+    assert report["serve"]["servable"] is False and report["serve"]["llama_cpp_command"][0] == "llama-server"
+    llama = record["llama_cpp"]
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        assert llama == {"loaded": False, "reason": llama["reason"]} and "not installed" in llama["reason"]
+    else:
+        assert llama["loaded"], llama
+
+
+def test_gguf_settings_that_cannot_work_are_refused_up_front(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="blocks of 32"):
+        load_llm_config(None, {"quantization": {"format": "gguf", "group_size": 64}})
+    with pytest.raises(ConfigError, match="blocks of 32"):
+        load_llm_config(None, {"quantization": {"format": "gguf", "method": "torchao-int8-wo"}})
+
+
+@pytest.mark.slow
+def test_gguf_from_a_hugging_face_folder_names_the_fix(tmp_path: Path) -> None:
+    folder = tiny_llama.make_tiny_llama(tmp_path / "hf")
+    with pytest.raises(ConfigError, match="convert_hf_to_gguf.py"):
+        run_quantize_llm(_config(folder), tmp_path / "reports", progress=False)
