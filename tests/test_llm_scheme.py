@@ -81,3 +81,30 @@ def test_auto_resolves_to_what_lmdeploy_serves(
 def test_auto_refuses_a_model_no_auto_group_divides() -> None:
     with pytest.raises(ConfigError, match=r"none of 128, 64, 32 divides q \(in_features 48\).*--group-size"):
         resolve_scheme(LLMQuantConfig(), {"q": 48})
+
+
+def test_default_run_name_comes_from_the_model_and_method() -> None:
+    from deploy_opt.llm.pipeline import default_run_name
+    from deploy_opt.llm.scheme import QuantScheme
+
+    def scheme(method: str, group: int) -> QuantScheme:
+        return QuantScheme(method, group, False, True, "", {})
+
+    assert default_run_name("smollm2", scheme("awq", 64)) == "smollm2-awq-g64"
+    assert default_run_name("/models/Llama-3.2-1B/", scheme("gptq", 128)) == "Llama-3.2-1B-gptq-g128"
+    assert default_run_name("weights/tiny.Q8_0.gguf", scheme("rtn", 32)) == "tiny.Q8_0-rtn-g32"
+    assert default_run_name("/m/llama", scheme("torchao-int8-wo", 128)) == "llama-torchao-int8-wo"
+
+
+def test_gguf_format_fixes_group_32_and_picks_the_block_type() -> None:
+    from deploy_opt.llm.config import LLMQuantConfig
+    from deploy_opt.llm.scheme import resolve_scheme
+
+    widths = {"q_proj": 576, "down_proj": 1536}
+    auto = resolve_scheme(LLMQuantConfig(format="gguf"), widths)
+    assert (auto.method, auto.group_size, auto.symmetric, auto.desc_act) == ("gptq", 32, True, False)
+    assert "Q4_0" in auto.reason
+    awq = resolve_scheme(LLMQuantConfig(format="gguf", method="awq"), widths)
+    assert (awq.method, awq.symmetric) == ("awq", False) and "Q4_1" in awq.reason
+    with pytest.raises(ConfigError, match="blocks of 32 do not divide"):
+        resolve_scheme(LLMQuantConfig(format="gguf"), {"odd": 48})

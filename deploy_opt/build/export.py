@@ -17,6 +17,7 @@ from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
 from exporters.onnx.io import default_opset, save_onnx
+from exporters.onnx.module_names import module_paths, record_module_paths
 from exporters.onnx.normalize import (
     constants_to_initializers,
     fold_weight_chains,
@@ -101,6 +102,7 @@ def prepare_fp32(
             external_data_mb=config.export.external_data_mb,
         )
         info.update(source=config.model.factory, exporter=config.export.exporter, opset=config.export.resolved_opset)
+    modules = module_paths(onnx.load(str(raw), load_external_data=False))  # the simplifier drops node metadata
     if config.export.simplify:
         info["simplifier"] = simplify_onnx(raw, out, config.export.external_data_mb)
     else:
@@ -110,7 +112,9 @@ def prepare_fp32(
         leftover.unlink()
     proto = check_onnx(out)
     changes = {"biases_unshared": unshare_biases(proto), "dimensions_named": name_dimensions(proto)}
-    if any(changes.values()):
+    if modules:  # model.onnx carries its node → module map, for the sensitivity report and report.html
+        record_module_paths(proto, modules)
+    if any(changes.values()) or modules:
         save_onnx(proto, out, config.export.external_data_mb)
         info.update({k: v for k, v in changes.items() if v})
     inputs = input_specs_from_onnx(proto)
@@ -120,6 +124,9 @@ def prepare_fp32(
         inputs = config.model.inputs
     info["opset"] = default_opset(proto)
     info["nodes"] = len(proto.graph.node)
+    kept = {n.name for n in proto.graph.node}
+    # ONNX node name → the PyTorch module it came from (dynamo's name scopes, or TorchScript-style node names).
+    info["module_names"] = {name: path for name, path in modules.items() if name in kept}
     if torch_model is not None:
         parity = check_parity(
             torch_runner(torch_model, [s.name for s in inputs]),

@@ -44,6 +44,7 @@ def _commands() -> dict[str, Callable]:
         "build": build.cmd_build,
         "sensitivity": build.cmd_sensitivity,
         "gate": report.cmd_gate,
+        "report": report.cmd_report,
         "align": analysis.cmd_align,
         "scales": analysis.cmd_scales,
         "compat": analysis.cmd_compat,

@@ -57,6 +57,11 @@ def make_parser() -> argparse.ArgumentParser:
         "--max-ppl-increase", help="for a quantize_report.json: largest perplexity increase, e.g. 5%% (default: its)"
     )
 
+    rep = sub.add_parser(
+        "report", parents=[common], help="(re)write report.html of a build, LLM, train or search folder"
+    )
+    rep.add_argument("folder", type=Path, help="the run's output folder, e.g. reports/digits-mlp")
+
     qllm = sub.add_parser(
         "quantize-llm", parents=[common], help="W4A16 GPTQ/AWQ/RTN (or torchao) with perplexity and stability checks"
     )

@@ -33,3 +33,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(result, args.junit, build.get("name", "build"))
     return 0 if result.passed else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from deploy_opt.report.pages import write_report_page
+
+    print(write_report_page(args.folder))
+    return 0

@@ -184,6 +184,9 @@ def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage:
     gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
     report["gate"] = gate.to_json()
     write_json(stage / "quantize_report.json", report)
+    from deploy_opt.report.run_pages import write_llm_page
+
+    write_llm_page(stage)
     return report, gate
 
 

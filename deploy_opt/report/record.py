@@ -218,3 +218,6 @@ def write_reports(stage: Path, build: dict[str, Any]) -> None:
     build["artifacts"] = artifacts(stage)
     write_json(stage / "build.json", build)
     write_text(stage / "summary.md", render_summary(build))
+    from deploy_opt.report.build_page import write_build_page
+
+    write_build_page(stage)  # report.html: one self-contained page from the files above

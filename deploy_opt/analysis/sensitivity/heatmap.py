@@ -43,6 +43,12 @@ def shorten(name: str, width: int = LABEL_CHARS) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
+def _label(node: Mapping[str, Any]) -> str:
+    """The PyTorch module beside the ONNX name when the export recorded it, else the ONNX name."""
+    name = str(node.get("name", "?"))
+    return f"{node['module']} · {name}" if node.get("module") else name
+
+
 def sig2(value: float) -> str:
     """A value to two significant digits (whole numbers from 100 up)."""
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2g}"
@@ -70,7 +76,7 @@ def write_heatmap(result: Mapping[str, Any], path: Path) -> Path:
 
     nodes = graph_order(result)
     data, count = cell_matrix(nodes), len(nodes)
-    labels = [f"{shorten(str(n.get('name', '?')))} ({n.get('op_type', '?')})" for n in nodes]
+    labels = [f"{shorten(_label(n))} ({n.get('op_type', '?')})" for n in nodes]
     metric = str((result.get("metric") or {}).get("name", "metric"))
     panels = 1 if count <= SPLIT_ABOVE else math.ceil(count / PANEL_ROWS)
     per = max(1, math.ceil(count / panels))
@@ -217,9 +223,11 @@ def _row(node: Mapping[str, Any]) -> str:
     size = float(np.prod(dims)) if dims and None not in dims else None
     share = number(node.get("mac_share"))
     name, op = html.escape(str(node.get("name", "?"))), html.escape(str(node.get("op_type", "?")))
+    module = html.escape(str(node.get("module") or ""))
     cells = [
         _cell(number(node.get("rank")), "g"),
         f'<td class="s n" data-v="{name}">{name}</td>',
+        f'<td class="s n" data-v="{module}">{module or "–"}</td>',
         f'<td class="s" data-v="{op}">{op}</td>',
         _cell(size, text="×".join(f"{d:g}" for d in dims if d is not None)),
         _cell(None if share is None else share * 100, ".2f"),
@@ -236,6 +244,7 @@ def _row(node: Mapping[str, Any]) -> str:
 _HEADERS = (
     ("rank", "num", "rank"),
     ("node", "str", "name"),
+    ("PyTorch module", "str", "module"),
     ("op", "str", "op_type"),
     ("weight shape", "num", "weight_shape"),
     ("share of MACs (%)", "num", "mac_share"),

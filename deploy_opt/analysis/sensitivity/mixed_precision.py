@@ -29,6 +29,7 @@ from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig
 from dopt_common.files import write_json
 from dopt_common.ort import create_session
+from exporters.onnx.module_names import module_paths
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,9 @@ def run_sensitivity(
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
     analysis = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
     record = {"model": config.name, **analysis}  # a new record: the analysis itself is never mutated
+    modules = module_paths(onnx.load(str(fp32_path), load_external_data=False))
+    if modules:  # the PyTorch module beside each ONNX name, where the exporter recorded it
+        record["nodes"] = [{**n, "module": modules.get(str(n.get("name")), "")} for n in record.get("nodes") or []]
     write_json(stage / "sensitivity.json", record)
     write_heatmap(record, stage / "sensitivity.png")
     write_html(record, stage / "sensitivity.png", stage / "sensitivity.html")

@@ -54,6 +54,7 @@ def write_report(folder: Path, summary: dict[str, Any], base: dict[str, Any], th
     if best is not None:
         paths["best"] = write_best(folder / "best.yaml", base, best, threads)
     paths["html"] = write_html(folder / "search.html", summary, paths["curves"])
+    paths["report"] = write_html(folder / "report.html", summary, paths["curves"])  # every run folder has one
     return paths
 
 

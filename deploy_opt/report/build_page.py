@@ -1,0 +1,157 @@
+"""``report.html`` of a build folder: the verdict first, then why, from build.json and the files beside it.
+
+Sections: the gate; accuracy and latency FP32 against INT8 per batch size; the auto-mode search as drop against
+speedup with the shipped point marked; the per-layer table (op, PyTorch module, weight shape, bytes before and
+after, share of weights, precision shipped, measured or predicted drop); the sensitivity heatmap and its table; the
+calibration histograms and what each guard decided; the compat summary per target; the cross-backend comparison;
+the config snapshot, versions and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from deploy_opt.report import page
+from deploy_opt.report.layers import layer_rows
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "report.html"
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _gate(build: dict[str, Any]) -> str:
+    gate = build.get("gate") or {}
+    criteria = gate.get("criteria") or []
+    metrics = build.get("metrics") or {}
+    batches = (build.get("benchmark") or {}).get("batches") or {}
+    speed = ", ".join(f"{b}: {v.get('speedup', 0):.2f}x" for b, v in batches.items() if v.get("speedup"))
+    headline = (f"{metrics.get('name', 'metric')} FP32 {page.fmt(metrics.get('ort_fp32'))} → INT8 "
+                f"{page.fmt(metrics.get('ort_int8'))} (drop {page.fmt(metrics.get('drop'), '.3g')} points); "
+                f"INT8 speedup by batch {speed or 'not measured'}")
+    reasons = "; ".join(c.get("text", "") for c in criteria)
+    box = page.verdict(gate.get("passed") if criteria else None, f"{headline}. {reasons}" if reasons else headline)
+    auto = (build.get("auto") or {}).get("verdict")
+    qat = build.get("qat") or {}
+    notes = [("auto mode", auto), ("QAT", qat.get("why")), ("targets", "; ".join(
+        f"{k}: {v}" for k, v in (build.get("targets") or {}).items()))]
+    return box + page.key_values(notes)
+
+
+def _accuracy_latency(build: dict[str, Any]) -> str:
+    metrics = build.get("metrics") or {}
+    keys = [k for k in ("torch_fp32", "ort_fp32_original", "ort_fp32", "ort_int8", "tensorrt") if k in metrics]
+    accuracy = page.bar_chart(f"{metrics.get('name', 'metric')} on the evaluation set", [k for k in keys],
+                              {"value": [metrics.get(k) for k in keys]}, "")
+    batches = (build.get("benchmark") or {}).get("batches") or {}
+    names = sorted({k for v in batches.values() for k, r in v.items() if isinstance(r, dict) and "median_ms" in r})
+    latency = page.bar_chart("median latency per batch (ms, lower is better)", [f"batch {b}" for b in batches],
+                             {n: [(batches[b].get(n) or {}).get("median_ms") for b in batches] for n in names}, "ms")
+    return f'<div class="grid"><div>{accuracy}</div><div>{latency}</div></div>'
+
+
+def _auto_search(build: dict[str, Any]) -> str:
+    auto = build.get("auto") or {}
+    trials = auto.get("trials") or []
+    chosen = (auto.get("chosen") or {}).get("label") or auto.get("verdict", "").split(":")[0]
+    points = [(float(t.get("speedup") or float("nan")), float(t["drop"]) if t.get("drop") is not None
+               else float("nan"), t.get("label", "?"), t.get("label") == chosen) for t in trials]
+    chart = page.scatter_chart("auto-mode trials: metric drop against INT8 speedup (red: shipped)", points,
+                               f"speedup at batch {auto.get('latency_batch', '?')} (x FP32)", "drop (points)")
+    rows = [(t.get("label"), t.get("step"), t.get("drop"), t.get("predicted_drop"), t.get("speedup"),
+             t.get("quantized_nodes"), t.get("seconds")) for t in trials]
+    shipped = [i for i, t in enumerate(trials) if t.get("label") == chosen]
+    table = page.table(("trial", "step", "drop", "predicted drop", "speedup", "INT8 nodes", "seconds"), rows,
+                       text_columns=(0, 1), highlight=shipped)
+    return chart + table
+
+
+def _calibration(build: dict[str, Any], folder: Path) -> str:
+    quant = build.get("quantization") or {}
+    rows = []
+    for name, tensor in (quant.get("tensors") or {}).items():
+        observed = tensor.get("observed") or [None, None]
+        chosen = tensor.get("range") or [None, None]
+        rows.append((name, tensor.get("method"), observed[0], observed[1], chosen[0], chosen[1],
+                     tensor.get("guard") or tensor.get("decision") or ""))
+    table = page.table(("tensor", "method", "observed min", "observed max", "range min", "range max", "guard"),
+                       rows, text_columns=(0, 1, 6))
+    return page.image(folder / "calibration.png", "calibration histograms") + table
+
+
+def _compat(folder: Path) -> str:
+    parts = []
+    for name in ("compat.json", "compat.int8.json"):
+        data = _load(folder / name)
+        if not data:
+            continue
+        rows = [(target, v.get("ok"), v.get("fallback"), v.get("fail")) for target, v in
+                (data.get("summary") or {}).items()]
+        flagged = [(f.get("name") or f.get("node"), f.get("op_type"), f.get("target"), f.get("why") or f.get("reason"))
+                   if isinstance(f, dict) else (str(f), "", "", "") for f in (data.get("flagged") or [])][:50]
+        parts.append(f"<h3>{page.esc(name)}</h3>" + page.table(("target", "ok", "fallback", "fail"), rows) +
+                     page.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3)))
+    return "".join(parts)
+
+
+def _comparison(folder: Path, modules: dict[str, str]) -> str:
+    data = _load(folder / "compare.json")
+    if not data:
+        return ""
+    layers = [layer for layer in data.get("layers") or [] if layer.get("quant_sqnr_db") is not None][:40]
+    names = [f"{modules.get(str(layer.get('node')), layer.get('node'))}: {layer.get('name')}" for layer in layers]
+    chart = page.bar_chart("per-tensor quantization SQNR, INT8 against FP32 (dB, higher is better)", names,
+                           {"SQNR": [layer.get("quant_sqnr_db") for layer in layers]}, "dB")
+    rows = []
+    for backend, record in (data.get("backends") or {}).items():
+        for output, numbers in (record.get("outputs") or {}).items():
+            rows.append((backend, output, numbers.get("cosine"), numbers.get("sqnr_db"), numbers.get("max_abs"),
+                         numbers.get("top1_agreement"), "pass" if record.get("pass") else "fail"))
+        if not record.get("outputs"):
+            rows.append((backend, "", None, None, None, None, record.get("status", "")))
+    table = page.table(("backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"), rows,
+                       text_columns=(0, 1, 6))
+    first = data.get("first_divergence")
+    note = page.verdict(data.get("verdict") == "pass", f"comparison {data.get('verdict')}; first divergence: "
+                        f"{first if first else 'none'}")
+    return note + table + chart
+
+
+def _snapshot(build: dict[str, Any]) -> str:
+    versions = page.key_values(list((build.get("versions") or {}).items()))
+    config = json.dumps(build.get("config") or {}, indent=1)
+    return (page.key_values([("seed", build.get("seed")), ("created", build.get("created")),
+                             ("profile", (build.get("profile") or {}).get("name"))])
+            + versions + f"<pre>{page.esc(config)}</pre>")
+
+
+def write_build_page(folder: Path) -> Path:
+    """Write ``folder/report.html`` from the build's own files; returns its path."""
+    build = _load(folder / "build.json")
+    if build is None:
+        raise FileNotFoundError(folder / "build.json")
+    sensitivity = folder / "sensitivity.html"
+    body = "".join([
+        f"<h1>{page.esc(build.get('name', folder.name))}: build report</h1>",
+        f'<p class="muted">{page.esc(build.get("description", ""))}</p>',
+        _gate(build),
+        page.section("Accuracy and latency: FP32 against INT8", _accuracy_latency(build)),
+        page.section("Auto-mode search", _auto_search(build), "each trial's measured drop and speedup"),
+        page.section("Per layer", layer_rows(folder, build),
+                     "module paths come from the exporter's name scopes; bytes are the weight's, before and after"),
+        page.section("Sensitivity", page.image(folder / "sensitivity.png", "sensitivity heatmap") + (
+            f'<p><a href="{sensitivity.name}">sortable per-node sensitivity table</a></p>'
+            if sensitivity.is_file() else "")),
+        page.section("Calibration", _calibration(build, folder)),
+        page.section("Compatibility per target", _compat(folder)),
+        page.section("Cross-backend comparison", _comparison(folder, (build.get("export") or {}).get("module_names")
+                                                              or {})),
+        page.section("Run snapshot: seed, versions, config", _snapshot(build)),
+    ])
+    return page.write_page(folder / REPORT_NAME, f"{build.get('name', folder.name)} build report", body)

@@ -1,0 +1,41 @@
+"""``python -m deploy_opt report DIR``: (re)write ``DIR/report.html`` from the JSON a run left there.
+
+The kind is read from the folder: ``build.json`` (a build), ``quantize_report.json`` (an LLM run),
+``train_log.jsonl`` (a training run) or ``search.json`` (a search, whose page is its ``search.html``, copied).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from dopt_common.errors import InputError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("build.json", "quantize_report.json", "train_log.jsonl", "search.json")
+
+
+def write_report_page(folder: str | Path) -> Path:
+    """The page for whatever run ``folder`` holds; InputError naming the files looked for when it holds none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"'{folder}' is not a folder; pass a build, quantize-llm, train or search output folder")
+    if (folder / "build.json").is_file():
+        from deploy_opt.report.build_page import write_build_page
+
+        return write_build_page(folder)
+    if (folder / "quantize_report.json").is_file():
+        from deploy_opt.report.run_pages import write_llm_page
+
+        return write_llm_page(folder)
+    if (folder / "train_log.jsonl").is_file():
+        from deploy_opt.report.run_pages import write_train_page
+
+        return write_train_page(folder)
+    if (folder / "search.json").is_file() and (folder / "search.html").is_file():
+        target = folder / "report.html"
+        shutil.copyfile(folder / "search.html", target)
+        return target
+    raise InputError(f"'{folder}' holds none of {', '.join(KINDS)}; fix: pass the folder a run wrote")

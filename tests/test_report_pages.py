@@ -1,0 +1,116 @@
+"""``report.html``: one self-contained page per build, LLM run, training run and search, rendered in headless
+Chromium (the Debian package) with the network cut off and zero console errors; module paths in a torch build.
+
+Chromium is skipped where it is not installed, except where ``DEPLOY_OPT_REQUIRE_CHROMIUM=1`` (``.ci/run`` installs
+it and sets that, so CI never skips these)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import tiny_cnn_config
+
+from deploy_opt.report.pages import write_report_page
+from dopt_common.errors import InputError
+
+MAX_PAGE_BYTES = 5 * 1024 * 1024
+TINY = Path(__file__).parent / "tiny_torch.py"
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("DEPLOY_OPT_REQUIRE_CHROMIUM") == "1":
+        pytest.fail("DEPLOY_OPT_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
+    pytest.skip("needs chromium (Debian: apt-get install chromium)")
+
+
+def render(page: Path, shot: Path) -> list[str]:
+    """Screenshot ``page`` offline; returns the console messages Chromium logged."""
+    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--window-size=1280,900", f"--screenshot={shot}", "--enable-logging=stderr", "--v=0",
+               "--host-resolver-rules=MAP * ~NOTFOUND", "--no-first-run", page.resolve().as_uri()]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 5_000, done.stderr[-2000:]
+    return [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def check_page(page: Path, tmp_path: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    assert page.stat().st_size <= MAX_PAGE_BYTES
+    assert not re.search(r'(src|href)="(https?:)?//', text), "the page must not load anything from the network"
+    assert render(page, tmp_path / f"{page.parent.name}.png") == []
+    return text
+
+
+@pytest.fixture(scope="module")
+def torch_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.config.profiles import load_build_config
+
+    tmp = tmp_path_factory.mktemp("torch_build")
+    config_path = tiny_cnn_config(tmp, f"{TINY}:calibration", f"{TINY}:evaluation")
+    config, profile = load_build_config(config_path, "ci", ["sensitivity.enabled=true", "sensitivity.mode=exhaustive"])
+    return run_build(config, profile, tmp / "reports", progress=False).out_dir
+
+
+def test_a_torch_build_page_names_modules_and_renders_offline(torch_build: Path, tmp_path: Path) -> None:
+    page = torch_build / "report.html"
+    assert page.is_file()  # every build writes one
+    text = check_page(page, tmp_path)
+    build = json.loads((torch_build / "build.json").read_text())
+    modules = build["export"]["module_names"]
+    assert modules and all(path for path in modules.values())
+    for heading in ("Accuracy and latency", "Per layer", "Sensitivity", "Calibration", "Run snapshot"):
+        assert heading in text
+    some = next(iter(modules.values()))
+    assert some in text  # the per-layer table shows the PyTorch module beside the ONNX node
+    sensitivity = json.loads((torch_build / "sensitivity.json").read_text())
+    assert any(n.get("module") for n in sensitivity["nodes"])
+    assert "PyTorch module" in (torch_build / "sensitivity.html").read_text()
+
+
+def test_report_command_regenerates_the_page(torch_build: Path) -> None:
+    (torch_build / "report.html").unlink()
+    assert write_report_page(torch_build) == torch_build / "report.html"
+    with pytest.raises(InputError, match="holds none of build.json"):
+        write_report_page(torch_build / "..")
+
+
+def test_training_and_search_pages_render(tmp_path: Path) -> None:
+    from deploy_opt.config.profiles import example_config
+    from deploy_opt.train.config import load_train_config
+    from deploy_opt.train.loop import train
+
+    config = load_train_config(example_config("train_digits"), ["epochs=1"])
+    result = train(config, tmp_path / "run", progress=False)
+    text = check_page(Path(result.output_dir) / "report.html", tmp_path)
+    assert "training loss" in text and "gradient norm" in text and "SGD with momentum" in text
+
+
+@pytest.mark.slow
+def test_llm_page_renders_with_both_generations(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import tiny_llama
+
+    from deploy_opt.llm.config import load_llm_config
+    from deploy_opt.llm.pipeline import run_quantize_llm
+
+    folder = tiny_llama.make_tiny_llama(tmp_path / "tiny")
+    config = load_llm_config(None, {
+        "model": {"path": str(folder)}, "quantization": {"method": "rtn", "group_size": 32},
+        "calibration": {"samples": 16, "max_seq_len": 64},
+        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16,
+                   "kv_cache": "int8", "session_len": 512},
+        "gate": {"max_ppl_increase": "50%"}})
+    result = run_quantize_llm(config, tmp_path / "reports", progress=False)
+    text = check_page(result.out_dir / "report.html", tmp_path)
+    assert "FP generation" in text and "quantized generation" in text and "KV cache" in text
