@@ -114,3 +114,19 @@ def test_llm_page_renders_with_both_generations(tmp_path: Path) -> None:
     result = run_quantize_llm(config, tmp_path / "reports", progress=False)
     text = check_page(result.out_dir / "report.html", tmp_path)
     assert "FP generation" in text and "quantized generation" in text and "KV cache" in text
+
+
+def test_fallback_patterns_may_name_pytorch_modules(torch_build: Path) -> None:
+    import onnx
+
+    from deploy_opt.analysis.sensitivity.fallback import match_patterns
+    from exporters.onnx.module_names import module_paths
+
+    model = onnx.load(str(torch_build / "model.onnx"), load_external_data=False)
+    modules = module_paths(model)  # model.onnx carries the map even though the simplifier dropped node metadata
+    names = [n.name for n in model.graph.node]
+    node, module = next((n, m) for n, m in modules.items() if n in names)
+    assert node in match_patterns([module], names, modules)
+    assert node in match_patterns([module[:-1] + "?"], names, modules)  # a glob on the module path
+    with pytest.raises(Exception, match="matches no quantizable node or module"):
+        match_patterns(["no.such.module"], names, modules)

@@ -24,16 +24,18 @@ log = logging.getLogger(__name__)
 HEAD_PASSTHROUGH = {"Identity", "Reshape", "Flatten", "Softmax", "LogSoftmax", "Sigmoid", "Squeeze", "Unsqueeze"}
 
 
-def match_patterns(patterns: Iterable[str], names: list[str]) -> list[str]:
-    """Node names matched by each pattern (exact or glob); a pattern matching nothing is an error."""
+def match_patterns(patterns: Iterable[str], names: list[str], modules: dict[str, str] | None = None) -> list[str]:
+    """Node names matched by each pattern (exact or glob) on the ONNX name or on the node's PyTorch module path
+    (``encoder.layer.*.output.dense``); a pattern matching nothing is an error."""
+    modules = modules or {}
     chosen: list[str] = []
     for pattern in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(modules.get(n, ""), pattern)]
         if not hits:
             close = ", ".join(sorted(names, key=lambda n: -_overlap(n, pattern))[:3])
             raise ConfigError(
-                f"quantization.fallback pattern '{pattern}' matches no quantizable node; e.g. {close} "
-                "(see sensitivity.json for every name)"
+                f"quantization.fallback pattern '{pattern}' matches no quantizable node or module; e.g. {close} "
+                "(see sensitivity.json or report.html for every name)"
             )
         chosen += [h for h in hits if h not in chosen]
     return chosen

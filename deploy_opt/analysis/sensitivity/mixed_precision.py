@@ -43,7 +43,8 @@ def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:
     if quant.keep_head:
         chosen += [n for n in head_nodes(model, quant.op_types) if n not in chosen]
     if not isinstance(quant.fallback, str):
-        chosen += [n for n in match_patterns(quant.fallback, names) if n not in chosen]
+        modules = module_paths(model)  # patterns may name PyTorch modules as well as ONNX nodes
+        chosen += [n for n in match_patterns(quant.fallback, names, modules) if n not in chosen]
     if "tensorrt" in config.deploy.targets:
         chosen += [n for n in activation_matmuls(model) if n not in chosen and n in names]
     return tuple(chosen)
