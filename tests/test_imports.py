@@ -39,6 +39,7 @@ TORCH_ONLY = (
     "exporters.lmdeploy",
     "deploy_opt.llm.quantize_engine",
     "deploy_opt.llm.torchao_path",
+    "deploy_opt.llm.gguf_export",
     "deploy_opt.train",
     "deploy_opt.demo",
     "deploy_opt.analysis.onnx_torch",
