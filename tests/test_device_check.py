@@ -78,5 +78,5 @@ def test_table_prints_every_row(dry_run):
     table = done.stdout
     assert table == (out / "table.txt").read_text(encoding="utf-8")
     for text in ("torch AdamW fused", "Int8AdamW eager", "gptq g128", "awq g128", "kv-cache",
-                 "not built yet (issue 19)", "B/param", "perplexity"):
+                 "+ KV int8/int4", "(int8)", "(int4)", "B/param", "perplexity"):
         assert text in table, text
