@@ -29,7 +29,8 @@ def _from_metadata(node: onnx.NodeProto) -> str | None:
                 scopes = ast.literal_eval(prop.value)
             except (ValueError, SyntaxError):
                 return None
-            modules = [s for s in scopes[:-1] if s] if isinstance(scopes, list) else []
+            # "_empty_nn_module_stack_from_metadata_hook" and similar are the exporter's placeholders, not modules
+            modules = [s for s in scopes[:-1] if s and not s.startswith("_")] if isinstance(scopes, list) else []
             return modules[-1] if modules else None
     return None
 
