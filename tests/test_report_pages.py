@@ -130,3 +130,31 @@ def test_fallback_patterns_may_name_pytorch_modules(torch_build: Path) -> None:
     assert node in match_patterns([module[:-1] + "?"], names, modules)  # a glob on the module path
     with pytest.raises(Exception, match="matches no quantizable node or module"):
         match_patterns(["no.such.module"], names, modules)
+
+
+def test_module_paths_from_scopes_names_and_parameters() -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from exporters.onnx.module_names import MODEL_KEY, module_paths, record_module_paths
+
+    weight = numpy_helper.from_array(np.zeros((4, 4), np.float32), "val_7")
+    bias = numpy_helper.from_array(np.zeros(4, np.float32), "encoder.layer.0.query.bias")
+    fused = helper.make_node("Gemm", ["x", "val_7", "encoder.layer.0.query.bias"], ["y"], name="Gemm_1")
+    scoped = helper.make_node("Relu", ["y"], ["z"], name="node_relu")
+    scoped.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'encoder', 'encoder.act', 'relu']")
+    placeholder = helper.make_node("Relu", ["z"], ["w"], name="node_shape")
+    placeholder.metadata_props.add(key="pkg.torch.onnx.name_scopes",
+                                   value="['', '_empty_nn_module_stack_from_metadata_hook', 'shape']")
+    torchscript = helper.make_node("Relu", ["w"], ["out"], name="/pooler/dense/Relu")
+    graph = helper.make_graph([fused, scoped, placeholder, torchscript], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])], [weight, bias])
+    model = helper.make_model(graph)
+    found = module_paths(model)
+    assert found == {"Gemm_1": "encoder.layer.0.query", "node_relu": "encoder.act", "/pooler/dense/Relu": "pooler.dense"}
+    record_module_paths(model, {**found, "gone": "x"})  # only nodes the model has are stored
+    model.graph.node[1].ClearField("metadata_props")  # as a simplifier leaves it
+    assert module_paths(model) == found and MODEL_KEY in {p.key for p in model.metadata_props}
+    assert "gone" not in module_paths(onnx.load_from_string(model.SerializeToString()))

@@ -112,6 +112,8 @@ def prepare_fp32(
         leftover.unlink()
     proto = check_onnx(out)
     changes = {"biases_unshared": unshare_biases(proto), "dimensions_named": name_dimensions(proto)}
+    # Surviving nodes keep the export's scopes; nodes the simplifier made are named from their parameters.
+    modules = {**module_paths(proto), **{k: v for k, v in modules.items() if k in {n.name for n in proto.graph.node}}}
     if modules:  # model.onnx carries its node → module map, for the sensitivity report and report.html
         record_module_paths(proto, modules)
     if any(changes.values()) or modules:
@@ -124,9 +126,8 @@ def prepare_fp32(
         inputs = config.model.inputs
     info["opset"] = default_opset(proto)
     info["nodes"] = len(proto.graph.node)
-    kept = {n.name for n in proto.graph.node}
-    # ONNX node name → the PyTorch module it came from (dynamo's name scopes, or TorchScript-style node names).
-    info["module_names"] = {name: path for name, path in modules.items() if name in kept}
+    # ONNX node name → the PyTorch module it came from (name scopes, TorchScript-style names, parameter names).
+    info["module_names"] = modules
     if torch_model is not None:
         parity = check_parity(
             torch_runner(torch_model, [s.name for s in inputs]),

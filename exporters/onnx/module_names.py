@@ -1,5 +1,7 @@
 """Which PyTorch module each ONNX node came from, read from the names and metadata the exporters record.
 
+- a node whose inputs include a parameter (``encoder.layer.0.attention.self.query.bias``) belongs to that module,
+  which names the Gemm a simplifier fused from a MatMul and an Add;
 - torch's dynamo exporter stores ``pkg.torch.onnx.name_scopes`` on each node: the module path of every scope from
   the root down, then the op (``['', 'encoder', 'encoder.layer.0.attention.self.query', 'linear']``); the module is
   the last scope before the op.
@@ -45,18 +47,35 @@ def _from_name(name: str) -> str | None:
 MODEL_KEY = "deploy_opt.module_names"  # model-level metadata: the map, kept when the simplifier drops node metadata
 
 
-def module_paths(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name → PyTorch module path, for every node whose export recorded one."""
+def _from_parameters(node: onnx.NodeProto, initializers: set[str]) -> str | None:
+    """A node whose weight or bias initializer keeps its parameter's name (``encoder.layer.0.query.bias``): the
+    simplifier's fused nodes (MatMul + Add → Gemm) lose their scope but keep these."""
+    for name in node.input:
+        if name in initializers and name.endswith((".weight", ".bias")) and "." in name:
+            return name.rsplit(".", 1)[0]
+    return None
+
+
+def _stored(model: onnx.ModelProto) -> dict[str, str]:
     for prop in model.metadata_props:
         if prop.key == MODEL_KEY:
             try:
                 stored = json.loads(prop.value)
             except ValueError:
-                break
+                return {}
             return {str(k): str(v) for k, v in stored.items()} if isinstance(stored, dict) else {}
+    return {}
+
+
+def module_paths(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name → PyTorch module path, for every node whose export recorded one (the model's stored map first,
+    then the node's name scopes, its TorchScript-style name, its parameters' names)."""
+    stored = _stored(model)
+    initializers = {t.name for t in model.graph.initializer}
     out = {}
     for node in model.graph.node:
-        path = _from_metadata(node) or _from_name(node.name)
+        path = (stored.get(node.name) or _from_metadata(node) or _from_name(node.name)
+                or _from_parameters(node, initializers))
         if path and node.name:
             out[node.name] = path
     return out
