@@ -153,7 +153,8 @@ def test_module_paths_from_scopes_names_and_parameters() -> None:
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])], [weight, bias])
     model = helper.make_model(graph)
     found = module_paths(model)
-    assert found == {"Gemm_1": "encoder.layer.0.query", "node_relu": "encoder.act", "/pooler/dense/Relu": "pooler.dense"}
+    assert found == {"Gemm_1": "encoder.layer.0.query", "node_relu": "encoder.act",
+                     "/pooler/dense/Relu": "pooler.dense"}
     record_module_paths(model, {**found, "gone": "x"})  # only nodes the model has are stored
     model.graph.node[1].ClearField("metadata_props")  # as a simplifier leaves it
     assert module_paths(model) == found and MODEL_KEY in {p.key for p in model.metadata_props}
