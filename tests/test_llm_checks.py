@@ -32,7 +32,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def hooked(tiny):
-    """Patch the tiny model's logits with a function of the real ones; the hook is removed after the test."""
+    """Patch the tiny model's logits with a function of the real ones (a later patch sees, and here replaces, the
+    earlier one's logits: an FP run, then a "quantized" one); the hooks are removed after the test."""
     model, _ = tiny
     handles = []
 
@@ -111,47 +112,6 @@ def _stability(tiny, **kwargs):
     return stability_run(model, tokenizer, pydoc_texts("prompts"), **settings)
 
 
-def test_stability_run_passes_varied_output_and_reaches_max_seq_len(tiny, hooked) -> None:
-    noise = torch.Generator().manual_seed(0)
-    eos = tiny[1].eos_token_id
-
-    def varied(out):
-        logits = torch.randn(out.shape, generator=noise)
-        logits[..., eos] = -1e4
-        return logits
-
-    hooked(varied)
-    result = _stability(tiny)
-    assert result["ok"] and result["flagged"] == 0 and result["generations"] == 4
-    assert [r["mode"] for r in result["runs"]] == ["greedy", "greedy", "greedy", "sampled"]
-    assert all(r["tokens"] == 20 for r in result["runs"])
-    assert result["runs"][-1]["positions"] == 96 == result["longest_sequence"]
-    assert result["runs"][-1]["prompt_tokens"] > 60  # filled with real text up to max_seq_len - max_new_tokens
-
-
-def test_stability_run_flags_nan_logits(tiny, hooked) -> None:
-    hooked(lambda out: out * float("nan"))
-    result = _stability(tiny, max_new_tokens=8, max_seq_len=40)
-    assert not result["ok"] and result["flagged"] == 4
-    assert all("non_finite_logits" in r["flags"] for r in result["runs"])
-    assert "generation_error" in result["runs"][3]["flags"]  # sampling from NaN probabilities fails
-
-
-def test_stability_run_flags_a_repeated_token(tiny, hooked) -> None:
-    def repeat(out):
-        logits = torch.full_like(out, -10.0)
-        logits[..., 42] = 10.0
-        return logits
-
-    hooked(repeat)
-    result = _stability(tiny, generations=2)
-    assert not result["ok"]
-    for run in result["runs"]:
-        assert {"dominant_token", "repeated_ngrams"} <= set(run["flags"])
-        assert "non_finite_logits" not in run["flags"]
-        assert run["top_token_share"] == 1.0
-
-
 def _repeat(out):
     logits = torch.full_like(out, -10.0)
     logits[..., 42] = 10.0
@@ -170,26 +130,38 @@ def _varied(tiny):
     return varied
 
 
-@pytest.fixture
-def swap(tiny):
-    """Replace the tiny model's logits with ``fn``'s, undoing the previous replacement (FP run, then quantized)."""
-    model, _ = tiny
-    handles = []
-
-    def apply(fn):
-        while handles:
-            handles.pop().remove()
-        handles.append(model.lm_head.register_forward_hook(lambda module, args, out: fn(out)))
-
-    yield apply
-    while handles:
-        handles.pop().remove()
+def test_stability_run_passes_varied_output_and_reaches_max_seq_len(tiny, hooked) -> None:
+    hooked(_varied(tiny))
+    result = _stability(tiny)
+    assert result["ok"] and result["flagged"] == 0 and result["generations"] == 4
+    assert [r["mode"] for r in result["runs"]] == ["greedy", "greedy", "greedy", "sampled"]
+    assert all(r["tokens"] == 20 for r in result["runs"])
+    assert result["runs"][-1]["positions"] == 96 == result["longest_sequence"]
+    assert result["runs"][-1]["prompt_tokens"] > 60  # filled with real text up to max_seq_len - max_new_tokens
 
 
-def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, swap) -> None:
+def test_stability_run_flags_nan_logits(tiny, hooked) -> None:
+    hooked(lambda out: out * float("nan"))
+    result = _stability(tiny, max_new_tokens=8, max_seq_len=40)
+    assert not result["ok"] and result["flagged"] == 4
+    assert all("non_finite_logits" in r["flags"] for r in result["runs"])
+    assert "generation_error" in result["runs"][3]["flags"]  # sampling from NaN probabilities fails
+
+
+def test_stability_run_flags_a_repeated_token(tiny, hooked) -> None:
+    hooked(_repeat)
+    result = _stability(tiny, generations=2)
+    assert not result["ok"]
+    for run in result["runs"]:
+        assert {"dominant_token", "repeated_ngrams"} <= set(run["flags"])
+        assert "non_finite_logits" not in run["flags"]
+        assert run["top_token_share"] == 1.0
+
+
+def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, hooked) -> None:
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
-    swap(_repeat)
+    hooked(_repeat)
     baseline = _stability(tiny, generations=2)
     quantized = _stability(tiny, generations=2)  # "quantized": the same habit as the FP model
     assert not baseline["ok"] and not quantized["ok"]  # judged alone, both would be flagged
@@ -200,17 +172,17 @@ def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, swap) -> Non
     assert run["fp_text"] == run["text"] and run["fp_flags"] == run["flags"]
 
 
-def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, swap) -> None:
+def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, hooked) -> None:
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
-    swap(_varied(tiny))
+    hooked(_varied(tiny))
     baseline = _stability(tiny, generations=2)
-    swap(_repeat)
+    hooked(_repeat)
     judged = judge_against_baseline(baseline, _stability(tiny, generations=2))
     assert not judged["ok"] and judged["flagged"] == 2 and judged["excused"] == 0
     assert "dominant_token" in judged["runs"][0]["new_flags"] and judged["runs"][0]["fp_flags"] == []
     # NaN is flagged even when the FP model has it too.
-    swap(lambda out: out * float("nan"))
+    hooked(lambda out: out * float("nan"))
     nan = _stability(tiny, generations=2, max_new_tokens=8, max_seq_len=40)
     judged = judge_against_baseline(nan, nan)
     assert not judged["ok"] and all("non_finite_logits" in r["new_flags"] for r in judged["runs"])

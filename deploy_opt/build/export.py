@@ -113,7 +113,8 @@ def prepare_fp32(
     proto = check_onnx(out)
     changes = {"biases_unshared": unshare_biases(proto), "dimensions_named": name_dimensions(proto)}
     # Surviving nodes keep the export's scopes; nodes the simplifier made are named from their parameters.
-    modules = {**module_paths(proto), **{k: v for k, v in modules.items() if k in {n.name for n in proto.graph.node}}}
+    kept = {n.name for n in proto.graph.node}
+    modules = {**module_paths(proto), **{k: v for k, v in modules.items() if k in kept}}
     if modules:  # model.onnx carries its node → module map, for the sensitivity report and report.html
         record_module_paths(proto, modules)
     if any(changes.values()) or modules:

@@ -243,14 +243,13 @@ def stability_run(
         ids = _long_prompt(tokenizer, text, filler_ids, budget, chat) if long else _chat_ids(tokenizer, text, chat)
         ids = ids[-budget:]
         config = _generation_config(model, tokenizer, max_new_tokens, sampled)
-        start = time.perf_counter()
         with simulated_kv_cache(kv_bits):
+            start = time.perf_counter()
             new, step_logits, error = _generate_one(model, ids, config, seed + i)
-        seconds = time.perf_counter() - start
-        sequence = ids + new
-        if long:  # check every position up to max_seq_len, even when generation stopped early at EOS
-            sequence = sequence + filler_ids[: max(0, max_seq_len - len(sequence))]
-        with simulated_kv_cache(kv_bits):
+            seconds = time.perf_counter() - start
+            sequence = ids + new
+            if long:  # check every position up to max_seq_len, even when generation stopped early at EOS
+                sequence = sequence + filler_ids[: max(0, max_seq_len - len(sequence))]
             finite = _all_finite(model, sequence, step_logits, cache=kv_bits is not None)
         flags, stats = _judge(new, config.eos_token_id, finite, error)
         runs.append(

@@ -7,8 +7,9 @@
   its GGUF blocks decode to (fp16 ``d`` and ``m``), so the perplexity and stability measured are the file's.
 - **Metadata and the other tensors** (embeddings, norms) come from the source GGUF byte for byte
   (``exporters.gguf.write_gguf``): GGUF export needs a GGUF source, such as the default SmolLM2.
-- **Read back** with the gguf package's own dequantizer and compared with the in-memory weights (q/k rows put back
-  from llama.cpp's rotary order); then, if ``llama-cpp-python`` is installed, llama.cpp loads the file and answers.
+- **Read back once** with the gguf package's own dequantizer: every tensor is compared with the in-memory weight
+  (q/k rows put back from llama.cpp's rotary order) and then copied into the model, so the checks measure the
+  file; then, if ``llama-cpp-python`` is installed, llama.cpp loads the file and answers.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def match_gguf_weights(model: torch.nn.Module, weights: dict[str, QuantizedWeigh
 
 
 def export_gguf(model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path,
-                out_dir: Path) -> tuple[dict[str, Any], dict[str, str], str]:
-    """Write ``out_dir/model.gguf`` from the source GGUF and the codes, read it back; (report, HF → GGUF names,
-    architecture)."""
+                out_dir: Path) -> dict[str, Any]:
+    """Write ``out_dir/model.gguf`` from the source GGUF and the codes, read it back into ``model`` (which then
+    holds what the file decodes to), and report."""
     from exporters.gguf import pack_q4_0, pack_q4_1, permute_qk, read_gguf, write_gguf
 
     if source.suffix != ".gguf":
@@ -86,17 +87,17 @@ def export_gguf(model: torch.nn.Module, weights: dict[str, QuantizedWeight], sou
     for hf_name, weight in weights.items():
         codes, d, m, qtype = block_params(weight)
         gguf_name = names[hf_name]
-        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            n_head = heads[0] if "attn_q" in gguf_name else heads[1]
+        n_head = _qk_heads(gguf_name, arch, heads)
+        if n_head is not None:
             codes, d, m = (permute_qk(a, n_head) for a in (codes, d, m))
         packed[gguf_name] = pack_q4_0(codes, d) if qtype == "Q4_0" else pack_q4_1(codes, d, m)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / GGUF_NAME
     written = write_gguf(source, path, packed)
-    check = verify_read_back(model, path, {**names, **float_names}, arch, heads, read_gguf(path))
+    check = read_back(model, read_gguf(path), {**names, **float_names}, arch, heads)
     log.info("wrote %s (%.1f MB, %s): read back %s", path.name, written["bytes"] / 1e6, ", ".join(written["types"]),
              "exactly" if check["exact"] else f"with max |diff| {check['max_abs_diff']:.3g}")
-    return {"file": GGUF_NAME, **written, "read_back": check, "llama_cpp": llama_cpp_check(path)}, names, arch
+    return {"file": GGUF_NAME, **written, "read_back": check, "llama_cpp": llama_cpp_check(path)}
 
 
 def _gguf_names(source: Path, weights: dict[str, QuantizedWeight]) -> tuple[str, dict[str, str]]:
@@ -139,8 +140,9 @@ def changed_floats(model: torch.nn.Module, source: Path, quantized: set[str], ar
             continue  # e.g. a tied lm_head: the file has token_embd only
         names[module + ".weight" if name.endswith(".weight") else name] = mapped
         values = tensor.detach().float().cpu().numpy()
-        if arch in PERMUTED_ARCHS and mapped.endswith(("attn_q.weight", "attn_k.weight")):
-            values = permute_qk(values, heads[0] if "attn_q" in mapped else heads[1])
+        n_head = _qk_heads(mapped, arch, heads)
+        if n_head is not None:
+            values = permute_qk(values, n_head)
         if not np.array_equal(stored[mapped].reshape(values.shape), values):
             changed[mapped] = values
     if changed:
@@ -149,44 +151,41 @@ def changed_floats(model: torch.nn.Module, source: Path, quantized: set[str], ar
     return changed, names
 
 
+def _qk_heads(gguf_name: str, arch: str, heads: tuple[int, int]) -> int | None:
+    """The head count llama.cpp permutes this tensor's rows by (q: heads, k: kv heads), or None for the rest."""
+    if arch not in PERMUTED_ARCHS or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    return heads[0] if "attn_q" in gguf_name else heads[1]
+
+
 def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
     config = model.config
     heads = int(config.num_attention_heads)
     return heads, int(getattr(config, "num_key_value_heads", None) or heads)
 
 
-def verify_read_back(model: torch.nn.Module, path: Path, names: dict[str, str], arch: str,
-                     heads: tuple[int, int], tensors: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Compare every tensor of the file, dequantized by the gguf package, with the in-memory model's weight."""
+def read_back(model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dict[str, str], arch: str,
+              heads: tuple[int, int]) -> dict[str, Any]:
+    """Compare every tensor of the file (dequantized by the gguf package) with the model's weight, then put the
+    file's values into the model, so the checks that follow measure the file."""
     from exporters.gguf import unpermute_qk
 
     worst, inexact = 0.0, []
     params = dict(model.named_parameters())
     for hf_name, gguf_name in names.items():
-        key = hf_name if hf_name in params else hf_name.removesuffix(".weight") + ".weight"
-        live = params[key].detach().float().cpu().numpy()
-        values = tensors[gguf_name].reshape(live.shape)
-        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            values = unpermute_qk(values, heads[0] if "attn_q" in gguf_name else heads[1])
-        diff = float(np.abs(values - live).max())
+        param = params[hf_name if hf_name in params else hf_name.removesuffix(".weight") + ".weight"]
+        values = tensors[gguf_name].reshape(param.shape)
+        n_head = _qk_heads(gguf_name, arch, heads)
+        if n_head is not None:
+            values = unpermute_qk(values, n_head)
+        read = torch.from_numpy(np.ascontiguousarray(values))
+        diff = float((read - param.detach().float().cpu()).abs().max())
         worst = max(worst, diff)
         if diff:
             inexact.append(hf_name)
+        param.data.copy_(read)
     return {"tensors_checked": len(names), "exact": not inexact, "max_abs_diff": worst,
             "inexact": inexact[:10], "reader": "gguf.quants.dequantize"}
-
-
-def load_read_back(model: torch.nn.Module, path: Path, names: dict[str, str], arch: str) -> None:
-    """Put the file's dequantized Linears into ``model`` (for perplexity on what was read back)."""
-    from exporters.gguf import read_gguf, unpermute_qk
-
-    tensors, heads = read_gguf(path), _head_counts(model)
-    for hf_name, gguf_name in names.items():
-        module = model.get_submodule(hf_name.removesuffix(".weight"))
-        values = tensors[gguf_name].reshape(module.weight.shape)
-        if arch in PERMUTED_ARCHS and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            values = unpermute_qk(values, heads[0] if "attn_q" in gguf_name else heads[1])
-        module.weight.data.copy_(torch.from_numpy(np.ascontiguousarray(values)))
 
 
 def llama_cpp_check(path: Path, prompt: str = "The capital of France is") -> dict[str, Any]:

@@ -238,12 +238,10 @@ def _quantize(
 
 def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path) -> dict[str, Any]:
     """checkpoint/model.gguf; the model then holds what the file reads back as (the checks measure the file)."""
-    from deploy_opt.llm.gguf_export import GGUF_NAME, export_gguf, load_read_back, match_gguf_weights
+    from deploy_opt.llm.gguf_export import export_gguf, match_gguf_weights
 
     match_gguf_weights(model, dict(result.weights))
-    record, names, arch = export_gguf(model, dict(result.weights), source, checkpoint)
-    load_read_back(model, checkpoint / GGUF_NAME, names, arch)
-    return {**result.as_dict(), "gguf": record}
+    return {**result.as_dict(), "gguf": export_gguf(model, dict(result.weights), source, checkpoint)}
 
 
 def _gguf_serve_record(path: Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def train(
 def _prepare_and_run(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_at: int | None) -> TrainResult:
     checkpoint_path = out / CHECKPOINT_NAME
     seed_everything(config.seed)
-    model = _build_model(config)
+    model = build_model(config)
     data = load_train_data(config.data, config.batch_size, config.seed, config.base_dir)
     total_steps = count_train_steps(config, data)
     optimizer = build_optimizer(model, config.optimizer)
@@ -340,7 +340,8 @@ def _save(
     )
 
 
-def _build_model(config: TrainConfig) -> torch.nn.Module:
+def build_model(config: TrainConfig) -> torch.nn.Module:
+    """The config's model from its factory; SourceError when the factory returns something else."""
     factory = resolve_callable(config.model, config.base_dir, what="model")
     model = call_user(factory, f"model factory '{config.model}'")
     if not isinstance(model, torch.nn.Module):
@@ -369,7 +370,7 @@ def _recommendation(config: TrainConfig, params: int, data: TrainData) -> dict[s
     from deploy_opt.train.recommend import recommend
 
     samples = sum(batch_size_of(target, inputs) for inputs, target in data.train(0))
-    memory_gb = config.memory_gb or _machine_memory_gb()
+    memory_gb = config.memory_gb or machine_memory_gb()
     rec = recommend(config.model_type, params, samples, memory_gb)  # type: ignore[arg-type]
     if (rec.optimizer, rec.state) != (config.optimizer.type, config.optimizer.state):
         log.warning(
@@ -383,7 +384,8 @@ def _recommendation(config: TrainConfig, params: int, data: TrainData) -> dict[s
     return rec.to_json()
 
 
-def _machine_memory_gb() -> float:
+def machine_memory_gb() -> float:
+    """This machine's RAM in GB (16 when the OS does not say): the recommender's default budget."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     except (ValueError, OSError, AttributeError):

@@ -81,12 +81,6 @@ def module_paths(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def display_name(node: str, modules: dict[str, str]) -> str:
-    """``module.path (onnx_name)`` when the module is known, else the ONNX name."""
-    module = modules.get(node)
-    return f"{module} ({node})" if module else node
-
-
 def record_module_paths(model: onnx.ModelProto, paths: dict[str, str]) -> None:
     """Store ``paths`` (for the nodes the model still has) as model-level metadata under ``MODEL_KEY``."""
     kept = {n.name for n in model.graph.node}

@@ -140,6 +140,6 @@ def _summary(request: SearchRequest, rows: list[dict[str, Any]], steps: int, rec
 
 
 def _memory_gb(config: Any) -> float:
-    from deploy_opt.train.loop import _machine_memory_gb
+    from deploy_opt.train.loop import machine_memory_gb
 
-    return config.memory_gb or _machine_memory_gb()
+    return config.memory_gb or machine_memory_gb()

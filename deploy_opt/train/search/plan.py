@@ -37,9 +37,10 @@ def recommended_spec(config: TrainConfig, samples: int, memory_gb: float, steps:
     """Trial 0 from the recommender (None without ``model_type``)."""
     if config.model_type is None:
         return None
+    from deploy_opt.train.loop import build_model
     from deploy_opt.train.recommend import recommend
 
-    params = sum(p.numel() for p in _model_parameters(config))
+    params = sum(p.numel() for p in build_model(config).parameters() if p.requires_grad)
     rec = recommend(config.model_type, params, samples, memory_gb)
     low, high = rec.lr_range
     chosen = {"type": rec.optimizer, "lr": float(f"{math.sqrt(low * high):.3g}"),
@@ -47,13 +48,6 @@ def recommended_spec(config: TrainConfig, samples: int, memory_gb: float, steps:
     if rec.optimizer == config.optimizer.type:  # same optimizer: keep the config's betas/momentum and decay
         chosen = {**config_params(config), **chosen}
     return TrialSpec(0, "recommended", chosen, steps, "the recommender's choice", tuple(rec.reasons))
-
-
-def _model_parameters(config: TrainConfig) -> list[Any]:
-    from deploy_opt.build.sources import call_user, resolve_callable
-
-    factory = resolve_callable(config.model, config.base_dir, what="model")
-    return [p for p in call_user(factory, f"model factory '{config.model}'").parameters() if p.requires_grad]
 
 
 def fixed_specs(config: TrainConfig, recommended: TrialSpec | None, grid: GridStage, steps: int) -> list[TrialSpec]:

@@ -7,6 +7,7 @@ import base64
 import html
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,9 @@ def write_report(folder: Path, summary: dict[str, Any], base: dict[str, Any], th
     if best is not None:
         paths["best"] = write_best(folder / "best.yaml", base, best, threads)
     paths["html"] = write_html(folder / "search.html", summary, paths["curves"])
-    paths["report"] = write_html(folder / "report.html", summary, paths["curves"])  # every run folder has one
+    paths["report"] = folder / "report.html"  # every run folder has one; a search's is its search.html
+    with atomic_path(paths["report"]) as tmp:
+        shutil.copyfile(paths["html"], tmp)
     return paths
 
 

@@ -80,10 +80,6 @@ def by_number(study: Any) -> dict[int, Any]:
     return out
 
 
-def is_ended(frozen: Any) -> bool:
-    return frozen.state.name in ("COMPLETE", "PRUNED", "FAIL")
-
-
 def execute(job: Job, studies: dict[str, Any], fixed: list[TrialSpec], sample_tpe: Any, tpe_count: int) -> int:
     """Run every trial not ended yet; returns how many trials this call reused from an earlier run."""
     executor = make_executor(job.parallel, job.address, job.gpus_per_trial)

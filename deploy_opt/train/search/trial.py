@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.config.loader import merge
-
 log = logging.getLogger(__name__)
 
 QUIET_LOGGERS = ("deploy_opt.train.loop", "deploy_opt.train.param_groups", "deploy_opt.demo")
@@ -71,7 +69,7 @@ def run_segment(config_data: dict[str, Any], base_dir: str, out: str, stop_at: i
     from deploy_opt.train.loop import train
 
     started = time.perf_counter()
-    config = build_train_config(merge(config_data, {}), base_dir)
+    config = build_train_config(config_data, base_dir)
     folder = Path(out)
     resume = (folder / CHECKPOINT_NAME).exists()
     # A trial's step lines stay in its train_log.jsonl; the search logs one line per trial event.
