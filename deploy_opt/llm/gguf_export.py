@@ -178,7 +178,7 @@ def read_back(model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dic
         n_head = _qk_heads(gguf_name, arch, heads)
         if n_head is not None:
             values = unpermute_qk(values, n_head)
-        read = torch.from_numpy(np.ascontiguousarray(values))
+        read = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the reader's arrays are read-only
         diff = float((read - param.detach().float().cpu()).abs().max())
         worst = max(worst, diff)
         if diff:
