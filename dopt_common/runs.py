@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import OutputError
+from dopt_common.errors import DeployOptError, OutputError, one_line
 from dopt_common.files import check_replaceable_dir, replace_dir
 
 log = logging.getLogger(__name__)
@@ -134,15 +134,32 @@ class Timings:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.started = time.perf_counter()
 
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time the enclosed block under ``name``."""
+    def stage(self, name: str, explain: bool = True) -> Iterator[None]:
+        """Time the enclosed block under ``name``.
+
+        With ``explain``, a ``DeployOptError`` raised inside says which stage failed and how long the run had
+        gone on: an error after minutes of work explains itself (loading the config needs no such preface).
+        """
         start = time.perf_counter()
         try:
             yield
+        except DeployOptError as exc:
+            if explain and not getattr(exc, "stage_named", False):
+                spent, total = time.perf_counter() - start, time.perf_counter() - self.started
+                exc.args = (f"stage '{name}' failed after {_minutes(spent)} (the run had taken {_minutes(total)}): "
+                            f"{one_line(exc)}",)  # fmt: skip
+                exc.stage_named = True  # type: ignore[attr-defined]
+            raise
         finally:
             self.seconds[name] = round(time.perf_counter() - start, 3)
+
+
+def _minutes(seconds: float) -> str:
+    """``42 s`` or ``3 min 05 s``."""
+    return f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
 def seed_everything(seed: int) -> None:

@@ -8,11 +8,13 @@ keep the fastest that meets the gate.
    re-chosen per scheme (``calibration.method: auto`` picks each tensor's range method by propagated output error).
 2. **SmoothQuant** at ``auto.smoothquant_alpha``, when no candidate meets ``max_drop`` and the graph has
    LayerNorm-fed MatMuls.
-3. **Fallback**: the linearised proxy ranks the nodes of the most accurate candidate; exact evaluations of
+3. **Head in float**: each placement again with the model's head (the last weighted nodes and the decode ops
+   after them: ``head.py``) in FP32, when no candidate meets ``max_drop``: a detector's hand recipe, found by trial.
+4. **Fallback**: the linearised proxy ranks the nodes of the most accurate candidate; exact evaluations of
    growing prefixes of that ranking (doubling, then bisection) find the fewest FP32 nodes that meet ``max_drop``.
    Each variant equals the model the quantizer writes with those nodes excluded (``exclusion_variant``).
-4. **Latency**: low-intensity nodes (small reduction length) go back to FP32 where that makes the model faster.
-5. **No INT8**: when no trial that meets ``max_drop`` is ``auto.min_gain`` faster than FP32, FP32 ships.
+5. **Latency**: low-intensity nodes (small reduction length) go back to FP32 where that makes the model faster.
+6. **No INT8**: when no trial that meets ``max_drop`` is ``auto.min_gain`` faster than FP32, FP32 ships.
 
 The search stops starting trials once ``auto.budget_s`` is spent, and chooses among what it measured.
 """
@@ -33,6 +35,7 @@ from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
 from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placements, allowed_schemes, configured
+from deploy_opt.autotune.head import float_head
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
@@ -118,7 +121,9 @@ def run_search(
     if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left() and smoothquant:
         bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
     if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
-        _fallback_trials(ctx, _most_accurate(ctx.trials, bases), held)
+        bases += _head_trials(ctx, bases)
+    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
+        _fallback_trials(ctx, _fallback_base(ctx, bases), held)
     accurate = best_trial(ctx.trials, max_drop, None)
     if accurate is not None and ctx.probe is not None and ctx.time_left():
         _latency_trials(ctx, accurate, _base_of(accurate, bases))
@@ -239,6 +244,44 @@ def _most_accurate(trials: list[Trial], bases: list[Base]) -> Base:
     )
 
 
+def _head_trials(ctx: _Context, bases: list[Base]) -> list[Base]:
+    """Each placement again with the model's head in float (``head.py``): a detector's recipe, found by trial.
+
+    Each head base is what the fallback may start from: its nodes stay float in every further variant.
+    """
+    heads: list[Base] = []
+    for base in list(bases):
+        op_types = base.candidate.op_types(ctx.config.quantization.op_types)
+        head = tuple(n for n in float_head(ctx.fp32, op_types) if n not in base.candidate.excluded)
+        if not head or not ctx.time_left():
+            continue
+        candidate = dataclasses.replace(base.candidate, excluded=base.candidate.excluded + head)
+        qdq, source = onnx.load(str(base.model.path)), onnx.load(str(base.source))
+        ctx.measure("head", candidate, _variant(ctx, base, candidate, qdq, source))
+        heads.append(dataclasses.replace(base, candidate=candidate))
+    return heads
+
+
+def _fallback_base(ctx: _Context, bases: list[Base]) -> Base:
+    """The base the fallback starts from: the fastest of the bases that pay and are about as accurate as the
+    most accurate of them (within a quarter of its drop, or a tenth of ``max_drop``).
+
+    Every float node the fallback adds costs speed, so a base that is already slower than FP32 cannot end
+    faster (ORT CPU's "inputs" placement of a CNN runs float convs between Q/DQ pairs), and of two bases that
+    need about as many float nodes, the faster one ends faster. Untimed, or when no base pays, the most
+    accurate of all.
+    """
+    measured = {t.candidate: t for t in ctx.trials}
+    paying = [b for b in bases if measured[b.candidate].speedup is not None
+              and measured[b.candidate].pays(ctx.config.auto.min_gain)]  # fmt: skip
+    if not paying:
+        return _most_accurate(ctx.trials, bases)
+    best = min(measured[b.candidate].drop for b in paying)
+    band = best + max(0.25 * abs(best), 0.1 * ctx.config.gate.max_drop)
+    near = [b for b in paying if measured[b.candidate].drop <= band]
+    return max(near, key=lambda b: measured[b.candidate].speedup or 0.0)
+
+
 def _base_of(trial: Trial, bases: list[Base]) -> Base:
     settings = dataclasses.replace(trial.candidate, excluded=())
     return next(b for b in bases if dataclasses.replace(b.candidate, excluded=()) == settings)
@@ -253,7 +296,7 @@ def _fallback_trials(ctx: _Context, base: Base, held: list[Batch]) -> None:
     scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
     op_types = base.candidate.op_types(config.quantization.op_types)
     record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
-    order = [group[0] for group in sensitivity_order(record, "node")]
+    order = [group[0] for group in sensitivity_order(record, "node") if group[0] not in base.candidate.excluded]
     predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
     source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
 

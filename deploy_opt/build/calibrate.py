@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,12 +176,15 @@ def choose_methods(
     # The first samples, one at a time: each is an independent draw for the estimator.
     feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
-    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds)
+    started = time.perf_counter()
+    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds,
+                                   metric=config.data.metric)  # fmt: skip
     if noise is None:
         return {}, {}
     picked = pick_methods(noise)
     log.info(
-        "calibration auto: %s over %d tensors (propagated output error, %d samples)",
+        "calibration auto: %s over %d tensors (propagated output error, %d samples, %.1f s)",
         {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS}, len(picked), len(feeds),
+        time.perf_counter() - started,
     )  # fmt: skip
     return picked, {n: {m: round(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}

@@ -2,7 +2,8 @@
 
 Every built-in metric is in points: ``top1`` is accuracy in percent, ``cosine`` is the mean cosine
 similarity × 100, so a drop of 1.0 is one percentage point (0.01 cosine) for both. ``mse`` is lower-is-better;
-its drop is the increase in error. A custom ``module:function`` metric takes ``(prediction, reference)``
+its drop is the increase in error. ``detection_f1`` is a YOLO detector's per-image F1 (× 100) against the reference
+detections (``detection.py``). A custom ``module:function`` metric takes ``(prediction, reference)``
 arrays of one batch and returns per-sample scores (or one float for the batch); higher is better.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deploy_opt.build.detection import detection_f1
 from deploy_opt.build.sources import resolve_callable
 from dopt_common.errors import InputError, one_line
 
@@ -54,7 +56,12 @@ def mse(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return ((a - b) ** 2).mean(axis=1)
 
 
-BUILTIN: dict[str, tuple[ScoreFn, bool]] = {"top1": (top1, True), "cosine": (cosine, True), "mse": (mse, False)}
+BUILTIN: dict[str, tuple[ScoreFn, bool]] = {
+    "top1": (top1, True),
+    "cosine": (cosine, True),
+    "mse": (mse, False),
+    "detection_f1": (detection_f1, True),
+}
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def run_build(
 def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[dict, GateResult]:
     times, threads = Timings(), config.benchmark.threads
     seed_everything(config.seed)
-    with times.stage("load"):
+    with times.stage("load", explain=False):
         inputs = load_inputs(config)
     metric = resolve_metric(config.data.metric, config.base_dir)
     evaluation = inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled)

@@ -117,7 +117,10 @@ def quantize(
     scales_path = save_scale_file(scales, stage / "scales.json")
     diff = compare_scales(load_scale_file(scales_path).tensors, carried)
     if not diff.ok:
-        raise ScaleMismatchError(f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}")
+        raise ScaleMismatchError(
+            f"model.int8.onnx does not carry scales.json exactly: {diff.summary()}; fix: exclude the named tensor's "
+            "node (quantization.exclude_nodes) and report the model"
+        )
     nodes = len(quantized_nodes(written))
     quantizable = sum(n.op_type in quant.op_types for n in model.graph.node)
     info = _info(config, ranges, scales, weights) | {

@@ -55,7 +55,7 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
 
     seed_everything(config.seed)
     times = Timings()
-    with times.stage("load"):
+    with times.stage("load", explain=False):
         loaded = load_llm(config)
     name = config.name or default_run_name(config.model.path, loaded.scheme)
     out_dir = ensure_writable_dir(output_root) / name

@@ -202,7 +202,13 @@ def _entry_from_node(node: onnx.NodeProto, inits: dict, name: str, role: str) ->
         zero, dtype = np.zeros(scale.size, dtype=np.int64), "uint8"
     if role in ("weight", "bias"):
         dtype = QTYPE_NAMES.get(inits[node.input[0]].data_type, dtype)
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) if scale.size > 1 else None
+    # Per-channel is the scale's rank, not its size: a weight with one output channel (YOLO's DFL conv) carries
+    # a [1]-shaped scale with an axis, a per-tensor scale is a scalar.
+    # ORT writes a one-channel bias's [1] scale without an axis attribute: a 1-D tensor has only axis 0.
+    per_channel = len(inits[node.input[1]].dims) > 0 and (scale.size > 1 or role != "activation")
+    data = inits.get(node.input[0])
+    default = 0 if data is not None and len(data.dims) == 1 else 1
+    axis = next((a.i for a in node.attribute if a.name == "axis"), default) if per_channel else None
     if axis is not None and axis < 0:
         axis += len(inits[node.input[0]].dims) if node.input[0] in inits else 0
     return TensorScale(
@@ -217,6 +223,7 @@ class ScaleDiff:
     drifted: tuple[str, ...]
     missing_in_artifact: tuple[str, ...]
     missing_in_file: tuple[str, ...]
+    first: str = ""  # the first drifted tensor, declared against written, with the likely cause
 
     @property
     def ok(self) -> bool:
@@ -233,7 +240,7 @@ class ScaleDiff:
         ):
             if names:
                 parts.append(f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''} ({len(names)})")
-        return "; ".join(parts) or "all equal"
+        return "; ".join(parts + ([self.first] if self.first else [])) or "all equal"
 
 
 def compare_scales(expected: Mapping[str, TensorScale], actual: Mapping[str, TensorScale]) -> ScaleDiff:
@@ -244,8 +251,31 @@ def compare_scales(expected: Mapping[str, TensorScale], actual: Mapping[str, Ten
         if (expected[name].scale_bits, expected[name].zero_point, expected[name].dtype, expected[name].axis)
         != (actual[name].scale_bits, actual[name].zero_point, actual[name].dtype, actual[name].axis)
     ]
+    first = explain_drift(expected[drifted[0]], actual[drifted[0]]) if drifted else ""
     return ScaleDiff(
         tuple(drifted),
         tuple(sorted(set(expected) - set(actual))),
         tuple(sorted(set(actual) - set(expected))),
+        first,
     )
+
+
+def explain_drift(declared: TensorScale, written: TensorScale) -> str:
+    """One tensor's declared and written parameters side by side, and what most likely made them differ."""
+
+    def shown(t: TensorScale) -> str:
+        scales = ", ".join(t.scale_bits[:3]) + (" …" if len(t.scale) > 3 else "")
+        zeros = ", ".join(str(z) for z in t.zero_point[:3]) + (" …" if len(t.zero_point) > 3 else "")
+        return f"{t.dtype} scale [{scales}] ({len(t.scale)}) zero point [{zeros}] axis {t.axis}"
+
+    if declared.dtype != written.dtype:
+        cause = "the writer chose another integer type (check quantization.activations against the targets)"
+    elif declared.axis != written.axis:
+        cause = "per-channel against per-tensor: a weight with one output channel, or a writer that dropped the axis"
+    elif len(declared.scale) != len(written.scale):
+        cause = "the channel count differs: the weight was reshaped or shared by nodes with other axes"
+    elif declared.zero_point != written.zero_point:
+        cause = "the zero point was recomputed by the writer (a range or scheme override it did not take)"
+    else:
+        cause = "the scale was recomputed by the writer (an override it ignored, or a weight it re-scaled for bias)"
+    return f"'{declared.name}' ({declared.role}): declared {shown(declared)}; written {shown(written)}; likely: {cause}"

@@ -88,14 +88,8 @@ def propagated_noise(
             tap = _Taps(wanted, local_fns, model_opset(fp32))
             y = run_graph(fp32, feeds, tap, constants)[output].float()
             names = [n for n in tap.leaves if n in tap.noise]
-            flat = y.reshape(y.shape[0], -1)
-            norm = flat.norm(dim=1, keepdim=True).clamp_min(1e-30)
             for _ in range(probes):
-                z = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
-                if metric == "cosine":
-                    unit = flat.detach() / norm
-                    z = z - (z * unit).sum(dim=1, keepdim=True) * unit
-                v = (z / norm).reshape(y.shape).detach()
+                v = probe(y, generator, metric)
                 leaves = [tap.leaves[n] for n in names]
                 grads = torch.autograd.grad((v * y).sum(), leaves, retain_graph=True, allow_unused=True)
                 for name, grad in zip(names, grads, strict=True):
@@ -103,6 +97,31 @@ def propagated_noise(
                         totals[name] += float((grad.double() * tap.noise[name].double()).sum()) ** 2
                 draws += 1
     return {name: total / max(draws, 1) for name, total in totals.items()}
+
+
+def probe(y: Any, generator: Any, metric: str) -> Any:
+    """A random probe ``v`` for Hutchinson's estimator, scaled so that ``E[(vᵀ δy)²]`` is the relative noise.
+
+    Relative to the output's power per sample; for cosine, only the part orthogonal to the output (the part that
+    moves the angle). An output with a channel axis and more (``[batch, channels, positions…]``: a detector's
+    rows of box coordinates and class scores, a map per class) is judged per channel instead: the mean over
+    channels of each channel's noise power relative to its own. Otherwise a detector's box coordinates, in
+    pixels, would outweigh the class scores whose threshold decides what is detected.
+    """
+    import torch
+
+    flat = y.detach().reshape(y.shape[0], -1)
+    z = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+    if metric not in ("cosine", "mse") and y.ndim >= 3 and y.shape[1] > 1:
+        per_channel = y.detach().reshape(y.shape[0], y.shape[1], -1)
+        rms = per_channel.pow(2).mean(dim=2, keepdim=True).sqrt().clamp_min(1e-12)
+        scale = 1.0 / (rms * (per_channel.shape[1] * per_channel.shape[2]) ** 0.5)
+        return (z.reshape(per_channel.shape) * scale).reshape(y.shape)
+    norm = flat.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    if metric == "cosine":
+        unit = flat / norm
+        z = z - (z * unit).sum(dim=1, keepdim=True) * unit
+    return (z / norm).reshape(y.shape)
 
 
 class _Taps:

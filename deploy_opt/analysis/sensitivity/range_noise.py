@@ -21,6 +21,7 @@ import onnx
 
 from calibrators.qparams import activation_scale
 from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, unsupported_ops
+from deploy_opt.analysis.sensitivity.noise import probe
 from dopt_common.deps import require
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,12 @@ def propagated_range_noise(
     feeds: Iterable[dict[str, np.ndarray]],
     probes: int = 4,
     seed: int = 0,
+    metric: str = "",
 ) -> dict[str, dict[str, float]] | None:
     """Per tensor and method, the output noise power (relative to the output's) of quantizing with that range.
 
     ``candidates`` maps tensor → method → (low, high). None when the torch evaluator lacks an operator.
+    ``metric`` decides how output noise is weighed (``noise.probe``).
     """
     torch = require("torch", purpose="choosing range methods by propagated error")
     missing = unsupported_ops(model)
@@ -54,11 +57,9 @@ def propagated_range_noise(
             tap = _TensorTaps(set(candidates))
             y = run_graph(model, feed, tap, constants)[output].float()
             names = list(tap.leaves)
-            flat = y.reshape(y.shape[0], -1)
-            norm = flat.norm(dim=1, keepdim=True).clamp_min(1e-30)
             noise = {t: {m: fn(tap.values[t]) - tap.values[t] for m, fn in fake[t].items()} for t in names}
             for _ in range(probes):
-                v = (torch.randn(flat.shape, generator=generator) / norm).reshape(y.shape)
+                v = probe(y, generator, metric)
                 grads = torch.autograd.grad((v * y).sum(), [tap.leaves[t] for t in names], retain_graph=True,
                                             allow_unused=True)  # fmt: skip
                 for name, grad in zip(names, grads, strict=True):
