@@ -154,3 +154,16 @@ gate: {{max_drop: 5}}
     assert result.gate.passed, result.gate.lines()
     steps = [t["step"] for t in record["auto"]["trials"]]
     assert steps[0] == "placement"
+
+
+def test_an_error_inside_a_stage_names_the_stage_and_the_time_spent() -> None:
+    from dopt_common.errors import ScaleMismatchError
+    from dopt_common.runs import Timings
+
+    times = Timings()
+    with pytest.raises(ScaleMismatchError, match=r"^stage 'auto_search' failed after 0 s \(the run had taken 0 s\): "
+                       r"model.int8.onnx drifted$"):  # fmt: skip
+        with times.stage("outer"), times.stage("auto_search"):  # the innermost stage names itself, once
+            raise ScaleMismatchError("model.int8.onnx drifted")
+    with pytest.raises(ScaleMismatchError, match=r"^bad$"), times.stage("load", explain=False):
+        raise ScaleMismatchError("bad")
