@@ -2,9 +2,11 @@
 
 The format is text: a header ``TRT-<version>-<algorithm>`` (``TRT-8601-EntropyCalibration2``), then one line per
 activation tensor, ``<name>: <hex>``, where ``<hex>`` is the big-endian IEEE float32 bits of the tensor's scale
-(its dynamic range is ±127 × scale). ``<version>`` is TensorRT's ``NV_TENSORRT_VERSION`` integer:
-major*1000 + minor*100 + patch before TensorRT 10 (8.6.1 -> 8601), major*10000 + minor*100 + patch from 10 on
-(10.3.0 -> 100300). TensorRT ignores a cache whose header names another version or algorithm.
+(its dynamic range is ±127 × scale), written unpadded: a scale below 2^-96 has 7 digits (``48c5dd1``) and a
+tensor whose range is zero is ``<name>: 0`` (public TensorRT 8.x caches; ``tests/data/trt_caches``).
+``<version>`` is TensorRT's ``NV_TENSORRT_VERSION`` integer: major*1000 + minor*100 + patch before TensorRT 10
+(8.6.1 -> 8601), major*10000 + minor*100 + patch from 10 on (10.3.0 -> 100300). TensorRT ignores a cache whose
+header names another version or algorithm.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dopt_common.files import write_text
 log = logging.getLogger(__name__)
 ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
 _HEADER = re.compile(r"^TRT-([^-\s]+)-(\w+)$")
-_HEX = re.compile(r"^[0-9a-fA-F]{8}$")
+_HEX = re.compile(r"^[0-9a-fA-F]{1,8}$")
+ZERO_RANGE_SCALE = 1.0  # what a zero-range tensor imports as: ORT's (and calibrators.qparams') scale of an empty range
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def cache_text(scales: ScaleFile, trt_version: str = "10.0.1", algorithm: str = 
             continue
         if "\n" in name or "\r" in name:
             raise ConfigError(f"tensor name {name!r} contains a line break, which a calibration cache cannot hold")
-        lines.append(f"{name}: {float32_hex(t.scale[0])}")
+        lines.append(f"{name}: {'0' if t.amax == 0.0 else float32_hex(t.scale[0])}")  # 0: as TensorRT writes it
     if refused:
         first = refused[0]
         names = ", ".join(f"'{t.name}'" for t in refused[:3]) + (" …" if len(refused) > 3 else "")
@@ -137,8 +140,11 @@ def parse_trt_cache(text: str, source: str = "calibration cache") -> TrtCache:
 def _entry(name: str, value: str, sep: str, source: str, number: int, line: str) -> TensorScale:
     where = f"{source} line {number}: {line.strip()!r}"
     if not sep or not name or not _HEX.match(value):
-        raise ConfigError(f"{where} is not '<tensor name>: <8 hex digits>'")
-    scale = float(hex_float32(value.lower()))
+        raise ConfigError(f"{where} is not '<tensor name>: <1 to 8 hex digits>'")
+    scale = float(hex_float32(value.lower().rjust(8, "0")))  # TensorRT writes the bits unpadded
+    if int(value, 16) == 0:  # 'name: 0': TensorRT's line for a tensor whose range is zero
+        zero = (0.0, 0.0)
+        return TensorScale(name, "activation", "int8", (ZERO_RANGE_SCALE,), (0,), None, 0.0, zero, "trt-cache")
     if not math.isfinite(scale) or scale <= 0.0:
         raise ConfigError(f"{where} holds scale {scale}, which is not a positive finite number")
     amax = 127.0 * scale  # in float64: finite for every float32 scale
