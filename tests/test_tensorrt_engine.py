@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_tensorrt import (
+    Builder,
     FakeCudart,
+    IBuilderConfig,
+    IOptimizationProfile,
     Network,
     Tensor,
     as_float32,
@@ -42,7 +45,7 @@ def test_weights_are_read_back_by_their_constant_layer_name(tmp_path: Path) -> N
     expected = {n: as_float32(t.scale) for n, t in read_qdq_scales(path).items()}
     assert {"x", "W", "mm"} == set(expected)  # the reference really has a weight in it
     network = parse_like_onnx_tensorrt(path)
-    weight_dq = next(layer for layer in network.layers if layer.name == "W_DequantizeLinear")
+    weight_dq = next(layer for layer in network._layers if layer.name == "W_DequantizeLinear")
     assert weight_dq.get_input(0).name.startswith("(Unnamed Layer*")  # what the old tensor-name keying saw
     assert network_scales(fake_trt_network_module(), network, initializer_names(path)) == expected
 
@@ -50,7 +53,7 @@ def test_weights_are_read_back_by_their_constant_layer_name(tmp_path: Path) -> N
 def test_a_uniqued_constant_layer_still_maps_to_its_initializer(tmp_path: Path) -> None:
     path = ort_style_qdq_model(tmp_path / "m.int8.onnx")
     network = parse_like_onnx_tensorrt(path, taken=("W_quantized",))  # an earlier layer holds the name
-    assert any(layer.name.startswith("W_quantized_") for layer in network.layers)
+    assert any(layer.name.startswith("W_quantized_") for layer in network._layers)
     trt = fake_trt_network_module()
     assert "W" not in network_scales(trt, network)  # without the initializer names the suffix stays
     assert network_scales(trt, network, initializer_names(path))["W"] == as_float32((0.011, 0.013, 0.017))
@@ -87,24 +90,20 @@ def test_declared_dims_and_input_shapes_read_the_model_and_batches(tmp_path: Pat
     assert input_shapes([{"x": np.zeros((3, 4))}]) == [{"x": (3, 4)}]
 
 
-class FakeProfile:
-    def __init__(self) -> None:
-        self.set: dict[str, tuple] = {}
-
-    def set_shape(self, name: str, low: tuple, opt: tuple, high: tuple) -> None:
-        self.set[name] = (low, opt, high)
+class RefusingConfig(IBuilderConfig):
+    def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+        return -1  # what TensorRT returns for a profile it refuses
 
 
 def test_add_profile_sets_every_input_and_a_refused_profile_is_an_error() -> None:
     network = Network()
-    network.inputs = [Tensor("input_ids", (-1, -1)), Tensor("attention_mask", (-1, -1))]
-    made = FakeProfile()
-    builder = types.SimpleNamespace(create_optimization_profile=lambda: made)
+    network._inputs = [Tensor("input_ids", (-1, -1)), Tensor("attention_mask", (-1, -1))]
+    builder, config = Builder(None), IBuilderConfig()
     profile = ShapeProfile.from_shapes([{"input_ids": s, "attention_mask": s} for s in SEQ_BATCHES], max_batch=32,
                                        opt_batch=32)  # fmt: skip
-    add_profile(builder, network, types.SimpleNamespace(add_optimization_profile=lambda p: 0), profile)
-    assert made.set == dict(profile.shapes)
-    refused = types.SimpleNamespace(add_optimization_profile=lambda p: -1)
+    add_profile(builder, network, config, profile)
+    assert config._profiles[0]._shapes == dict(profile.shapes)
+    refused = RefusingConfig()
     with pytest.raises(ExportError, match=r"refused the optimization profile \(input_ids: min \(1, 9\)"):
         add_profile(builder, network, refused, profile)
     partial = ShapeProfile({"input_ids": profile.shapes["input_ids"]})
@@ -116,11 +115,12 @@ def test_add_profile_sets_every_input_and_a_refused_profile_is_an_error() -> Non
 def gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Install fake tensorrt and cuda.bindings.runtime; returns (cudart, make_trt(refuse), engine path)."""
     cudart = FakeCudart()
+    runtime = cudart.module()
     bindings = types.ModuleType("cuda.bindings")
-    bindings.runtime = cudart
+    bindings.runtime = runtime
     cuda = types.ModuleType("cuda")
     cuda.bindings = bindings
-    for name, module in (("cuda", cuda), ("cuda.bindings", bindings), ("cuda.bindings.runtime", cudart)):
+    for name, module in (("cuda", cuda), ("cuda.bindings", bindings), ("cuda.bindings.runtime", runtime)):
         monkeypatch.setitem(sys.modules, name, module)
 
     def install(refuse: str | None = None) -> types.ModuleType:
@@ -157,7 +157,7 @@ def test_runner_allocates_once_runs_on_its_own_stream_and_times_the_execute_alon
                 np.testing.assert_array_equal(out, want)
         assert [e for e in cudart.timeline if e[0] == "malloc"] == mallocs  # nothing allocated per call
         stream = cudart.streams[0]
-        assert int(stream) != 0 and set(trt.engines[0].context.executed_on) == {int(stream)}
+        assert int(stream) != 0 and set(trt._engines[0]._context._executed_on) == {int(stream)}
         copies = [e for e in cudart.timeline if e[0] == "copy"]
         assert copies and all(e[2] == int(stream) for e in copies)
         # The events bracket exactly one execute: no copy, malloc or sync between them.

@@ -175,9 +175,9 @@ def ort_cuda_session(qdq: Path) -> tuple[Any | None, str]:
 
 
 def _installed_trt_version() -> str | None:
-    try:
-        from importlib import metadata
+    """``tensorrt.__version__``: the module, not a distribution. NVIDIA's split wheels (``tensorrt-cu13``,
+    ``-libs``, ``-bindings``) install no distribution named ``tensorrt``, so ``importlib.metadata`` misses them,
+    and TensorRT skips a cache whose header names another version."""
+    from deploy_opt.analysis.compat_data import installed_tensorrt
 
-        return metadata.version("tensorrt")
-    except Exception:
-        return None
+    return installed_tensorrt()

@@ -119,8 +119,17 @@ def network_scales(trt: Any, network: Any, initializers: Collection[str] = ()) -
 
 
 def _constant_values(trt: Any, layer: Any) -> tuple[float, ...]:
+    """The scale constant's values. ``IConstantLayer.weights`` is already a NumPy array (pyGraph.cpp wraps the
+    getter in ``utils::weights_to_numpy``, TensorRT >= 7.2); only a type NumPy lacks (BF16, FP8) comes back as
+    ``trt.Weights``, which cannot be read as numbers here."""
     layer.__class__ = trt.IConstantLayer  # get_layer returns ILayer; the cast (Polygraphy's idiom) exposes .weights
-    return tuple(float(v) for v in np.asarray(layer.weights.numpy(), dtype=np.float32).reshape(-1))
+    weights = layer.weights
+    if not isinstance(weights, np.ndarray):
+        raise ExportError(
+            f"scale constant '{layer.name}' holds {getattr(weights, 'dtype', type(weights).__name__)} weights, "
+            "which NumPy cannot read; fix: store Q/DQ scales as float32 or float16"
+        )
+    return tuple(float(v) for v in weights.astype(np.float32).reshape(-1))
 
 
 def _constant_layers(trt: Any, network: Any, initializers: set[str]) -> dict[str, tuple[str, Any]]:
