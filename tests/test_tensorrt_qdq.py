@@ -126,7 +126,9 @@ def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Pat
     np.testing.assert_array_equal(got, expected)
 
 
-def _weight_qdq_model(axis: int, zero_type: int = onnx.TensorProto.INT8, activation_scales: int = 1) -> onnx.ModelProto:
+def _weight_qdq_model(
+    axis: int, zero_type: int = onnx.TensorProto.INT8, activation_scales: int = 1, zero_value: int = 0
+) -> onnx.ModelProto:
     """x -> Q/DQ -> MatMul(x, DQ(w)): w is [16, 8]; the activation scale has ``activation_scales`` values."""
     from onnx import TensorProto, helper
 
@@ -134,7 +136,7 @@ def _weight_qdq_model(axis: int, zero_type: int = onnx.TensorProto.INT8, activat
     shape = (activation_scales,) if activation_scales > 1 else ()
     inits = [
         numpy_helper.from_array(np.full(shape, 0.1, np.float32), "xs"),
-        numpy_helper.from_array(np.zeros(shape, zero), "xz"),
+        numpy_helper.from_array(np.full(shape, zero_value, zero), "xz"),
         numpy_helper.from_array(np.ones((16, 8), np.int8), "w_quantized"),
         numpy_helper.from_array(np.full(8 if axis == 1 else 16, 0.01, np.float32), "ws"),
         numpy_helper.from_array(np.zeros(8 if axis == 1 else 16, np.int8), "wz"),
@@ -157,10 +159,13 @@ def _weight_qdq_model(axis: int, zero_type: int = onnx.TensorProto.INT8, activat
     [
         (_weight_qdq_model(1), None, None),  # TensorRT's form: per-channel on MatMul's output axis
         (_weight_qdq_model(0), "w_dq", "per-channel weight of MatMul 'fc' on axis 0: TensorRT fuses axis 1"),
-        (_weight_qdq_model(1, onnx.TensorProto.UINT8), "q", "uint8 QuantizeLinear: TensorRT parse error"),
+        # The parser takes a uint8 QuantizeLinear whose zero point is all zeros (with a warning); its uint8
+        # DequantizeLinear is the parse error, and a non-zero uint8 zero point fails on the Q as well.
+        (_weight_qdq_model(1, onnx.TensorProto.UINT8), "dq", "uint8 DequantizeLinear: TensorRT parse error"),
+        (_weight_qdq_model(1, onnx.TensorProto.UINT8, zero_value=128), "q", "non-zero zero point: TensorRT parse"),
         (_weight_qdq_model(1, activation_scales=16), "q", "per-channel QuantizeLinear on activation 'x'"),
     ],
-    ids=["trt-form", "wrong-axis", "uint8", "per-channel-activation"],
+    ids=["trt-form", "wrong-axis", "uint8-zero", "uint8-asymmetric", "per-channel-activation"],
 )
 def test_compat_judges_tensorrt_s_qdq_rules(model: onnx.ModelProto, node: str | None, reason: str | None) -> None:
     report = check_compat(model, ("tensorrt",))
@@ -169,3 +174,5 @@ def test_compat_judges_tensorrt_s_qdq_rules(model: onnx.ModelProto, node: str | 
         assert not fails, fails
     else:
         assert node in fails and reason in fails[node], fails
+    if reason and reason.startswith("uint8 Dequantize"):
+        assert "q" not in fails, fails  # the Q with zero point 0 parses

@@ -6,7 +6,8 @@ refuse most of what ONNX allows. A model that breaks one of these rules fails at
 judges op types alone says "ok" for a model TensorRT cannot load. The rules checked here, per node:
 
 - the quantized side is INT8 (or FP8/INT4/FP4): an int32 DequantizeLinear (ORT's quantized bias) is the parse
-  error "input has type Int32 but must have type FP8, FP4, Int4, or Int8"; uint8 (asymmetric) is refused too;
+  error "input has type Int32 but must have type FP8, FP4, Int4, or Int8", and so is a uint8 DequantizeLinear;
+  a uint8 QuantizeLinear parses (with a warning) when its zero point is all zeros, so only its zero point judges it;
 - the zero point is a constant of zeros (TensorRT is symmetric only);
 - the scale is a constant, positive and finite;
 - per-channel scales only on constant weights, on the output-channel axis TensorRT fuses: Conv axis 0,
@@ -39,7 +40,8 @@ def qdq_problem(
     if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or not node.input:
         return None
     quantized = _quantized_type(node, types, constants)
-    if quantized is not None and quantized not in _TRT_TYPES:
+    uint8_quantize = quantized == "tensor(uint8)" and node.op_type == "QuantizeLinear"
+    if quantized is not None and quantized not in _TRT_TYPES and not uint8_quantize:
         short = quantized.removeprefix("tensor(").removesuffix(")")
         if node.op_type == "DequantizeLinear" and short == "int32":
             return (
