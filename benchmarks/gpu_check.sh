@@ -120,6 +120,27 @@ for dir in "$OUT"/reports/*/; do
 done
 shopt -u nullglob
 
+# 5. Each calibration.cache names the installed TensorRT in its header: TensorRT skips a cache whose header names
+#    another version, and the split cu13 wheels install no distribution named "tensorrt" (issue 33).
+log "calibration cache headers against tensorrt.__version__"
+if ! (cd "$REPO" && timeout 60 "$PY" - "$OUT/reports" <<'PY'
+import sys
+from pathlib import Path
+import tensorrt as trt
+from exporters.tensorrt.cache import read_trt_cache, trt_version_number
+caches = sorted(Path(sys.argv[1]).glob("*/calibration.cache"))
+assert caches, "no build wrote a calibration.cache"
+want = f"TRT-{trt_version_number(trt.__version__)}-"
+for cache in caches:
+    header = cache.read_text().splitlines()[0]
+    assert header.startswith(want), f"{cache}: header {header!r}, installed tensorrt {trt.__version__} wants {want!r}"
+    read_trt_cache(cache)
+    print(f"{cache.parent.name}: {header} (tensorrt {trt.__version__})")
+PY
+); then
+  status=1
+fi
+
 timeout 30 "$PY" - "$OUT/reports" <<'PY'
 import json, sys
 from pathlib import Path
