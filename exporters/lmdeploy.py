@@ -171,14 +171,36 @@ def quantization_config(fmt: str, weights: Mapping[str, QuantizedWeight]) -> dic
 #   ``pytorch/nn/linear/awq.py`` (``AwqLinear.create_weights``) needs in_features % group_size == 0 and
 #   out_features % 8 == 0; its CUDA kernel (``pytorch/kernels/cuda/awq_kernels.py``: ``awq_linear``) tiles K by
 #   the group size, and Triton's ``tl.dot`` needs K >= 16.
+# - Architecture, ``turbomind/supported_models.py``: ``SUPPORTED_ARCHS``. The CLI's ``serve api_server`` calls
+#   ``archs.autoget_backend`` for every backend but pytorch (``cli/serve.py``), so an architecture outside this list
+#   goes to the PyTorch engine even with ``--backend turbomind``; Mistral, Phi-3 and Gemma are not in it.
 ENGINES = ("turbomind", "pytorch")
+TURBOMIND_ARCHITECTURES = (
+    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration", "InternVLChatModel",
+    "InternVLForConditionalGeneration", "InternS1ForConditionalGeneration", "LlamaForCausalLM", "InternLM2ForCausalLM",
+    "InternLM3ForCausalLM", "Glm4MoeLiteForCausalLM", "GptOssForCausalLM", "MixtralForCausalLM",
+)  # fmt: skip
 TURBOMIND_METHODS = ("awq", "gptq")  # of the ones deploy_opt writes; it also reads compressed-tensors, fp8, mxfp4
 TURBOMIND_GROUP_SIZE = 128
 PYTORCH_AWQ_MIN_GROUP = 16
 
 
-def turbomind_problems(qconfig: Mapping[str, Any]) -> list[str]:
-    """Why lmdeploy 0.18's TurboMind would refuse this ``quantization_config`` (empty: it serves it)."""
+def architecture_of(config: Mapping[str, Any]) -> str | None:
+    """The model class a config.json names (``architectures[0]``), as lmdeploy's ``get_model_arch`` reads it."""
+    names = config.get("architectures") or ()
+    return str(names[0]) if names else None
+
+
+def turbomind_problems(qconfig: Mapping[str, Any], architecture: str | None = None) -> list[str]:
+    """Why lmdeploy 0.18's TurboMind would refuse this checkpoint (empty: it serves it); ``architecture``: its
+    config.json's ``architectures[0]`` (None: not judged)."""
+    if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
+        return [f"architecture {architecture} is not in TurboMind's list (turbomind/supported_models.py), so "
+                "lmdeploy's CLI sends it to the PyTorch engine whatever --backend says"]
+    if not qconfig:
+        return []
     method = qconfig.get("quant_method")
     if method not in TURBOMIND_METHODS:
         return [f"quant_method {method!r}: deploy_opt routes only awq and gptq checkpoints to TurboMind"]
@@ -198,6 +220,8 @@ def turbomind_problems(qconfig: Mapping[str, Any]) -> list[str]:
 
 def pytorch_engine_problems(qconfig: Mapping[str, Any]) -> list[str]:
     """Why lmdeploy 0.18's PyTorch engine would refuse this ``quantization_config`` (empty: it serves it)."""
+    if not qconfig:
+        return []
     method = qconfig.get("quant_method")
     if method != "awq":
         return [f"quant_method {method!r}: the PyTorch engine reads awq but has no {method} (Unsupported quant method)"]
@@ -210,19 +234,22 @@ def pytorch_engine_problems(qconfig: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def engine_problems(qconfig: Mapping[str, Any]) -> dict[str, list[str]]:
+def engine_problems(qconfig: Mapping[str, Any], architecture: str | None = None) -> dict[str, list[str]]:
     """Each lmdeploy engine ('turbomind', 'pytorch') → why it would refuse the checkpoint (empty: it serves it)."""
-    return {"turbomind": turbomind_problems(qconfig), "pytorch": pytorch_engine_problems(qconfig)}
+    return {"turbomind": turbomind_problems(qconfig, architecture), "pytorch": pytorch_engine_problems(qconfig)}
 
 
-def serving_engine(qconfig: Mapping[str, Any]) -> str | None:
+def serving_engine(qconfig: Mapping[str, Any], architecture: str | None = None) -> str | None:
     """The engine ``serve --backend auto`` picks (TurboMind first), or None when neither serves it."""
-    problems = engine_problems(qconfig)
+    problems = engine_problems(qconfig, architecture)
     return next((engine for engine in ENGINES if not problems[engine]), None)
 
 
-def requantize_advice(qconfig: Mapping[str, Any]) -> str:
+def requantize_advice(qconfig: Mapping[str, Any], architecture: str | None = None) -> str:
     """What to re-quantize with so that an lmdeploy engine serves the checkpoint."""
+    if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
+        return (f"re-quantize with --method awq (lmdeploy serves {architecture} on its PyTorch engine only, which "
+                "reads AWQ at group 32/64/128 and has no GPTQ); --method auto picks it")
     if qconfig.get("quant_method") == "gptq" and qconfig.get("group_size") == TURBOMIND_GROUP_SIZE:
         return "re-quantize with --method gptq --group-size 128 --no-desc-act --symmetric (TurboMind), or --method awq"
     return (
@@ -291,11 +318,13 @@ def write_quantized_checkpoint(
         raise OutputError(f"cannot write the checkpoint '{folder}': {exc}") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    if serving_engine(qconfig) is None:
-        problems = engine_problems(qconfig)
+    architecture = architecture_of(config)
+    if serving_engine(qconfig, architecture) is None:
+        problems = engine_problems(qconfig, architecture)
         log.warning(
             "lmdeploy 0.18 serves %s on neither engine (TurboMind: %s; PyTorch engine: %s); %s",
-            folder, "; ".join(problems["turbomind"]), "; ".join(problems["pytorch"]), requantize_advice(qconfig),
+            folder, "; ".join(problems["turbomind"]), "; ".join(problems["pytorch"]),
+            requantize_advice(qconfig, architecture),
         )
     log.info("wrote %s checkpoint %s (%d quantized Linears)", fmt, folder, len(weights))
     return folder

@@ -78,6 +78,20 @@ def test_auto_resolves_to_what_lmdeploy_serves(
     assert serving_engine(qconfig) == engine
 
 
+@pytest.mark.parametrize("arch", ["MistralForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM"])
+def test_auto_picks_awq_for_an_architecture_turbomind_lacks(arch: str) -> None:
+    from exporters.lmdeploy import serving_engine
+
+    scheme = resolve_scheme(LLMQuantConfig(), DIVIDES_128, arch)
+    assert (scheme.method, scheme.group_size, scheme.symmetric) == ("awq", 128, False)
+    assert f"{arch} is not in TurboMind's list" in scheme.reason
+    qconfig = _qconfig("awq", 128, min(DIVIDES_128.values()))
+    assert serving_engine(qconfig, arch) == "pytorch"
+    assert serving_engine(_qconfig("gptq", 128, min(DIVIDES_128.values())), arch) is None  # what auto avoids
+    llama = resolve_scheme(LLMQuantConfig(), DIVIDES_128, "LlamaForCausalLM")
+    assert (llama.method, llama.group_size) == ("gptq", 128)
+
+
 def test_auto_refuses_a_model_no_auto_group_divides() -> None:
     with pytest.raises(ConfigError, match=r"none of 128, 64, 32 divides q \(in_features 48\).*--group-size"):
         resolve_scheme(LLMQuantConfig(), {"q": 48})

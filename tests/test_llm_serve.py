@@ -21,12 +21,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _checkpoint(
-    tmp_path: Path, method: str | None, group_size: int = 128, *, desc_act: bool = False, sym: bool = True
+    tmp_path: Path, method: str | None, group_size: int = 128, *, desc_act: bool = False, sym: bool = True,
+    arch: str = "LlamaForCausalLM",
 ) -> Path:
     """A config.json-only folder with the quantization_config our writer puts there (AWQ GEMM, or AutoGPTQ v1)."""
-    folder = tmp_path / f"ckpt-{method}-{group_size}-{desc_act}-{sym}"
+    folder = tmp_path / f"ckpt-{method}-{group_size}-{desc_act}-{sym}-{arch}"
     folder.mkdir()
-    config: dict = {"architectures": ["LlamaForCausalLM"]}
+    config: dict = {"architectures": [arch]}
     if method == "awq":
         config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
                                          "zero_point": True, "version": "gemm"}
@@ -105,6 +106,30 @@ def test_forcing_an_engine_that_refuses_the_checkpoint_is_an_error(
     result = _cli("serve", str(_checkpoint(tmp_path, method, group)), "--dry-run", "--backend", backend)
     assert result.returncode == 2
     assert why in result.stderr and fix in result.stderr
+
+
+# lmdeploy 0.18's CLI calls archs.autoget_backend for every --backend but pytorch (cli/serve.py), which picks
+# TurboMind only for the architectures in turbomind/supported_models.py; Mistral, Phi-3 and Gemma are not there.
+@pytest.mark.parametrize("arch", ["MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM"])
+def test_a_gptq_checkpoint_of_an_architecture_turbomind_lacks_is_refused(tmp_path: Path, arch: str) -> None:
+    ckpt = _checkpoint(tmp_path, "gptq", 128, arch=arch)
+    result = _cli("serve", str(ckpt), "--dry-run")
+    assert result.returncode == 2 and not result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert f"architecture {arch} is not in TurboMind's list" in line and "no gptq" in line, line
+    assert f"re-quantize with --method awq (lmdeploy serves {arch} on its PyTorch engine only" in line, line
+    forced = _cli("serve", str(ckpt), "--dry-run", "--backend", "turbomind")
+    assert forced.returncode == 2 and "whatever --backend says" in forced.stderr
+
+
+@pytest.mark.parametrize(("method", "group"), [("awq", 128), ("awq", 64), (None, 0)])
+def test_an_architecture_turbomind_lacks_goes_to_the_pytorch_engine(tmp_path: Path, method, group) -> None:
+    ckpt = _checkpoint(tmp_path, method, group, arch="MistralForCausalLM")
+    result = _cli("serve", str(ckpt), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert _options(result.stdout, ckpt)["--backend"] == "pytorch" and "--model-format" not in result.stdout
+    forced = _cli("serve", str(ckpt), "--dry-run", "--backend", "turbomind")
+    assert forced.returncode == 2 and "serve with --backend pytorch" in forced.stderr
 
 
 def test_forcing_the_pytorch_engine_on_a_float_folder_passes_no_model_format(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.lmdeploy
 
 LMDEPLOY_SERIES = "0.18."
-EMPTY_PACKAGES = ("", "turbomind", "turbomind.builders", "pytorch.nn", "pytorch.nn.linear")
+EMPTY_PACKAGES = ("", "cli", "turbomind", "turbomind.builders", "pytorch.nn", "pytorch.nn.linear")
 TM_DATA_TYPES = ("TYPE_INVALID", "TYPE_FP16", "TYPE_BF16", "TYPE_FP32", "TYPE_UINT4", "TYPE_UINT8", "TYPE_INT32",
                  "TYPE_GENERIC_FLOAT", "TYPE_FP8_E4M3", "TYPE_FP4_E2M1")
 CONVERTER_NAMES = ("_DEFAULT_GROUP_SIZES", "_SUPPORTED_GROUP_SIZES", "_validate_quant_group_size")
@@ -115,7 +115,7 @@ def lmd():
             modules = {short: importlib.import_module(f"lmdeploy.{short}") for short in (
                 "turbomind.checkpoint", "turbomind.weight_format", "turbomind.builders.linear", "pytorch.config",
                 "pytorch.weight_loader.model_weight_loader", "pytorch.nn.linear.awq",
-                "pytorch.backends.default.awq_modules")}
+                "pytorch.backends.default.awq_modules", "cli.utils")}
         except ModuleNotFoundError as exc:
             _unavailable(f"lmdeploy's readers import {exc.name}, which is not installed; pip install {exc.name}")
         yield types.SimpleNamespace(tm=tm, rules=_converter_rules(root), **{
@@ -253,3 +253,90 @@ def test_pytorch_engine_has_no_gptq_and_no_hf_model_format(lmd, checkpoints):
     assert pytorch_engine_problems({"quant_method": "gptq", "bits": 4, "group_size": 128})
     with pytest.raises(RuntimeError, match="Unsupported weight quantization method: hf"):
         lmd.config._patch_quantization_config(transformers.LlamaConfig(), model_format="hf")
+
+
+# ---------- routing: TurboMind's architectures and the serve command line ----------
+
+
+def _supported_archs(root: Path) -> set[str]:
+    """``SUPPORTED_ARCHS`` of ``turbomind/supported_models.py``, read from its source (it imports lmdeploy.archs)."""
+    tree = ast.parse((root / "turbomind" / "supported_models.py").read_text())
+    [found] = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and getattr(node.targets[0], "id", None) == "SUPPORTED_ARCHS"]
+    return {keyword.arg for keyword in found.keywords}
+
+
+def test_our_turbomind_architectures_are_lmdeploy_s_and_the_cli_routes_by_them(lmd) -> None:
+    from exporters.lmdeploy import TURBOMIND_ARCHITECTURES
+
+    root = _lmdeploy_root()
+    assert set(TURBOMIND_ARCHITECTURES) == _supported_archs(root)
+    assert {"MistralForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM"}.isdisjoint(TURBOMIND_ARCHITECTURES)
+    serve_source = (root / "cli" / "serve.py").read_text()  # every --backend but pytorch goes through autoget
+    assert "if backend != 'pytorch':" in serve_source and "autoget_backend(args.model_path" in serve_source
+
+
+def test_lmdeploy_s_own_argument_parser_takes_our_serve_command(lmd, tmp_path: Path) -> None:
+    """The flags and values ``serve`` passes, parsed by lmdeploy 0.18's own ArgumentHelper (cli/utils.py)."""
+    import argparse
+    import json
+
+    from deploy_opt.config.serve import ServeConfig
+    from deploy_opt.llm.serve import serve_command
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("model_path")
+    parser.add_argument("--server-port", type=int)  # cli/serve.py add_parser_api_server
+    for helper in ("backend", "model_format", "tp", "session_len"):
+        getattr(lmd.utils.ArgumentHelper, helper)(parser)
+    for method, arch, backend in (("gptq", "LlamaForCausalLM", "turbomind"), ("awq", "LlamaForCausalLM", "turbomind"),
+                                  ("awq", "MistralForCausalLM", "pytorch")):
+        folder = tmp_path / f"{method}-{arch}"
+        folder.mkdir()
+        qconfig = {"quant_method": method, "bits": 4, "group_size": 128, "version": "gemm", "sym": True}
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch], "quantization_config": qconfig}))
+        args = parser.parse_args(serve_command(folder, ServeConfig(session_len=4096))[3:])
+        assert args.backend == backend and args.model_format == (method if backend == "turbomind" else None)
+        assert args.session_len == 4096
+
+
+# ---------- quantize-llm auto on an architecture TurboMind lacks ----------
+
+
+def _tiny_mistral(folder: Path) -> Path:
+    """A random MistralForCausalLM with hidden 128: group 128 divides every Linear (GPTQ's case before issue 33)."""
+    torch.manual_seed(0)
+    tokenizer = tiny_llama.train_tokenizer()
+    config = transformers.MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    transformers.MistralForCausalLM(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_path: Path) -> None:
+    from deploy_opt.llm.config import load_llm_config
+    from deploy_opt.llm.pipeline import run_quantize_llm
+
+    source = _tiny_mistral(tmp_path / "mistral")
+    flags = {"name": "mistral", "model": {"path": str(source)}, "calibration": {"samples": 8, "max_seq_len": 32},
+             "checks": {"eval_tokens": 64, "eval_seq_len": 32, "generations": 1, "max_new_tokens": 4}}
+    report = run_quantize_llm(load_llm_config(None, flags), tmp_path / "out", progress=False).report
+    assert (report["scheme"]["method"], report["scheme"]["group_size"]) == ("awq", 128)
+    assert "MistralForCausalLM is not in TurboMind's list" in report["scheme"]["reason"]
+    assert report["serve"]["servable"] and report["serve"]["backend"] == "pytorch"
+    folder = tmp_path / "out" / "mistral" / "checkpoint"
+    quant = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
+    assert (quant.quant_method, quant.bits, quant.group_size) == ("awq", 4, 128)
+    loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
+    tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
+    name = "model.layers.0.mlp.down_proj"
+    params = lmd.awq.AwqLinear.create_weights(None, 256, 128, quant.bits, quant.group_size, False, torch.float16,
+                                              torch.device("cpu"))[:3]  # fmt: skip
+    for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
+        lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])  # asserts the shapes agree
+    qweight, scales, qzeros = params
+    weight = lmd.awq_modules.dequantize_gemm(qweight, qzeros, scales, quant.bits, quant.group_size)
+    assert weight.shape == (256, 128) and torch.isfinite(weight.float()).all()

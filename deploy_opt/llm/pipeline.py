@@ -196,7 +196,8 @@ def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
     from deploy_opt.llm.scheme import resolve_scheme
 
     targets = target_linears(model, quant.keep)
-    scheme = resolve_scheme(quant, {name: module.in_features for name, module in targets.items()})
+    architectures = getattr(getattr(model, "config", None), "architectures", None) or [None]
+    scheme = resolve_scheme(quant, {name: module.in_features for name, module in targets.items()}, architectures[0])
     log.info("quantization scheme: %s", scheme.reason)
     if not scheme.method.startswith("torchao"):
         check_targets(targets, scheme.group_size)

@@ -6,7 +6,9 @@ engine has no GPTQ but reads AWQ at any group of 16 or more. So ``auto`` is
 
 - GPTQ, symmetric, no act-order, group 128 (TurboMind) when 128 divides every quantized Linear's in_features;
 - else AWQ at the largest of 64, 32 that divides them all (the PyTorch engine), e.g. 64 on SmolLM2's 576;
-- AWQ as well when ``symmetric: false`` (TurboMind refuses asymmetric GPTQ; AWQ carries zero points).
+- AWQ as well when ``symmetric: false`` (TurboMind refuses asymmetric GPTQ; AWQ carries zero points);
+- AWQ as well for an architecture outside TurboMind's list (Mistral, Phi-3, Gemma): lmdeploy's CLI serves those
+  on the PyTorch engine whatever ``--backend`` says, and that engine has no GPTQ.
 
 An explicit method is kept as given (an act-order GPTQ still quantizes; ``serve`` refuses it with advice).
 """
@@ -72,8 +74,13 @@ def auto_group_size(in_features: Mapping[str, int]) -> tuple[int, str]:
     )
 
 
-def resolve_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int]) -> QuantScheme:
-    """The scheme to quantize with, given the configured one and each target Linear's in_features."""
+def resolve_scheme(
+    quant: LLMQuantConfig, in_features: Mapping[str, int], architecture: str | None = None
+) -> QuantScheme:
+    """The scheme to quantize with, given the configured one, each target Linear's in_features and the model's
+    architecture (config.json's ``architectures[0]``; None: assumed TurboMind's)."""
+    from exporters.lmdeploy import TURBOMIND_ARCHITECTURES
+
     requested = {"method": quant.method, "group_size": quant.group_size, "desc_act": quant.desc_act}
     if quant.format == "gguf":
         return _gguf_scheme(quant, in_features, requested)
@@ -91,6 +98,12 @@ def resolve_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int]) -> Qua
         reason = (
             f"method auto: awq because symmetric is false (TurboMind refuses asymmetric GPTQ; AWQ carries zero "
             f"points and lmdeploy serves it); {group_reason}"
+        )
+        return QuantScheme("awq", group, False, False, reason, requested)
+    if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
+        reason = (
+            f"method auto: awq at group {group} for lmdeploy's PyTorch engine, because {architecture} is not in "
+            f"TurboMind's list (lmdeploy serves it on the PyTorch engine, which has no GPTQ); {group_reason}"
         )
         return QuantScheme("awq", group, False, False, reason, requested)
     if group == TURBOMIND_GROUP_SIZE:

@@ -35,33 +35,40 @@ class ServeError(DeployOptError):
     """The serving host cannot run lmdeploy, or the server did not come up."""
 
 
-def quantization_config(checkpoint: Path) -> dict:
-    """The checkpoint's ``quantization_config`` ({} for a float model)."""
+def checkpoint_config(checkpoint: Path) -> dict:
+    """The checkpoint's ``config.json``."""
     config_path = Path(checkpoint) / "config.json"
     if not config_path.is_file():
         raise InputError(f"'{checkpoint}' is not a checkpoint folder (no config.json); pass quantize-llm's output")
     try:
-        return json.loads(config_path.read_text(encoding="utf-8")).get("quantization_config") or {}
+        return json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"'{config_path}' is not valid JSON: {exc}") from exc
 
 
+def quantization_config(checkpoint: Path) -> dict:
+    """The checkpoint's ``quantization_config`` ({} for a float model)."""
+    return checkpoint_config(checkpoint).get("quantization_config") or {}
+
+
 def choose_backend(checkpoint: Path, backend: str) -> str:
     """The lmdeploy engine for ``checkpoint``: 'auto' → TurboMind when it serves it, else the PyTorch engine; an
-    engine that would refuse it (explicit, or both for 'auto') is a ConfigError with the re-quantize advice."""
-    from exporters.lmdeploy import ENGINES, engine_problems, requantize_advice
+    engine that would refuse it (explicit, or both for 'auto') is a ConfigError with the re-quantize advice.
 
-    quant = quantization_config(checkpoint)
-    if not quant:  # a float folder: both engines load it
-        return "turbomind" if backend == "auto" else backend
-    problems = engine_problems(quant)
+    The architecture counts as well: lmdeploy's CLI runs TurboMind only for the architectures in its list, and
+    sends any other to the PyTorch engine (which has no GPTQ), whatever ``--backend`` says."""
+    from exporters.lmdeploy import ENGINES, architecture_of, engine_problems, requantize_advice
+
+    config = checkpoint_config(checkpoint)
+    quant, architecture = config.get("quantization_config") or {}, architecture_of(config)
+    problems = engine_problems(quant, architecture)
     if backend == "auto":
         serving = [engine for engine in ENGINES if not problems[engine]]
         if not serving:
             turbomind, pytorch = ("; ".join(problems[engine]) for engine in ENGINES)
             raise ConfigError(
                 f"lmdeploy 0.18 serves '{checkpoint}' on neither engine (TurboMind: {turbomind}; "
-                f"PyTorch engine: {pytorch}); {requantize_advice(quant)}"
+                f"PyTorch engine: {pytorch}); {requantize_advice(quant, architecture)}"
             )
         if serving[0] != "turbomind":
             log.info("TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine",
@@ -69,7 +76,7 @@ def choose_backend(checkpoint: Path, backend: str) -> str:
         return serving[0]
     if problems[backend]:
         other = next(engine for engine in ENGINES if engine != backend)
-        fix = f"serve with --backend {other}" if not problems[other] else requantize_advice(quant)
+        fix = f"serve with --backend {other}" if not problems[other] else requantize_advice(quant, architecture)
         raise ConfigError(f"lmdeploy's {backend} engine refuses '{checkpoint}': {'; '.join(problems[backend])}; {fix}")
     return backend
 
