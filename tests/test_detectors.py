@@ -167,3 +167,24 @@ def test_an_error_inside_a_stage_names_the_stage_and_the_time_spent() -> None:
             raise ScaleMismatchError("model.int8.onnx drifted")
     with pytest.raises(ScaleMismatchError, match=r"^bad$"), times.stage("load", explain=False):
         raise ScaleMismatchError("bad")
+
+
+def test_a_model_that_fixes_its_batch_is_timed_at_that_batch_only(tmp_path: Path) -> None:
+    from deploy_opt.build.benchmark import fixed_batch, respect_fixed_batch
+    from deploy_opt.config.profiles import load_build_config
+
+    dynamic = onnx.load(str(_dfl_model(tmp_path / "dynamic.onnx")))
+    dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1  # an Ultralytics static export: [1, ...]
+    onnx.save(dynamic, str(tmp_path / "static.onnx"))
+    assert fixed_batch(tmp_path / "dynamic.onnx") is None and fixed_batch(tmp_path / "static.onnx") == 1
+    text = """
+name: fixed
+model: {onnx: static.onnx, inputs: [{name: x, shape: [1, 4, 8, 8], dtype: float32}]}
+data: {calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", metric: cosine}
+gate: {speedup_batch: 32}
+"""
+    config, _ = load_build_config(write_config(tmp_path, text), "ci", [])
+    assert config.benchmark.batch_sizes == (1, 32)
+    fixed = respect_fixed_batch(config, tmp_path / "static.onnx")
+    assert fixed.benchmark.batch_sizes == (1,) and fixed.gate.speedup_batch is None
+    assert respect_fixed_batch(config, tmp_path / "dynamic.onnx") is config

@@ -125,6 +125,11 @@ def evaluation_data(batch_size: int = 16) -> list[Item]:
     return _batches(evaluation_sentences(), batch_size)
 
 
+def test_data(batch_size: int = 16) -> list[Item]:
+    """256 other comment sentences (the far end of the list), never shown to a build."""
+    return _batches(_texts().comment_sentences()[::-1][:EVALUATION_SAMPLES], batch_size)
+
+
 def check() -> float:
     """Lowest cosine between this wrapper and deploy_opt's plain-torch MiniLM on the evaluation tokens."""
     import torch

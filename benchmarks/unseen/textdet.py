@@ -96,6 +96,11 @@ def evaluation_data(batch_size: int = 8) -> list[Item]:
     return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
 
 
+def test_data(batch_size: int = 8) -> list[Item]:
+    """64 other pages (comments from the far end of the list, other layouts), never shown to a build."""
+    return _batches(_sibling("texts").comment_sentences()[::-1], EVALUATION_SAMPLES, "comment-test", batch_size)
+
+
 def main() -> None:
     """CLI: ``--prepare`` copies the model next to the config; ``--save-example`` writes one page as PNG."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

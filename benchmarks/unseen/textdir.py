@@ -135,6 +135,11 @@ def evaluation_data(batch_size: int = 32) -> list[Item]:
     return _batches(_lines(_texts().comment_sentences(), EVALUATION_SAMPLES), "comment", batch_size)
 
 
+def test_data(batch_size: int = 32) -> list[Item]:
+    """512 other rendered lines (comments from the far end of the list), never shown to a build."""
+    return _batches(_lines(_texts().comment_sentences()[::-1], EVALUATION_SAMPLES), "test", batch_size)
+
+
 def fp32_top1(data: list[Item], model: Path | None = None) -> float:
     """Top-1 (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
     import onnxruntime as ort

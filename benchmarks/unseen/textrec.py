@@ -136,6 +136,11 @@ def evaluation_data(batch_size: int = 32) -> list[Item]:
     return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
 
 
+def test_data(batch_size: int = 32) -> list[Item]:
+    """256 other rendered lines (comments from the far end of the list), never shown to a build."""
+    return _batches(_sibling("texts").comment_sentences()[::-1], EVALUATION_SAMPLES, "test", batch_size)
+
+
 def fp32_char_accuracy(data: list[Item], model: Path | None = None) -> float:
     """Mean character accuracy (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
     import onnxruntime as ort

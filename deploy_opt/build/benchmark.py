@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from deploy_opt.build.sources import Batch
+from deploy_opt.config.build import BuildConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,34 @@ def feed_of_size(batch: Batch, size: int) -> dict[str, np.ndarray]:
     """Real samples tiled along the batch axis to exactly ``size`` rows."""
     reps = -(-size // batch.size)
     return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in batch.inputs.items()}
+
+
+def fixed_batch(model_path: Path) -> int | None:
+    """The batch size the model's first input fixes (an integer first dimension), or None when it is dynamic."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    dims = inputs[0].type.tensor_type.shape.dim if inputs else []
+    return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
+
+
+def respect_fixed_batch(config: BuildConfig, model_path: Path) -> BuildConfig:
+    """``config`` timing only the batch size the model accepts, when its batch is fixed (a static export).
+
+    The profile's sizes (1 and 32) would feed a [1, 3, 320, 320] model 32 rows; its one size stands instead, for
+    the search's latency probe, the benchmark, the TensorRT profile and the gate alike.
+    """
+    size = fixed_batch(model_path)
+    bench = config.benchmark
+    if size is None or bench.batch_sizes == (size,):
+        return config
+    log.info("benchmark: the model fixes its batch at %d; timing batch %d only (not %s)", size, size,
+             list(bench.batch_sizes))  # fmt: skip
+    return dataclasses.replace(
+        config,
+        benchmark=dataclasses.replace(bench, batch_sizes=(size,)),
+        gate=dataclasses.replace(config.gate, speedup_batch=None),
+    )
 
 
 MIN_REPEATS = 5

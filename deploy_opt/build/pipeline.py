@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.build.benchmark import respect_fixed_batch
 from deploy_opt.build.export import prepare_fp32
 from deploy_opt.build.inputs import load_inputs, training_batches
 from deploy_opt.build.metrics import resolve_metric
@@ -76,6 +77,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         if pruned is not None:  # the reference the gate judges against, and the latency baseline
             original = prepare_fp32(config, pruned.original, inputs.calibration.batches[0], parity,
                                     ensure_writable_dir(stage / ORIGINAL_DIR))  # fmt: skip
+    config = respect_fixed_batch(config, fp32.path)
     if config.quantization.mode == "auto":
         with times.stage("auto_search"):
             precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)

@@ -83,7 +83,6 @@ def proxy_scores(
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
-        compute_activation_error,
         compute_weight_error,
         create_activation_matching,
         create_weight_matching,
@@ -105,7 +104,14 @@ def proxy_scores(
         qdq_acts = collect_activations(str(qdq_aug), Reader())
         fp32_acts = collect_activations(str(fp32_aug), Reader())
     matching = create_activation_matching(qdq_acts, fp32_acts)
-    local = compute_activation_error(matching, _sqnr)
+    # Each quantized activation's own error, pre-Q vs post-DQ. ORT's compute_activation_error would also read
+    # match["float"], which create_activation_matching leaves out for a tensor the FP32 graph lacks under that
+    # name (torchvision's MobileNetV2 export: KeyError 'float'), so the one figure used is computed here.
+    local = {
+        name: {"qdq_err": _sqnr(match["pre_qdq"], match["post_qdq"])}
+        for name, match in matching.items()
+        if "pre_qdq" in match and "post_qdq" in match
+    }
     weight_match = create_weight_matching(str(fp32_path), str(qdq_path))
     weights = compute_weight_error(weight_match, _sqnr)
     graph = {n.name: n for n in onnx.load(str(fp32_path), load_external_data=False).graph.node}

