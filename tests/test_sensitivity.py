@@ -161,4 +161,5 @@ def test_the_sensitivity_command_prints_the_ranking(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "1. fc2 (MatMul)" in result.stdout
-    assert (tmp_path / "reports" / "fragile" / "sensitivity.html").is_file()
+    assert (tmp_path / "reports" / "fragile-sensitivity" / "sensitivity.html").is_file()
+    assert not (tmp_path / "reports" / "fragile").exists()  # the build's folder is not the sensitivity command's

@@ -34,29 +34,32 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_sensitivity(args: argparse.Namespace) -> int:
-    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.analysis.sensitivity.analyze import proxy_key
+    from deploy_opt.analysis.sensitivity.publish import publish_sensitivity
     from deploy_opt.config.profiles import load_build_config
 
     overrides = ["sensitivity.enabled=true", "benchmark.enabled=false", *args.overrides]
     if args.mode:
         overrides.append(f"sensitivity.mode={args.mode}")
     config, profile = load_build_config(args.config or args.config_flag, args.profile, overrides)
-    result = run_build(config, profile, args.output_dir, progress=not args.quiet)
-    from deploy_opt.analysis.sensitivity.analyze import proxy_key
-
-    summary = result.build["sensitivity"]
-    metric = summary["metric"]
+    run = publish_sensitivity(config, profile, args.output_dir, progress=not args.quiet)
+    record, build = run.record, run.record["build"]
+    metric = record["metric"]
     print(
-        f"sensitivity of {config.name} ({summary['mode']}, {metric['subset_samples']} samples): {metric['name']} "
-        f"FP32 {metric['fp32']:.3f}, INT8 {metric['int8']:.3f}"
+        f"sensitivity of {config.name} ({record['mode']}): {metric['name']} FP32 {build['ort_fp32']:.3f} → INT8 "
+        f"{build['ort_int8']:.3f} on the build's {build['samples']} evaluation samples"
     )
-    for node in summary["top"]:
+    print(
+        f"  on the subset of {metric['subset_samples']} samples: FP32 {metric['fp32']:.3f} → INT8 "
+        f"{metric['int8']:.3f}; {record['resolution']['text']}"
+    )
+    for node in sorted(record["nodes"], key=lambda n: n["rank"])[:10]:
         drop = "n/a" if node["drop_both"] is None else f"{node['drop_both']:.3f}"
         print(
             f"  {node['rank']:>3}. {node['name']} ({node['op_type']}): drop {drop}, "
             f"proxy SQNR {proxy_key(node['proxy']):.1f} dB"
         )
-    print(f"report: {result.out_dir}/sensitivity.html")
+    print(f"report: {run.out_dir}/sensitivity.html")
     return 0
 
 

@@ -45,7 +45,9 @@ def make_parser() -> argparse.ArgumentParser:
     sens.add_argument("--profile", help="hardware preset from profiles/, or a path to one")
     sens.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     sens.add_argument("--mode", choices=["exhaustive", "proxy", "proxy+topk"], help="default: the config's")
-    sens.add_argument("--output-dir", default="reports", type=Path, help="where reports/<name>/ goes")
+    sens.add_argument(
+        "--output-dir", default="reports", type=Path, help="where reports/<name>-sensitivity/ goes (never <name>/)"
+    )
 
     gate = sub.add_parser("gate", parents=[common], help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
     gate.add_argument("build_json", type=Path, help="reports/<name>/build.json (or its folder)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dopt_common.errors import DeployOptError
+from dopt_common.errors import DeployOptError, ReportError
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -25,6 +25,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     max_drop = args.max_drop if args.max_drop is not None else configured.get("max_drop")
     min_speedup = args.min_speedup if args.min_speedup is not None else configured.get("min_speedup")
     batch = args.speedup_batch or configured.get("speedup_batch")
+    if args.min_speedup is None and min_speedup is not None and not (build.get("benchmark") or {}).get("batches"):
+        # The threshold came from the build's config, not a flag: advise on the build, not on dropping a flag.
+        raise ReportError(
+            f"gate: '{args.build_json}' has no benchmark (it was built with benchmark.enabled=false), so the "
+            f"min_speedup {min_speedup} from its config (gate.min_speedup) cannot be judged; fix: rebuild with "
+            "benchmark.enabled=true"
+        )
     result = apply_gate(build, max_drop, min_speedup, batch, bool(configured.get("allow_fp32", False)))
     if not result.criteria:
         raise DeployOptError("gate: no criterion to check; pass --max-drop and/or --min-speedup")

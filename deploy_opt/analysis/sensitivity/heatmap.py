@@ -101,6 +101,9 @@ def write_heatmap(result: Mapping[str, Any], path: Path) -> Path:
     title = f"{result.get('model', '?')}: per-node INT8 sensitivity ({metric} drop, points)"
     fig.text(0.5, 1 - 0.25 / height, title, ha="center", va="center", fontsize=11, weight="bold")
     note = "grey = not evaluated; (a) drop with only this node INT8; (c) points recovered keeping only this node FP"
+    samples = (result.get("metric") or {}).get("subset_samples")
+    if samples is not None:
+        note += f"; exact drops on {samples} samples"
     fig.text(0.5, 1 - 0.5 / height, note, ha="center", va="center", fontsize=7, color="#444444")
     bar_w = min(3.2, (width - 1.6) / 2)
     for x_in, norm, cmap, label in (
@@ -158,6 +161,7 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.3em;margin:0 0 .3em}
 .facts{margin:.2em 0 1em;color:#444}
+.warn{color:#8a3b00;font-weight:600}
 .plot{overflow:auto;max-height:80vh;border:1px solid #ddd;margin-bottom:1em}
 table{border-collapse:collapse;font-size:12px}
 th,td{border:1px solid #ddd;padding:2px 6px;text-align:right}
@@ -260,20 +264,48 @@ _HEADERS = (
 )
 
 
+def _figures(scores: Mapping[str, Any], fp32: str, int8: str) -> str | None:
+    """``FP32 97.556 → INT8 97.333`` from two keys of ``scores``, or None when either is missing."""
+    a, b = number(scores.get(fp32)), number(scores.get(int8))
+    return None if a is None or b is None else f"FP32 <b>{a:.3f}</b> &rarr; INT8 <b>{b:.3f}</b>"
+
+
+def _scores(result: Mapping[str, Any]) -> str:
+    """Which FP32/INT8 figures are which: the build's (as build.json has them) and the exact drops' subset, and
+    how finely that subset resolves the metric."""
+    esc, metric = html.escape, result.get("metric") or {}
+    build, resolution = result.get("build") or {}, result.get("resolution") or {}
+    built = _figures(build, "ort_fp32", "ort_int8")
+    facts = []
+    if built is not None:
+        facts.append(
+            f"The build: {built} on its {esc(str(build.get('samples', '?')))} evaluation samples (against "
+            f"{esc(str(build.get('reference') or '?'))}), the figures build.json reports."
+        )
+    facts.append(
+        f"The exact drops below{'' if built else ' (not build.json figures)'} are measured on a seeded subset of "
+        f"{esc(str(metric.get('subset_samples', '?')))} samples: there {_figures(metric, 'fp32', 'int8') or '?'}."
+    )
+    page = f'<p class="facts">{" ".join(facts)}</p>'
+    if resolution.get("text"):
+        kind = "facts warn" if resolution.get("coarser_than_gate") else "facts"
+        page += f'\n<p class="{kind}">Resolution: {esc(str(resolution["text"]))}.</p>'
+    return page
+
+
 def write_html(result: Mapping[str, Any], png: Path, path: Path) -> Path:
     """Write one self-contained HTML page: facts, the embedded heatmap and a sortable per-node table."""
     metric = result.get("metric") or {}
     esc = html.escape
     model, name = esc(str(result.get("model", "?"))), esc(str(metric.get("name", "metric")))
     direction = "higher is better" if metric.get("higher_is_better", True) else "lower is better"
-    fp32, int8 = number(metric.get("fp32")), number(metric.get("int8"))
-    scores = f"FP32 {fp32:.4g} vs INT8 {int8:.4g}" if fp32 is not None and int8 is not None else "scores unknown"
     mode = esc(str(result.get("mode", "?")))
     if result.get("top_k") is not None:
         mode += f" (top {esc(str(result['top_k']))})"
     timings = ", ".join(
         f"{esc(str(k))} {v:.1f} s" for k, v in (result.get("timings_s") or {}).items() if number(v) is not None
     )
+    timings = f" &middot; timings {timings}" if timings else ""
     image = base64.b64encode(Path(png).read_bytes()).decode("ascii")
     heads = "".join(
         f'<th data-type="{kind}" data-key="{key}" tabindex="0" aria-sort="none">{esc(label)}</th>'
@@ -288,10 +320,10 @@ def write_html(result: Mapping[str, Any], png: Path, path: Path) -> Path:
 <style>{_CSS}</style></head>
 <body>
 <h1>{model}: per-node INT8 sensitivity</h1>
-<p class="facts">Metric <b>{name}</b> ({direction}): {scores} &middot; mode <b>{mode}</b> &middot;
-subset {esc(str(metric.get("subset_samples", "?")))} samples{" &middot; timings " + timings if timings else ""}.
-Drops are in metric points (positive = worse); &ldquo;recovered&rdquo; is the points regained when every node except
-this one is quantized; &ndash; = not evaluated exactly.</p>
+<p class="facts">Metric <b>{name}</b> ({direction}) &middot; mode <b>{mode}</b>{timings}.</p>
+{_scores(result)}
+<p class="facts">Drops are in metric points (positive = worse); &ldquo;recovered&rdquo; is the points regained when
+every node except this one is quantized; &ndash; = not evaluated exactly.</p>
 <div class="plot"><img alt="per-node sensitivity heatmap" src="data:image/png;base64,{image}"></div>
 <table id="nodes"><thead><tr>{heads}</tr></thead>
 <tbody>

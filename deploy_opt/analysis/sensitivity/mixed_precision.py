@@ -23,6 +23,7 @@ from deploy_opt.analysis.sensitivity.fallback import (
     sensitivity_order,
 )
 from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
+from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.sources import Batch
@@ -86,14 +87,27 @@ def run_sensitivity(
     scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
     analysis = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
-    record = {"model": config.name, **analysis}  # a new record: the analysis itself is never mutated
+    resolution = Resolution(
+        metric=metric.name,
+        samples=sum(b.size for b in subset),
+        drawn_from=sum(b.size for b in evaluation),
+        subset=sens.subset,
+        max_drop=config.gate.max_drop,
+    )
+    # A new record: the analysis itself is never mutated.
+    record = {"model": config.name, **analysis, "resolution": resolution.to_json()}
     modules = module_paths(onnx.load(str(fp32_path), load_external_data=False))
     if modules:  # the PyTorch module beside each ONNX name, where the exporter recorded it
         record["nodes"] = [{**n, "module": modules.get(str(n.get("name")), "")} for n in record.get("nodes") or []]
-    write_json(stage / "sensitivity.json", record)
-    write_heatmap(record, stage / "sensitivity.png")
-    write_html(record, stage / "sensitivity.png", stage / "sensitivity.html")
+    write_sensitivity(record, stage)
     return record
+
+
+def write_sensitivity(record: dict[str, Any], folder: Path) -> None:
+    """sensitivity.json, its heatmap (sensitivity.png) and its page (sensitivity.html) in ``folder``."""
+    write_json(folder / "sensitivity.json", record)
+    write_heatmap(record, folder / "sensitivity.png")
+    write_html(record, folder / "sensitivity.png", folder / "sensitivity.html")
 
 
 def auto_fallback(
