@@ -27,6 +27,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.trust import alignment_criterion, with_criterion
 from dopt_common.files import ensure_writable_dir
 from dopt_common.runs import Timings, seed_everything, staged_dir
 from exporters.tensorrt.profile import input_shapes
@@ -120,6 +121,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     speedup = gate_cfg.min_speedup if bench else None
     judged = {"metrics": metrics, "benchmark": bench, "quantization": shipped.info, "targets": config.deploy.targets}
     gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
+    gate = with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
     build = record.build_record(
         name=config.name,
         description=config.description,

@@ -9,15 +9,28 @@ from dopt_common.errors import DeployOptError
 
 def cmd_align(args: argparse.Namespace) -> int:
     from deploy_opt.analysis.align import verify_alignment
+    from deploy_opt.report.trust import check_build_folder
+    from dopt_common.errors import one_line
     from dopt_common.files import write_json
 
-    report = verify_alignment(args.build_dir)
-    for check in report.checks:
-        print(check.line())
-    print(f"align: {report.verdict}")
-    if args.json:
-        write_json(args.json, report.to_json())
-    return 0 if report.ok else 1
+    integrity = check_build_folder(args.build_dir)  # first: a damaged artifact may not even parse below
+    intact = integrity is None or integrity.ok
+    try:
+        report = verify_alignment(args.build_dir)
+    except Exception as exc:  # only once integrity named the damaged artifact; else re-raised
+        if intact:
+            raise
+        report = None
+        print(f"align: not checked, the artifacts fail integrity ({one_line(exc)})")
+    if report is not None:
+        for check in report.checks:
+            print(check.line())
+        print(f"align: {report.verdict}")
+    for line in integrity.lines() if integrity else ["integrity: not checked (no build.json listing artifacts)"]:
+        print(line)
+    if args.json and report is not None:
+        write_json(args.json, report.to_json() | ({"integrity": integrity.to_json()} if integrity else {}))
+    return 0 if report is not None and report.ok and intact else 1
 
 
 def cmd_scales(args: argparse.Namespace) -> int:

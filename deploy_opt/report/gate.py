@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from deploy_opt.report.record import BUILD_FORMAT
 from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text
 
@@ -62,6 +63,12 @@ def load_build(path: str | Path) -> dict[str, Any]:
         raise ReportError(
             f"report '{path}' has no 'metrics' section (build.json) nor 'perplexity' (quantize_report.json); "
             "fix: pass a deploy_opt build.json or quantize_report.json"
+        )
+    found = data.get("format", BUILD_FORMAT) if "metrics" in data else BUILD_FORMAT  # none: a hand-written report
+    if found != BUILD_FORMAT:
+        raise ReportError(
+            f"build report '{path}' has format {found!r}, which this deploy_opt does not read (it reads "
+            f"'{BUILD_FORMAT}'); fix: rebuild with this deploy_opt, or gate it with the version that wrote it"
         )
     return data
 

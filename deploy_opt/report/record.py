@@ -214,8 +214,11 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
 
 
 def write_reports(stage: Path, build: dict[str, Any]) -> None:
-    """Write build.json (with artifact hashes) and summary.md into the staging folder."""
+    """Write build.json (with artifact hashes and Q/DQ tensor digests) and summary.md into the staging folder."""
+    from deploy_opt.report.integrity import integrity_record
+
     build["artifacts"] = artifacts(stage)
+    build["integrity"] = integrity_record(stage)  # per-tensor digests: a changed Q/DQ model names its tensor
     write_json(stage / "build.json", build)
     write_text(stage / "summary.md", render_summary(build))
     from deploy_opt.report.build_page import write_build_page
