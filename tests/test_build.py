@@ -75,7 +75,9 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
     assert result.returncode == 0, result.stderr
     build = _assert_consistent(out)
     metrics = build["metrics"]
-    assert metrics["name"] == "top1" and metrics["samples"] == 450
+    # 450 evaluation digits: the auto search decides on a seeded 225, the gate judges the other 225
+    assert metrics["name"] == "top1" and metrics["samples"] == 225 and metrics["decision"]["samples"] == 225
+    assert metrics["drop_ci95"][0] <= metrics["drop"] <= metrics["drop_ci95"][1]
     assert build["calibration"]["stratify"] == "label" and len(build["calibration"]["per_stratum"]) == 10
     assert metrics["ort_fp32"] > 90.0
     assert metrics["drop"] <= 1.0
@@ -83,6 +85,7 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
     for size in ("1", "32"):
         row = build["benchmark"]["batches"][size]
         assert row["speedup"] == pytest.approx(row["ort_fp32"]["median_ms"] / row["ort_int8"]["median_ms"])
+        assert row["speedup_ci95"][0] <= row["speedup_ci95"][1]
     assert build["benchmark"]["threads"] == 2
     assert set(build["timings_s"]) >= {"export", "auto_search", "evaluate", "benchmark"}
     assert build["versions"]["onnxruntime"] == ort.__version__
@@ -129,7 +132,8 @@ def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     )
     result = run_build(config, profile, tmp_path, progress=False)
     build = _assert_consistent(result.out_dir)
-    assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 32
+    assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 16  # the other 16 decide
+    assert build["metrics"]["decision"]["samples"] == 16 and build["metrics"]["resolution"] is None
     assert build["calibration"]["stratify"] == "deploy_opt.demo.minilm:length_stratum"
     assert build["calibration"]["chosen"] == 48 and len(build["calibration"]["per_stratum"]) >= 3
     assert build["metrics"]["ort_fp32"] == pytest.approx(100.0, abs=1e-3)

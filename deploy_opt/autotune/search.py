@@ -87,6 +87,7 @@ class _Context:
     calibration: CalibrationSet
     work: Path  # the search's scratch folder: trials that must be written go there
     models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
+    bar: Any = None  # tqdm over the time budget: trials so far, the last one, and the time left at most
 
     def time_left(self) -> bool:
         return time.perf_counter() < self.deadline
@@ -101,6 +102,9 @@ class _Context:
         trial = Trial(step, candidate, value, self.metric.drop(self.baseline, value), predicted, latency, speedup,
                       nodes, time.perf_counter() - started)  # fmt: skip
         self.trials.append(trial)
+        if self.bar is not None:
+            self.bar.update(min(trial.seconds, self.bar.total - self.bar.n))
+            self.bar.set_postfix_str(f"trial {len(self.trials)}: {step} {candidate.label} drop {trial.drop:.3f}")
         log.info(
             "auto %-11s %-24s drop %.3f%s", step, candidate.label, trial.drop,
             f", {speedup:.2f}x FP32" if speedup is not None else "",
@@ -115,20 +119,28 @@ def run_search(
     """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
     started = time.perf_counter()
     ctx = _context(config, fp32_path, held, metric, started, calibration, work)
+    from tqdm import tqdm
+
+    ctx.bar = tqdm(total=round(config.auto.budget_s), desc="auto search (of its budget)", unit="s", leave=False,
+                   disable=None, bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}")  # fmt: skip
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
+    # Search on while no candidate both meets max_drop and pays (when timed): an accurate candidate slower than
+    # FP32 is no answer when a fast one with its head in float, or a few nodes back in FP32, would be.
+    goal = config.auto.min_gain if ctx.probe is not None else None
     smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
-    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left() and smoothquant:
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and smoothquant:
         bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
-    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left():
         bases += _head_trials(ctx, bases)
-    if best_trial(ctx.trials, max_drop, None) is None and ctx.time_left():
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left():
         _fallback_trials(ctx, _fallback_base(ctx, bases), held)
     accurate = best_trial(ctx.trials, max_drop, None)
     if accurate is not None and ctx.probe is not None and ctx.time_left():
         _latency_trials(ctx, accurate, _base_of(accurate, bases))
     chosen = _confirmed(ctx, best_trial(ctx.trials, max_drop, config.auto.min_gain))
     verdict = _verdict(ctx, chosen)
+    ctx.bar.close()
     log.info("auto: %s", verdict)
     search = AutoSearch(
         chosen.candidate if chosen else None, tuple(ctx.trials), verdict, time.perf_counter() - started,

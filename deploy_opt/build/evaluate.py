@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,13 +18,15 @@ Runner = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The metric per backend over the same samples."""
+    """The metric per backend over the same samples, and each backend's per-sample scores in sample order (for
+    paired intervals and for scoring the decision and judged parts of a split evaluation apart)."""
 
     metric: str
     higher_is_better: bool
     values: dict[str, float]
     samples: int
     reference: str
+    per_sample: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def torch_runner(model: object, input_names: Sequence[str]) -> Runner:
@@ -63,6 +65,7 @@ def evaluate(
     from tqdm import tqdm
 
     means = {name: RunningMean() for name in runners}
+    scores: dict[str, list[np.ndarray]] = {name: [] for name in runners}
     samples = 0
     for index, batch in enumerate(
         tqdm(batches, desc="evaluate", unit="batch", disable=None if progress else True, leave=False)
@@ -78,8 +81,11 @@ def evaluate(
             outputs[name] = out
         target = batch.label if batch.label is not None else outputs[reference]
         for name, out in outputs.items():
-            means[name].add(metric.score(out, target))
+            batch_scores = np.asarray(metric.score(out, target), dtype=np.float64).ravel()
+            means[name].add(batch_scores)
+            scores[name].append(batch_scores)
         samples += batch.size
     values = {name: mean.value for name, mean in means.items()}
     log.info("evaluation on %d samples: %s", samples, ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
-    return Evaluation(metric.name, metric.higher_is_better, values, samples, reference)
+    per_sample = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in scores.items()}
+    return Evaluation(metric.name, metric.higher_is_better, values, samples, reference, per_sample)

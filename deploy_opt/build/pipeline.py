@@ -21,6 +21,7 @@ from deploy_opt.build.precision import auto_precision, choose_precision, needs_h
 from deploy_opt.build.prune import ORIGINAL_DIR, finish_prune, prune_model
 from deploy_opt.build.qat import fine_tune
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
+from deploy_opt.build.splits import split_evaluation
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig
@@ -63,7 +64,10 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("load", explain=False):
         inputs = load_inputs(config)
     metric = resolve_metric(config.data.metric, config.base_dir)
-    evaluation = inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled)
+    split = split_evaluation(config.data, inputs.specs, config.base_dir,
+                             inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled),
+                             inputs.calibration, config.seed)  # fmt: skip
+    evaluation = list(split.decide)  # what every choice below is made on; the gate judges split.judge
     pruned = None
     if config.prune.enabled:
         with times.stage("prune"):
@@ -92,7 +96,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
             precision = fine_tune(config, fp32.path, precision, inputs.calibration, evaluation, metric, stage,
                                   inputs.specs, progress)  # fmt: skip
     shipped = precision.shipped
-    samples = evaluation if isinstance(evaluation, list) else inputs.head  # what the comparison will run
+    samples = split.judge if isinstance(split.judge, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
     shapes = input_shapes(b.inputs for b in (*inputs.calibration.batches, *samples))
     with times.stage("backends"):
@@ -106,7 +110,8 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         if pruned is not None:
             models = {"ort_fp32_original": original.path} | models
         names = [s.name for s in fp32.inputs]
-        runtimes = evaluate_runtimes(models, names, reference, evaluation, metric, threads, progress)
+        runtimes = evaluate_runtimes(models, names, reference, split.judge, metric, threads, progress,
+                                     decision=split.separate_decision)  # fmt: skip
     with times.stage("benchmark"):
         bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0])
     with times.stage("compare_align"):
@@ -115,7 +120,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
             judge_top1=metric.name == "top1",
         )  # fmt: skip
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
-    metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None)
+    metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
     prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
     gate_cfg = config.gate
     speedup = gate_cfg.min_speedup if bench else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,9 @@ class Runtimes:
     """The ORT sessions of the build (FP32, shipped INT8, and the INT8 without fallback) and their scores."""
 
     sessions: dict[str, Any]
-    scores: Evaluation
+    scores: Evaluation  # on the judged samples
     reference: str  # the runner every other is compared with: torch FP32 when there is a torch model
+    decision: Evaluation | None = None  # the same runners on the samples the search decided on
 
 
 def evaluate_runtimes(
@@ -32,14 +33,17 @@ def evaluate_runtimes(
     metric: Metric,
     threads: int,
     progress: bool,
+    decision: Sequence[Batch] = (),
 ) -> Runtimes:
-    """Open one session per model (``ort_fp32``, ``ort_int8``, ...) and score them all in one pass."""
+    """Open one session per model (``ort_fp32``, ``ort_int8``, ...) and score them all in one pass over the
+    judged ``evaluation``, and in a second over the ``decision`` samples when there are any."""
     sessions = {name: create_session(path, threads=threads) for name, path in models.items()}
     runners = {name: session_runner(s) for name, s in sessions.items()}
     if torch_model is not None:
         runners = {"torch_fp32": torch_runner(torch_model, input_names)} | runners
     reference = "torch_fp32" if torch_model is not None else "ort_fp32"
-    return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference)
+    decided = evaluate(runners, decision, metric, reference, progress) if decision else None
+    return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
 
 
 def run_benchmark(bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batch) -> dict[str, Any] | None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from deploy_opt.build.evaluate import Evaluation
 from deploy_opt.build.metrics import Metric
 from deploy_opt.build.runtime import Runtimes
+from deploy_opt.build.splits import EvaluationSplit
+from deploy_opt.build.uncertainty import drop_interval, resolution
 from deploy_opt.config.build import DeployConfig
 
 
-def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool) -> dict[str, Any]:
-    """Every runtime's score and the FP32 → INT8 drop (and the drop without fallback, when there is one)."""
+def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: EvaluationSplit | None = None) -> dict:
+    """Every runtime's score and the FP32 → INT8 drop (and the drop without fallback, when there is one), on the
+    judged samples, with its paired interval and the metric's resolution; the same on the decision samples."""
     scores = runtimes.scores
     base = "ort_fp32_original" if "ort_fp32_original" in scores.values else "ort_fp32"  # a pruned build's original
     record = {
@@ -21,12 +25,30 @@ def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool) -> dict[st
         **scores.values,
         "drop": metric.drop(scores.values[base], scores.values["ort_int8"]),
         "drop_vs": base,
+        **_uncertainty(scores, base),
     }
     if base != "ort_fp32":
         record["drop_pruned_fp32"] = metric.drop(scores.values[base], scores.values["ort_fp32"])
     if "ort_int8_no_fallback" in scores.values:
         record["drop_no_fallback"] = metric.drop(scores.values[base], scores.values["ort_int8_no_fallback"])
+    if split is not None:
+        record["split"] = split.how
+    decided = runtimes.decision
+    if decided is not None:
+        record["decision"] = {
+            "samples": decided.samples, **{k: decided.values[k] for k in (base, "ort_int8")},
+            "drop": metric.drop(decided.values[base], decided.values["ort_int8"]), **_uncertainty(decided, base),
+        }  # fmt: skip
     return record
+
+
+def _uncertainty(scores: Evaluation, base: str) -> dict[str, Any]:
+    """The drop's paired 95% bootstrap interval and the resolution (None: a continuous score)."""
+    a, b = scores.per_sample.get(base), scores.per_sample.get("ort_int8")
+    if a is None or b is None or a.size == 0 or a.size != b.size:
+        return {}
+    interval = drop_interval(a, b, scores.higher_is_better)
+    return {"drop_ci95": [interval.low, interval.high], "resolution": resolution([a, b])}
 
 
 def target_status(deploy: DeployConfig, backends: dict[str, Any]) -> dict[str, str]:

@@ -8,26 +8,37 @@ import argparse
 def cmd_build(args: argparse.Namespace) -> int:
     from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.report.record import size_line
 
     config, profile = load_build_config(args.config, args.profile, args.overrides)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet, wait=args.wait)
-    metrics = result.build["metrics"]
-    fp32_ships = (result.build.get("quantization") or {}).get("quantized_nodes") == 0
+    build = result.build
+    metrics = build["metrics"]
+    fp32_ships = (build.get("quantization") or {}).get("quantized_nodes") == 0
     shipped = "shipped FP32 (no INT8 node)" if fp32_ships else "INT8"
+    ci = metrics.get("drop_ci95")
+    interval = f", 95% CI {ci[0]:.3f} to {ci[1]:.3f}" if ci else ""
     print(
         f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
-        f"{shipped} {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f})"
+        f"{shipped} {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f}{interval}, {metrics['samples']} judged "
+        "samples)"
     )
-    if result.build.get("auto"):
-        print(f"  auto: {result.build['auto']['verdict']}")
-    qat = result.build.get("qat")
+    if metrics.get("split"):
+        print(f"  split: {metrics['split']}")
+    print(f"  size: {size_line(build.get('artifacts') or {})}")
+    if build.get("auto"):
+        print(f"  auto: {build['auto']['verdict']}")
+    qat = build.get("qat")
     if qat:
         print(f"  qat: {qat['shipped'] + ' ships; ' + qat['why'] if qat['ran'] else 'not run: ' + qat['why']}")
-    for size, row in ((result.build.get("benchmark") or {}).get("batches") or {}).items():
+    for size, row in ((build.get("benchmark") or {}).get("batches") or {}).items():
+        ci = row.get("speedup_ci95")
         print(
             f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, {shipped} "
-            f"{row['ort_int8']['median_ms']:.3f} ms, speedup {row['speedup']:.2f}x"
+            f"{row['ort_int8']['median_ms']:.3f} ms (medians), speedup {row['speedup']:.2f}x"
+            + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
         )
+    print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in (build.get("timings_s") or {}).items()))
     for line in result.gate.lines():
         print(f"  {line}")
     return 0 if result.gate.passed else 1

@@ -77,6 +77,9 @@ class DataConfig:
     eval_samples: int | None = None
     # Optional extra training data for quantization-aware training (same contract as calibration).
     train: str | None = None
+    # Optional samples the auto search, fallback, QAT and pruning decide on; without it they decide on a seeded
+    # half of data.evaluation and the gate judges the other half.
+    validation: str | None = None
 
     def __post_init__(self) -> None:
         if self.calibration == self.evaluation:
@@ -86,6 +89,13 @@ class DataConfig:
             )
         if self.eval_samples is not None and self.eval_samples <= 0:
             raise ConfigError(f"data.eval_samples must be positive, got {self.eval_samples}")
+        if self.validation is not None and self.validation in (self.evaluation, self.calibration):
+            other = "evaluation" if self.validation == self.evaluation else "calibration"
+            raise ConfigError(
+                f"data.validation '{self.validation}' is also data.{other}: "
+                "deciding on the samples that are judged (or calibrated on) biases the verdict; fix: point it at "
+                "a split of its own, or leave it out to split the evaluation data"
+            )
         if self.train is not None and self.train == self.evaluation:
             raise ConfigError(
                 f"data.train and data.evaluation are the same source '{self.train}': training on the evaluation "

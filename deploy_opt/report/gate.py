@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from deploy_opt.build.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH
 from deploy_opt.report.record import BUILD_FORMAT
 from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text
@@ -28,6 +29,14 @@ class Criterion:
     limit: float
     passed: bool
     text: str
+    # False: the evidence cannot settle it (too few samples, timing too noisy). An accuracy criterion that is not
+    # judged does not pass; a speed criterion that is not judged is skipped and says why.
+    judged: bool = True
+
+    @property
+    def status(self) -> str:
+        """PASS, FAIL, or SKIP for a criterion that could not be judged."""
+        return "SKIP" if not self.judged else "PASS" if self.passed else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -39,12 +48,18 @@ class GateResult:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for build.json."""
-        return {"passed": self.passed, "criteria": [asdict(c) for c in self.criteria]}
+        return {"passed": self.passed, "verdict": self.verdict, "criteria": [asdict(c) for c in self.criteria]}
+
+    @property
+    def verdict(self) -> str:
+        """PASSED, FAILED, or NOT JUDGED when a criterion that must pass could not be judged."""
+        if self.passed:
+            return "PASSED"
+        return "FAILED" if any(c.judged and not c.passed for c in self.criteria) else "NOT JUDGED"
 
     def lines(self) -> list[str]:
         """One human line per criterion, then the verdict."""
-        out = [f"{'PASS' if c.passed else 'FAIL'}  {c.text}" for c in self.criteria]
-        return out + [f"gate: {'PASSED' if self.passed else 'FAILED'}"]
+        return [f"{c.status}  {c.text}" for c in self.criteria] + [f"gate: {self.verdict}"]
 
 
 def load_build(path: str | Path) -> dict[str, Any]:
@@ -152,22 +167,38 @@ def apply_gate(
         raise ConfigError(f"gate: --min-speedup {min_speedup} must be a positive finite factor, e.g. 1.2")
     criteria: list[Criterion] = _int8_criterion(build, allow_fp32)
     if max_drop is not None:
-        metrics = build["metrics"]
-        try:
-            drop = float(metrics["drop"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
-        base = metrics.get("drop_vs", "ort_fp32")
-        fp32, int8 = metrics.get(base, float("nan")), metrics.get("ort_int8", float("nan"))
-        what = "unpruned FP32" if base == "ort_fp32_original" else "FP32"
-        text = (
-            f"{metrics.get('name', 'metric')} drop {drop:.3f} points ({what} {fp32:.3f} → INT8 {int8:.3f}) "
-            f"<= {max_drop:g}"
-        )
-        criteria.append(Criterion("max_drop", drop, max_drop, drop <= max_drop, text))
+        criteria.append(_accuracy_criterion(build["metrics"], max_drop))
     if min_speedup is not None:
         criteria.append(_speed_criterion(build, min_speedup, speedup_batch))
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def _accuracy_criterion(metrics: dict[str, Any], max_drop: float) -> Criterion:
+    """The drop on the judged samples, with its interval, sample count and resolution; not judged (and not
+    passed) on fewer than ``MIN_JUDGED_SAMPLES`` samples."""
+    try:
+        drop = float(metrics["drop"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
+    base = metrics.get("drop_vs", "ort_fp32")
+    fp32, int8 = metrics.get(base, float("nan")), metrics.get("ort_int8", float("nan"))
+    what = "unpruned FP32" if base == "ort_fp32_original" else "FP32"
+    samples, ci, step = metrics.get("samples"), metrics.get("drop_ci95"), metrics.get("resolution")
+    interval = f" (95% CI {ci[0]:.3f} to {ci[1]:.3f})" if ci else ""
+    on = f" on {samples} judged samples" if samples is not None else ""
+    text = (
+        f"{metrics.get('name', 'metric')} drop {drop:.3f} points{interval}{on} ({what} {fp32:.3f} → INT8 "
+        f"{int8:.3f}) <= {max_drop:g}"
+    )
+    if step:
+        text += f"; one sample moves it {step:.3g} points" + (", more than max_drop" if step > max_drop else "")
+    if samples is not None and samples < MIN_JUDGED_SAMPLES:
+        text = (
+            f"accuracy not judged: {samples} evaluation sample(s), fewer than {MIN_JUDGED_SAMPLES}; {text}; fix: "
+            "give data.evaluation more samples"
+        )
+        return Criterion("max_drop", drop, max_drop, False, text, judged=False)
+    return Criterion("max_drop", drop, max_drop, drop <= max_drop, text)
 
 
 def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: int | None) -> Criterion:
@@ -190,13 +221,34 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
             f"speed not judged: the benchmark times ORT CPU ({speedup:.2f}x at batch {size}), which is not a target "
             f"({', '.join(map(str, targets))}); the TensorRT engine's timings are in build.json backends.tensorrt"
         )
-        return Criterion("min_speedup", speedup, min_speedup, True, text)
+        return Criterion("min_speedup", speedup, min_speedup, True, text, judged=False)
     if (build.get("quantization") or {}).get("quantized_nodes") == 0:
         text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
-        return Criterion("min_speedup", speedup, min_speedup, True, text)
+        return Criterion("min_speedup", speedup, min_speedup, True, text, judged=False)
     against = " over the unpruned FP32" if vs_original else ""
-    text = f"INT8 speedup{against} {speedup:.2f}x at batch {size} >= {min_speedup:g}x"
-    return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
+    ci = None if vs_original else batches[size].get("speedup_ci95")
+    if not ci:  # a build.json from before intervals, or a pruned build's unpruned baseline: the median alone
+        text = f"INT8 speedup{against} {speedup:.2f}x at batch {size} (median, no interval) >= {min_speedup:g}x"
+        return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
+    return _interval_speed(batches[size], speedup, (float(ci[0]), float(ci[1])), min_speedup, size)
+
+
+def _interval_speed(row: dict[str, Any], speedup: float, ci: tuple[float, float], limit: float, size: str) -> Criterion:
+    """Pass only when the interval's lower end clears ``limit``; fail when its upper end is below it; a wide
+    interval across ``limit`` is timing noise and is not judged."""
+    low, high = ci
+    spread = "; ".join(
+        f"{name[4:].upper()} p10/median/p90 {t['p10_ms']:.3g}/{t['median_ms']:.3g}/{t['p90_ms']:.3g} ms"
+        for name, t in row.items() if name in ("ort_fp32", "ort_int8") and isinstance(t, dict)
+    )  # fmt: skip
+    measured = f"{speedup:.2f}x (95% CI {low:.2f}-{high:.2f}x) at batch {size}"
+    if low >= limit:
+        return Criterion("min_speedup", speedup, limit, True, f"INT8 speedup {measured} >= {limit:g}x")
+    if high >= limit and (high - low) / speedup > NOISY_WIDTH:
+        text = f"speed not judged: timing too noisy (INT8 speedup {measured}; {spread}); rerun on an idle machine"
+        return Criterion("min_speedup", speedup, limit, True, text, judged=False)
+    text = f"INT8 speedup {measured}: the interval's lower end is below {limit:g}x ({spread})"
+    return Criterion("min_speedup", speedup, limit, False, text)
 
 
 def _int8_criterion(build: dict[str, Any], allow_fp32: bool) -> list[Criterion]:

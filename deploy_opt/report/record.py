@@ -18,13 +18,32 @@ BUILD_FORMAT = "deploy_opt.build/1"
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of the packages that shape the results, plus the machine."""
-    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
+    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+             "cpu": cpu_facts()}  # fmt: skip
     for name in packages:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found
+
+
+INT8_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_facts() -> str:
+    """The CPU model and the ISA flags that decide INT8 speed (VNNI doubles int8 throughput; AMX more)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        for line in info.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    present = [f for f in INT8_FLAGS if f in flags]
+    return f"{model}; int8 ISA: {', '.join(present) or 'none of ' + '/'.join(INT8_FLAGS)}"
 
 
 def artifacts(stage: Path) -> dict[str, dict[str, Any]]:
@@ -41,6 +60,38 @@ def build_record(**sections: Any) -> dict[str, Any]:
     return {"format": BUILD_FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **sections}
 
 
+def size_line(artifacts: dict[str, dict]) -> str:
+    """FP32 model.onnx against the shipped model.int8.onnx, with their external data files."""
+
+    def total(stem: str) -> int:
+        return sum(a["bytes"] for name, a in artifacts.items() if name.startswith(stem + ".onnx"))
+
+    fp32, int8 = total("model"), total("model.int8")
+    if not fp32 or not int8:
+        return "n/a"
+    return f"FP32 {fp32 / 2**20:.2f} MiB → shipped {int8 / 2**20:.2f} MiB ({fp32 / int8:.2f}x smaller)"
+
+
+def _drop(m: dict[str, Any]) -> str:
+    ci = m.get("drop_ci95")
+    text = f"{m['drop']:.3f} points" + (f" (95% CI {ci[0]:.3f} to {ci[1]:.3f})" if ci else "")
+    return text + (f"; one sample moves it {m['resolution']:.3g} points" if m.get("resolution") else "")
+
+
+def _split_lines(m: dict[str, Any]) -> list[str]:
+    """Where the decisions were taken, and the drop on those samples (biased in the build's favour)."""
+    lines = [f"- split: {m['split']}"] if m.get("split") else []
+    decided = m.get("decision")
+    if decided:
+        lines.append(f"- on the {decided['samples']} decision samples (what the search chose on, so biased in its "
+                     f"favour): drop {_drop(decided)}")  # fmt: skip
+    return lines
+
+
+def _spread(t: dict[str, Any]) -> str:
+    return f"{t['p10_ms']:.3f}/{t['median_ms']:.3f}/{t['p90_ms']:.3f}"
+
+
 def render_summary(build: dict[str, Any]) -> str:
     """A short human summary of build.json."""
     m = build["metrics"]
@@ -49,8 +100,10 @@ def render_summary(build: dict[str, Any]) -> str:
         "",
         f"- profile: `{build['profile']['name']}`, activations: {build['quantization']['activations']}, "
         f"calibration: {build['quantization']['method']} on {build['quantization']['samples']} samples",
-        f"- {m['name']} on {m['samples']} evaluation samples: torch FP32 {_fmt(m.get('torch_fp32'))}, "
-        f"ORT FP32 {_fmt(m['ort_fp32'])}, ORT INT8 {_fmt(m['ort_int8'])}; drop {m['drop']:.3f} points",
+        f"- {m['name']} on {m['samples']} judged evaluation samples: torch FP32 {_fmt(m.get('torch_fp32'))}, "
+        f"ORT FP32 {_fmt(m['ort_fp32'])}, ORT INT8 {_fmt(m['ort_int8'])}; drop {_drop(m)}",
+        *_split_lines(m),
+        f"- size: {size_line(build.get('artifacts') or {})}",
         f"- scales: {build['quantization']['scale_check']}",
         *_coverage_lines(build["quantization"]),
     ]
@@ -72,14 +125,16 @@ def render_summary(build: dict[str, Any]) -> str:
     if bench.get("batches"):
         lines += [
             "",
-            f"| batch | FP32 ms | INT8 ms | speedup |  ({bench['threads']} threads, median of at least "
-            f"{bench['repeats']} runs)",
+            f"| batch | FP32 ms p10/median/p90 | INT8 ms p10/median/p90 | speedup (95% CI) |  ({bench['threads']} "
+            f"threads, interleaved pairs, at least {bench['repeats']} rounds; "
+            f"{(build.get('versions') or {}).get('cpu', '')})",
             "|---:|---:|---:|---:|",
         ]
         for size, row in bench["batches"].items():
+            ci = row.get("speedup_ci95")
             lines.append(
-                f"| {size} | {row['ort_fp32']['median_ms']:.3f} | {row['ort_int8']['median_ms']:.3f} | "
-                f"{row['speedup']:.2f}x |"
+                f"| {size} | {_spread(row['ort_fp32'])} | {_spread(row['ort_int8'])} | {row['speedup']:.2f}x"
+                + (f" ({ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "") + " |"
             )
     fallback = build.get("fallback") or {}
     if fallback.get("nodes"):
@@ -210,7 +265,8 @@ def _fmt(value: Any) -> str:
 
 def _gate_lines(gate: dict[str, Any]) -> list[str]:
     lines = [f"{'PASS' if c['passed'] else 'FAIL'}: {c['text']}" for c in gate["criteria"]]
-    return lines + [f"verdict: **{'PASSED' if gate['passed'] else 'FAILED'}**"]
+    verdict = gate.get("verdict") or ("PASSED" if gate["passed"] else "FAILED")
+    return lines + [f"verdict: **{verdict}**"]
 
 
 def write_reports(stage: Path, build: dict[str, Any]) -> None:
