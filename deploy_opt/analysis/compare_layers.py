@@ -15,6 +15,12 @@ kept, so memory stays that of one chunk. For each tensor, in graph order:
   predicts (each input's accumulated noise, plus its Q/DQ noise, plus its weights' noise, summed as powers).
   Healthy: at most ~2 dB (MiniLM), ~0.5 dB (digits demo). A broken kernel or a wrong bias shows here.
 
+Tensors are paired by producer node and output position, never by name alone. ORT's quantizer removes a Relu or
+Clip that follows a quantized node (asymmetric activations) and gives the producer the activation's output name, so
+the Q/DQ model's ``relu_1`` is the Gemm's pre-activation output: it is paired with FP32's Gemm output, and FP32's
+``relu_1`` with that tensor clipped as the removed activation would (its Q/DQ pair does the clip). A tensor whose
+producer is gone in some other way is left unpaired.
+
 The first divergence is the first row where ``quant_sqnr_db < min_quant_sqnr_db`` or ``drop_db > max_drop_db``.
 A bias is not judged by its own SQNR: its int32 step is input scale × weight scale, so a bias far smaller than
 the node's output (a Caffe2 zoo graph's 0.02 beside activations in the hundreds) rounds to 0 dB of itself while
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +104,7 @@ class Row:
     consumer: str | None  # first node that reads it through Q/DQ (or at all)
     pre: str | None  # the Q/DQ model's tensor before its own Q/DQ (activations)
     post: str | None  # the Q/DQ model's dequantized tensor, when this tensor is quantized
+    clip: tuple[float, float] | None = None  # a removed Relu/Clip: ``pre`` clipped to this is the tensor
 
 
 def plan_rows(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> tuple[list[Row], dict[str, int]]:
@@ -111,17 +119,29 @@ def plan_rows(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> tuple[list[Row], d
     for node in [*qdq.graph.node, *fp32.graph.node]:  # a dequantized tensor's reader in the Q/DQ model comes first
         for name in node.input:
             consumers.setdefault(name, node.name)
+    paired = paired_outputs(fp32, qdq)
+    constants = {i.name: i for i in fp32.graph.initializer}
 
-    def activation(name: str, kind: str, producer: str | None, op: str) -> Row:
-        pre = name + OUTPUT_SUFFIX if name + OUTPUT_SUFFIX in q_produced else name
+    def dequantized(pre: str | None) -> str | None:
+        return dequantizer.get(quantizer.get(pre, ""), None) if pre else None
+
+    def graph_input(name: str) -> Row:
+        pre = name + OUTPUT_SUFFIX if name + OUTPUT_SUFFIX in q_produced else name  # an input that is an output
         pre = pre if pre in q_produced else None
-        post = dequantizer.get(quantizer.get(pre, ""), None) if pre else None
-        return Row(name, kind, producer, op, consumers.get(post or name), pre, post)
+        post = dequantized(pre)
+        return Row(name, "input", None, "input", consumers.get(post or name), pre, post)
+
+    def node_output(name: str, node: onnx.NodeProto) -> Row:
+        pre, clip = paired.get(name), None
+        if pre is None:  # the producer is gone: a removed activation is its input's producer's output, clipped
+            pre, clip = _removed_activation(node, name, paired, constants)
+        # The Q/DQ pair on ``pre`` is this tensor's unless ORT renamed the output to a removed activation's.
+        own_qdq = pre is not None and (clip is not None or pre.removesuffix(OUTPUT_SUFFIX) == name)
+        post = dequantized(pre) if own_qdq else None
+        return Row(name, "activation", node.name, node.op_type, consumers.get(post or name), pre, post, clip)
 
     rows: list[Row] = [
-        activation(i.name, "input", None, "input")
-        for i in fp32.graph.input
-        if i.name not in inits and types.get(i.name) is not None
+        graph_input(i.name) for i in fp32.graph.input if i.name not in inits and types.get(i.name) is not None
     ]
     seen_weights: set[str] = set()
     for node in fp32.graph.node:
@@ -130,8 +150,71 @@ def plan_rows(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> tuple[list[Row], d
             if name in inits and post and name not in seen_weights:
                 seen_weights.add(name)
                 rows.append(Row(name, "weight", None, "initializer", consumers.get(post, node.name), None, post))
-        rows += [activation(o, "activation", node.name, node.op_type) for o in node.output if o in types]
+        rows += [node_output(o, node) for o in node.output if o in types]
     return rows, types
+
+
+def paired_outputs(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> dict[str, str]:
+    """Each FP32 node output → the Q/DQ model's output of the same node (name and op type) at the same position.
+
+    A node with no such twin (no name, a name used twice, or a node the quantizer renamed) is matched through its
+    output's name, and only when the Q/DQ model's producer of that name (or of its renamed graph output) has the
+    same op type and is nobody's twin: a Gemm that took a removed Relu's output name is never the Relu.
+    """
+    counts = Counter(n.name for n in fp32.graph.node)
+    q_compute = [n for n in qdq.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    q_counts = Counter(n.name for n in q_compute)
+    q_by_name = {n.name: n for n in q_compute if n.name and q_counts[n.name] == 1}
+    q_producer = {o: n for n in q_compute for o in n.output}
+    twins = {
+        node.name: twin
+        for node in fp32.graph.node
+        if node.name
+        and counts[node.name] == 1
+        and (twin := q_by_name.get(node.name)) is not None
+        and (twin.op_type, twin.domain) == (node.op_type, node.domain)
+    }
+    claimed = set(twins)  # a twin has its FP32 node's name
+    pairs: dict[str, str] = {}
+    for node in fp32.graph.node:
+        twin = twins.get(node.name) if node.name and counts[node.name] == 1 else None
+        if twin is not None:
+            pairs |= {f: q for f, q in zip(node.output, twin.output, strict=False) if f and q}
+            continue
+        for name in node.output:
+            found = next((t for t in (name, name + OUTPUT_SUFFIX) if t in q_producer), None)
+            producer = q_producer.get(found or "")
+            if producer is not None and producer.name not in claimed and producer.op_type == node.op_type:
+                pairs[name] = found
+    return pairs
+
+
+def _removed_activation(
+    node: onnx.NodeProto, name: str, paired: dict[str, str], constants: dict[str, onnx.TensorProto]
+) -> tuple[str | None, tuple[float, float] | None]:
+    """For a Relu/Clip that ORT removed: the producer's renamed output in the Q/DQ model and the clip range."""
+    clip = _clip_range(node, constants)
+    upstream = paired.get(node.input[0]) if node.input and clip is not None else None
+    if upstream is None or upstream.removesuffix(OUTPUT_SUFFIX) != name:
+        return None, None
+    return upstream, clip
+
+
+def _clip_range(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> tuple[float, float] | None:
+    """The range a Relu or a Clip with constant bounds clips to; None for anything else."""
+    if node.op_type == "Relu" and node.domain in ("", "ai.onnx"):
+        return 0.0, math.inf
+    if node.op_type != "Clip" or node.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {a.name: a.f for a in node.attribute}  # opset < 11 carries min and max as attributes
+    bounds = [attrs.get("min", -math.inf), attrs.get("max", math.inf)]
+    for index, name in enumerate(node.input[1:3]):
+        if not name:
+            continue
+        if name not in constants:
+            return None
+        bounds[index] = float(onnx.numpy_helper.to_array(constants[name]).reshape(-1)[0])
+    return bounds[0], bounds[1]
 
 
 def _float_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -187,13 +270,18 @@ def compare_layers(
         f_out = dict(zip(fp32_list, fp32_session.run(fp32_list, feed), strict=True))
         q_out = dict(zip(q_list, q_session.run(q_list, feed), strict=True))
         for row in rows:
-            if row.pre:
-                accumulated[row.name].add(f_out[row.name], q_out[row.pre])
+            pre = _clipped(q_out[row.pre], row.clip) if row.pre else None
+            if pre is not None:
+                accumulated[row.name].add(f_out[row.name], pre)
             if row.post and row.kind != "weight":
-                own[row.name].add(q_out[row.pre], q_out[row.post])
+                own[row.name].add(pre, q_out[row.post])
             elif row.post and index == 0:
                 own[row.name].add(inits[row.name], q_out[row.post])
     return _table(rows, qdq, accumulated, own, config)
+
+
+def _clipped(tensor: np.ndarray, clip: tuple[float, float] | None) -> np.ndarray:
+    return tensor if clip is None else np.clip(tensor, clip[0], clip[1])
 
 
 def _dequantized_types(qdq: onnx.ModelProto) -> dict[str, int]:
@@ -221,7 +309,8 @@ def _table(
     own: dict[str, PairStats],
     config: CompareConfig,
 ) -> dict[str, Any]:
-    by_q_name = {n: r for r in rows for n in (r.pre, r.post) if n}
+    # A removed activation's row shares its producer's ``pre``; a reader of that raw tensor reads the producer's.
+    by_q_name = {n: r for r in rows for n in (r.pre if r.clip is None else None, r.post) if n}
     q_producer = {o: n for n in qdq.graph.node for o in n.output}
     biases = {n.input[2] for n in qdq.graph.node if n.op_type in LINEAR_OPS and len(n.input) > 2}
     table, first = [], None
@@ -280,7 +369,7 @@ def _drop(
     own: dict[str, PairStats],
 ) -> float | None:
     """Expected output SQNR (inputs' noise powers summed) minus the measured one, for one node output."""
-    if row.name not in accumulated or row.pre is None or row.pre not in q_producer:
+    if row.name not in accumulated or row.pre is None or row.pre not in q_producer or row.clip is not None:
         return None
     node = q_producer[row.pre]
     if node.op_type not in LINEAR_OPS:
@@ -288,8 +377,10 @@ def _drop(
     noise, quantized = 0.0, False
     for name in node.input[:2]:  # the input and the weight; a bias's noise is relative to itself, not the output
         source = by_q_name.get(name)
-        if source is None:
-            continue
+        if source is None and name not in q_producer:
+            continue  # a float initializer: exact in both models
+        if source is None or (source.kind != "weight" and source.name not in accumulated):
+            return None  # an input left unpaired: its noise is unknown, so is what the output should be
         if source.name in accumulated:
             noise += _noise(accumulated[source.name].sqnr_db)
         if name == source.post and source.name in own:

@@ -85,19 +85,38 @@ def _calibration(build: dict[str, Any], folder: Path) -> str:
     return page.image(folder / "calibration.png", "calibration histograms") + table
 
 
-def _compat(folder: Path) -> str:
+def _compat(folder: Path, build: dict[str, Any]) -> str:
+    """One table per compat file; a target the build does not deploy to is shown for information, never as a fault."""
+    configured = ((build.get("config") or {}).get("deploy") or {}).get("targets") or []
     parts = []
-    for name in ("compat.json", "compat.int8.json"):
+    for name in ("compat.json", "compat.int8.json", "compat.trt.json"):
         data = _load(folder / name)
         if not data:
             continue
-        rows = [(target, v.get("ok"), v.get("fallback"), v.get("fail")) for target, v in
-                (data.get("summary") or {}).items()]
+        deployed = set(data.get("targets") or configured)
+        summary = data.get("summary") or {}
+        order = sorted(summary, key=lambda target: target not in deployed)
+        rows = [(target, "deployed" if target in deployed else "informational: not deployed to",
+                 summary[target].get("ok"), summary[target].get("fallback"), summary[target].get("fail"))
+                for target in order]
         flagged = [(f.get("name") or f.get("node"), f.get("op_type"), f.get("target"), f.get("why") or f.get("reason"))
                    if isinstance(f, dict) else (str(f), "", "", "") for f in (data.get("flagged") or [])][:50]
-        parts.append(f"<h3>{page.esc(name)}</h3>" + page.table(("target", "ok", "fallback", "fail"), rows) +
+        parts.append(f"<h3>{page.esc(name)}</h3>" + _compat_verdict(summary, deployed) +
+                     page.table(("target", "role", "ok", "fallback", "fail"), rows, text_columns=(0, 1)) +
                      page.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3)))
     return "".join(parts)
+
+
+def _compat_verdict(summary: dict[str, Any], deployed: set[str]) -> str:
+    """Red only for a deployed target with failing nodes; other targets' counts are information."""
+    failing = [f"{t}: {c.get('fail')} nodes fail" for t, c in summary.items() if t in deployed and c.get("fail")]
+    if failing:
+        return page.verdict(False, "; ".join(failing))
+    others = [t for t, c in summary.items() if t not in deployed and (c.get("fail") or c.get("fallback"))]
+    if others:
+        return page.verdict(None, f"{', '.join(others)}: not deployed to by this build (deploy.targets: "
+                                  f"{', '.join(sorted(deployed)) or 'none'}); their counts are for information")
+    return ""
 
 
 def _comparison(folder: Path, modules: dict[str, str]) -> str:
@@ -117,10 +136,24 @@ def _comparison(folder: Path, modules: dict[str, str]) -> str:
             rows.append((backend, "", None, None, None, None, record.get("status", "")))
     table = page.table(("backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"), rows,
                        text_columns=(0, 1, 6))
-    first = data.get("first_divergence")
-    note = page.verdict(data.get("verdict") == "pass", f"comparison {data.get('verdict')}; first divergence: "
-                        f"{first if first else 'none'}")
+    verdict, first = data.get("verdict"), divergence_text(data.get("first_divergence"))
+    failing = [name for name, record in (data.get("backends") or {}).items() if record.get("pass") is False]
+    text = f"comparison {verdict or 'not judged'}; first diverging layer: {first}"
+    text += f"; backends that fail: {', '.join(failing)}" if failing else ""
+    note = page.verdict({"pass": True, "fail": False}.get(str(verdict)), text)
     return note + table + chart
+
+
+def divergence_text(first: dict[str, Any] | None) -> str:
+    """compare.json's first divergence in words ("none" when there is none)."""
+    if not first:
+        return "none"
+    where = f"tensor '{first.get('tensor')}' ({first.get('op')}, node '{first.get('node')}')"
+    if first.get("reason") == "drop":
+        return (f"{where}: output {page.fmt(first.get('drop_db'), '.1f')} dB worse than its inputs' noise predicts "
+                f"(limit {page.fmt(first.get('threshold'))} dB)")
+    return (f"{where}: its own quantization SQNR is {page.fmt(first.get('sqnr_db'), '.1f')} dB, below "
+            f"{page.fmt(first.get('threshold'))} dB")
 
 
 def _snapshot(build: dict[str, Any]) -> str:
@@ -149,7 +182,8 @@ def write_build_page(folder: Path) -> Path:
             f'<p><a href="{sensitivity.name}">sortable per-node sensitivity table</a></p>'
             if sensitivity.is_file() else "")),
         page.section("Calibration", _calibration(build, folder)),
-        page.section("Compatibility per target", _compat(folder)),
+        page.section("Compatibility per target", _compat(folder, build),
+                     "deployed targets are judged; the others are shown for information"),
         page.section("Cross-backend comparison", _comparison(folder, (build.get("export") or {}).get("module_names")
                                                               or {})),
         page.section("Run snapshot: seed, versions, config", _snapshot(build)),

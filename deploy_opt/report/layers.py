@@ -1,6 +1,6 @@
 """The per-layer table of ``report.html``: every weighted node of the FP32 model with its PyTorch module, weight
-shape, parameter bytes before and after, share of the model's weights, the precision it shipped in, and its
-measured (sensitivity) or predicted drop."""
+shape, parameter bytes before and after, share of the model's weights, the precision it shipped in (read from
+the shipped Q/DQ model itself), and its measured (sensitivity) or predicted drop."""
 
 from __future__ import annotations
 
@@ -18,22 +18,40 @@ log = logging.getLogger(__name__)
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Gather", "LSTM", "GRU")
 INT8_MODELS = ("model.qat.onnx", "model.int8.onnx")
+# Ops that run in INT8 only with both operands quantized: the weight and the activation beside it (inputs 0 and 1).
+ACTIVATION_READERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 def _weights(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(t.dims) for t in model.graph.initializer}
 
 
-def _int8_nodes(folder: Path) -> set[str]:
-    """Nodes of the shipped Q/DQ model with an input from a DequantizeLinear (those run in INT8)."""
-    for name in INT8_MODELS:
-        path = folder / name
-        if path.is_file():
-            model = onnx.load(str(path), load_external_data=False)
-            dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-            return {n.name for n in model.graph.node if n.op_type != "QuantizeLinear"
-                    and n.op_type != "DequantizeLinear" and any(i in dequantized for i in n.input)}
-    return set()
+def _int8_nodes(folder: Path, fp32: onnx.ModelProto) -> set[str]:
+    """Nodes that run in INT8 in the shipped Q/DQ model: their weight, and for Conv/Gemm/MatMul their other input,
+    are read through a DequantizeLinear.
+
+    Read from the model, not the plan: a node kept float (fallback, the classifier head) may still read a
+    dequantized activation when its producer's output is quantized, yet its weight stays float and so does it.
+    """
+    path = next((folder / name for name in INT8_MODELS if (folder / name).is_file()), None)
+    if path is None:
+        return set()
+    model = onnx.load(str(path), load_external_data=False)
+    dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    weights = {name for name, dims in _weights(fp32).items() if len(dims) >= 2}
+    originals = {n.name: n for n in fp32.graph.node if n.name}
+    int8 = set()
+    for node in model.graph.node:
+        original = originals.get(node.name)
+        if original is None or original.op_type != node.op_type:
+            continue
+        weight = next((i for i, name in enumerate(original.input) if name in weights), None)
+        if weight is None:
+            continue
+        needed = [weight] + ([1 - weight] if node.op_type in ACTIVATION_READERS and weight < 2 else [])
+        if all(index < len(node.input) and node.input[index] in dequantized for index in needed):
+            int8.add(node.name)
+    return int8
 
 
 def _drops(folder: Path) -> dict[str, tuple[float | None, str]]:
@@ -58,7 +76,7 @@ def layer_table_rows(folder: Path, build: dict[str, Any]) -> list[tuple[Any, ...
         return []
     model = onnx.load(str(fp32), load_external_data=False)
     shapes, modules = _weights(model), (build.get("export") or {}).get("module_names") or {}
-    int8, drops = _int8_nodes(folder), _drops(folder)
+    int8, drops = _int8_nodes(folder, model), _drops(folder)
     fallback = set((build.get("fallback") or {}).get("nodes") or [])
     rows = []
     for node in model.graph.node:
