@@ -41,6 +41,8 @@ def test_the_speedup_interval_is_narrow_when_quiet_and_wide_when_busy() -> None:
 
 def test_resolution_is_one_samples_step_for_a_two_valued_score() -> None:
     assert resolution([np.array([0.0, 100.0, 100.0, 0.0] * 10)]) == pytest.approx(2.5)
+    assert resolution([np.full(40, 100.0)]) is None  # one value seen: no step known (an F1 where all agree)
+    assert resolution([np.full(40, 100.0)], right_or_wrong=True) == pytest.approx(2.5)  # top1: 100/n always
     assert resolution([np.linspace(90, 100, 40)]) is None  # continuous: no single step
 
 

@@ -22,7 +22,7 @@ from types import ModuleType
 import numpy as np
 
 SIDE = 320
-CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 64
+CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 128
 CALIBRATION_MIX = ("astronaut", "camera", "chelsea", "astronaut", "camera", "cell", "rocket", "china", "hubble")
 EVALUATION_MIX = ("grace_hopper", "coffee", "grace_hopper", "moon", "color", "grace_hopper", "clock", "flower")
 CALIBRATION_SEED, EVALUATION_SEED, TEST_SEED = 11, 12, 13

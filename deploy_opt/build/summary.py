@@ -48,7 +48,8 @@ def _uncertainty(scores: Evaluation, base: str) -> dict[str, Any]:
     if a is None or b is None or a.size == 0 or a.size != b.size:
         return {}
     interval = drop_interval(a, b, scores.higher_is_better)
-    return {"drop_ci95": [interval.low, interval.high], "resolution": resolution([a, b])}
+    step = resolution([a, b], right_or_wrong=scores.metric == "top1")
+    return {"drop_ci95": [interval.low, interval.high], "resolution": step}
 
 
 def target_status(deploy: DeployConfig, backends: dict[str, Any]) -> dict[str, str]:

@@ -76,14 +76,15 @@ def speedup_interval(
     return Interval(float(np.median(a) / np.median(b)), low, high)
 
 
-def resolution(scores: Sequence[np.ndarray]) -> float | None:
+def resolution(scores: Sequence[np.ndarray], right_or_wrong: bool = False) -> float | None:
     """How far one sample moves the mean, when scores are discrete (two values, e.g. top-1's 0 and 100):
-    (max - min) / samples. None for a continuous score (cosine, F1 per image), where no single step exists."""
+    (max - min) / samples. None for a continuous score (cosine, F1 per image), where no single step exists.
+    ``right_or_wrong``: the metric scores 0 or 100 per sample (top1), even where every sample scored alike."""
     flat = np.concatenate([np.asarray(s, dtype=np.float64).ravel() for s in scores]) if scores else np.zeros(0)
     distinct = np.unique(flat)
     count = max(np.asarray(scores[0]).size, 1) if scores else 1
-    if distinct.size and set(distinct.tolist()) <= {0.0, 100.0}:
-        return 100.0 / count  # a right-or-wrong score in percent, even where every sample scored the same
+    if right_or_wrong:
+        return 100.0 / count
     return float(distinct.max() - distinct.min()) / count if distinct.size == 2 else None
 
 
