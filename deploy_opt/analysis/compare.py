@@ -2,10 +2,10 @@
 
 The same seeded samples run through every backend that is available (torch FP32, ORT FP32 CPU, ORT INT8 CPU,
 ORT INT8 CUDA, and any extra runner such as TensorRT). Each backend's outputs are measured against the reference
-(torch FP32 when given, else ORT FP32): max-abs, mean-abs, cosine, SQNR and top-1 agreement, and pass or fail
-against the tolerances of ``compare:``: tight for FP32 backends (only float rounding may differ), loose for INT8
-ones (quantization noise is expected; the check catches a broken artifact or backend). The Q/DQ model is also
-compared with the FP32 model tensor by tensor, naming the first layer that diverges (``compare_layers``).
+(torch FP32 when given, else ORT FP32): max-abs, mean-abs, cosine, SQNR, top-1 agreement (of class scores only),
+and pass or fail against the tolerances of ``compare:``: tight for FP32 backends (only float rounding may differ),
+loose for INT8 ones (quantization noise is expected; the check catches a broken artifact or backend). The Q/DQ model
+is also compared with the FP32 model tensor by tensor, naming the first layer that diverges (``compare_layers``).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def compare_backends(
     """Run ``samples`` on every available backend and per layer; write compare.json and return its record.
 
     ``extra_runners`` map a backend name to a function ``feed -> outputs``; a name containing ``fp32`` gets the
-    FP32 tolerances, any other name the INT8 ones. Top-1 agreement is always reported and judged only with
-    ``judge_top1`` (outputs that are class scores; an embedding's argmax means nothing).
+    FP32 tolerances, any other name the INT8 ones. Top-1 agreement is reported and judged only with ``judge_top1``
+    (outputs that are class scores; an embedding's argmax means nothing).
     """
     started = time.perf_counter()
     fp32_path, int8_path = Path(fp32_path), Path(int8_path)
@@ -240,7 +240,8 @@ def _judge(
         return {"pass": False, "failures": [f"{len(outputs)} outputs, the reference has {len(reference)}"]}
     if len(names) != len(reference):
         names = [str(i) for i in range(len(reference))]
-    metrics = {name: output_metrics(ref, out) for name, ref, out in zip(names, reference, outputs, strict=True)}
+    metrics = {name: output_metrics(ref, out, class_scores=judge_top1)
+               for name, ref, out in zip(names, reference, outputs, strict=True)}  # fmt: skip
     min_sqnr = config.fp32_min_sqnr_db if precision == "fp32" else config.int8_min_sqnr_db
     min_cos = config.fp32_min_cosine if precision == "fp32" else config.int8_min_cosine
     failures = []
@@ -257,8 +258,11 @@ def _judge(
     return {"outputs": metrics, "pass": not failures, "failures": failures}
 
 
-def output_metrics(reference: np.ndarray, test: np.ndarray) -> dict[str, Any]:
-    """max-abs, mean-abs, cosine (mean and min over samples), SQNR (dB) and top-1 agreement of one output."""
+def output_metrics(reference: np.ndarray, test: np.ndarray, class_scores: bool = True) -> dict[str, Any]:
+    """max-abs, mean-abs, cosine (mean and min over samples), SQNR (dB), and top-1 agreement of class scores.
+
+    ``class_scores`` False (an embedding, a detector's boxes): no top-1 agreement, since its argmax is no prediction.
+    """
     if reference.shape != test.shape:
         return {"error": f"shape {list(test.shape)}, the reference has {list(reference.shape)}"}
     a, b = reference.astype(np.float64), test.astype(np.float64)
@@ -271,7 +275,7 @@ def output_metrics(reference: np.ndarray, test: np.ndarray) -> dict[str, Any]:
     cosines = np.where(both_zero, 1.0, (rows_a * rows_b).sum(axis=1) / np.maximum(norms, 1e-30))
     noise, signal = float((diff**2).sum()), float((a**2).sum())
     top1 = None
-    if a.ndim >= 2 and a.shape[-1] > 1:
+    if class_scores and a.ndim >= 2 and a.shape[-1] > 1:
         top1 = float(np.mean(a.argmax(axis=-1) == b.argmax(axis=-1)))
     return {
         "max_abs": float(diff.max()) if diff.size else 0.0,
@@ -279,5 +283,4 @@ def output_metrics(reference: np.ndarray, test: np.ndarray) -> dict[str, Any]:
         "cosine": float(cosines.mean()),
         "cosine_min": float(cosines.min()),
         "sqnr_db": None if noise == 0 else round(10 * math.log10(max(signal, 1e-30) / noise), 4),
-        "top1_agreement": top1,
-    }
+    } | ({"top1_agreement": top1} if class_scores else {})

@@ -115,10 +115,10 @@ def auto_precision(
 
 
 def _plot(shipped: QuantizedModel, stage: Path) -> None:
+    """calibration.png of the activations the shipped model quantizes (one left in float has no threshold)."""
     ranges = shipped.ranges
-    plot_histograms(
-        {n: ranges.absolute[n] for n in ranges.plotted}, ranges.chosen, ranges.methods, stage / "calibration.png"
-    )
+    quantized = {name for name, tensor in shipped.scales.tensors.items() if tensor.role == "activation"}
+    plot_histograms(ranges.absolute, ranges.chosen, ranges.methods, quantized, stage / "calibration.png")
 
 
 def quantize_model(

@@ -20,6 +20,7 @@ import onnx
 
 from deploy_opt.analysis.onnx_torch import unsupported_ops
 from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
+from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.evaluate import evaluate, session_runner
@@ -100,10 +101,9 @@ def _skip_reason(
     """Why ``enabled: auto`` does not train (None: it trains; ``enabled: true`` always does)."""
     if config.quantization.qat.enabled is True:
         return None
-    reachable = [t for t in (precision.auto.trials if precision.auto else ()) if t.quantized_nodes and
-                 t.meets(config.gate.max_drop)]  # fmt: skip
-    if reachable:  # an INT8 model met the accuracy gate; what it lacked (if anything) was speed
-        return f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}); QAT not needed"
+    searched = auto_search_reason(precision.auto, config.gate.max_drop)
+    if searched is not None:
+        return searched
     if int8_nodes(precision.shipped.path, config.quantization.op_types):
         before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
         drop = metric.drop(before["ort_fp32"], before["ptq"])
@@ -112,6 +112,21 @@ def _skip_reason(
     missing = unsupported_ops(onnx.load(str(fp32_path), load_external_data=False))
     if missing:  # enabled: true raises instead, naming them (build_student)
         return f"the torch evaluator does not run {', '.join(missing)}; QAT cannot train this graph"
+    return None
+
+
+def auto_search_reason(auto: AutoSearch | None, max_drop: float) -> str | None:
+    """Why the auto search's answer needs no QAT, naming the model that ships (None: no INT8 model met max_drop)."""
+    if auto is None:
+        return None
+    if auto.chosen is not None:  # the chosen candidate met max_drop and paid
+        measured = [t for t in auto.trials if t.candidate == auto.chosen]
+        drop = f" (drop {measured[-1].drop:.3f} <= {max_drop:g})" if measured else ""
+        return f"PTQ met gate.max_drop in the auto search: {auto.chosen.label} ships{drop}; QAT not needed"
+    reachable = [t for t in auto.trials if t.quantized_nodes and t.meets(max_drop)]
+    if reachable:  # INT8 was accurate enough but slower than FP32: QAT would not make it faster
+        return (f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}), but no INT8 model was "
+                "faster than FP32 by auto.min_gain; FP32 ships and QAT would not make INT8 faster")
     return None
 
 

@@ -28,7 +28,7 @@ from deploy_opt import __version__
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
-from deploy_opt.report.calibration_plot import tensor_summary
+from deploy_opt.report.calibration_plot import plotted_tensors, tensor_summary
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
 from dopt_common.ort import int8_pairs_saturate
@@ -205,6 +205,6 @@ def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weig
             for name in ranges.chosen
             if name in scales.tensors
         },
-        "plotted": ranges.plotted,
+        "plotted": plotted_tensors(ranges.absolute, {n for n, t in scales.tensors.items() if t.role == "activation"}),
     }
     return info

@@ -1,10 +1,11 @@
 """``report.html`` of a build folder: the verdict first, then why, from build.json and the files beside it.
 
-Sections: the gate; accuracy and latency FP32 against INT8 per batch size; the auto-mode search as drop against
-speedup with the shipped point marked; the per-layer table (op, PyTorch module, weight shape, bytes before and
-after, share of weights, precision shipped, measured or predicted drop); the sensitivity heatmap and its table; the
-calibration histograms and what each guard decided; the compat summary per target; the cross-backend comparison;
-the config snapshot, versions and seed.
+Sections: the gate and what shipped; each runtime's metric drop against FP32 beside max_drop, and latency per batch
+size; the auto-mode search as drop against speedup, max_drop drawn and the shipped point marked; the per-layer table
+(op, PyTorch module, weight shape, bytes before and after, share of weights, precision shipped, measured or predicted
+drop); the sensitivity heatmap and its table; the histograms of the quantized activations and what each guard
+decided; the compat summary per target; the cross-backend comparison (top-1 agreement for class scores only, the
+SQNR chart saying how many tensors it shows); the config snapshot, versions and seed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.report import page
+from deploy_opt.report import charts, page
 from deploy_opt.report.layers import layer_rows
 
 log = logging.getLogger(__name__)
@@ -39,36 +40,97 @@ def _gate(build: dict[str, Any]) -> str:
     box = page.verdict(gate.get("passed") if criteria else None, f"{headline}. {reasons}" if reasons else headline)
     auto = (build.get("auto") or {}).get("verdict")
     qat = build.get("qat") or {}
-    notes = [("auto mode", auto), ("QAT", qat.get("why")), ("targets", "; ".join(
+    qat_line = None
+    if qat.get("why"):
+        qat_line = f"{qat.get('shipped')} ships; {qat['why']}" if qat.get("ran") else f"not run: {qat['why']}"
+    notes = [("shipped", shipped_model(build)), ("auto mode", auto), ("QAT", qat_line), ("targets", "; ".join(
         f"{k}: {v}" for k, v in (build.get("targets") or {}).items()))]
     return box + page.key_values(notes)
 
 
-def _accuracy_latency(build: dict[str, Any]) -> str:
+def shipped_label(auto: dict[str, Any]) -> str | None:
+    """The label of the auto search's chosen candidate: build.json's ``auto.chosen`` holds its settings, and the
+    trials that measured it (its last timing is the confirming one) hold the same settings and its label."""
+    chosen = auto.get("chosen")
+    if not chosen:
+        return None
+    return next((t.get("label") for t in reversed(auto.get("trials") or []) if t.get("settings") == chosen), None)
+
+
+def shipped_model(build: dict[str, Any]) -> str | None:
+    """What model.int8.onnx is, in words: QAT's model, the auto search's candidate, or FP32 (None: plain PTQ)."""
+    qat, auto = build.get("qat") or {}, build.get("auto")
+    label = shipped_label(auto) if auto else None
+    if qat.get("ran") and qat.get("shipped") == "qat":
+        return f"the QAT model, fine-tuned from {label or 'the all-INT8 PTQ model'}"
+    if qat.get("ran") and qat.get("shipped") == "ptq_all_int8":
+        return "the all-INT8 PTQ model (QAT's start)"
+    if auto is None:
+        return None
+    return f"{label} (auto search)" if label else "FP32: no INT8 candidate both met max_drop and paid"
+
+
+_RUNTIMES = {"torch_fp32": "torch FP32", "ort_fp32_original": "ORT FP32 before pruning", "ort_fp32": "ORT FP32",
+             "ort_int8": "ORT INT8 (shipped)", "ort_int8_no_fallback": "ORT INT8 without fallback",
+             "ort_int8_qat": "ORT INT8, QAT", "ort_int8_ptq": "ORT INT8, PTQ",
+             "ort_int8_ptq_all_int8": "ORT INT8, PTQ all-INT8", "tensorrt": "TensorRT"}  # fmt: skip
+
+
+def _runtime(key: str) -> str:
+    return _RUNTIMES.get(key, key)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _accuracy(build: dict[str, Any]) -> str:
+    """Every runtime's drop against the FP32 reference, beside max_drop: 100 and 99.34 must not look alike."""
     metrics = build.get("metrics") or {}
-    keys = [k for k in ("torch_fp32", "ort_fp32_original", "ort_fp32", "ort_int8", "tensorrt") if k in metrics]
-    accuracy = page.bar_chart(f"{metrics.get('name', 'metric')} on the evaluation set", [k for k in keys],
-                              {"value": [metrics.get(k) for k in keys]}, "")
+    base = metrics.get("drop_vs", "ort_fp32")
+    reference = metrics.get(base)
+    if not _number(reference):
+        return ""
+    sign = 1.0 if metrics.get("higher_is_better", True) else -1.0
+    rows = [(f"{_runtime(key)}: {page.fmt(value)}", sign * (reference - value)) for key, value in metrics.items()
+            if key.startswith(("torch_", "ort_", "tensorrt")) and key != base and _number(value)]  # fmt: skip
+    max_drop = ((build.get("config") or {}).get("gate") or {}).get("max_drop")
+    title = (f"{metrics.get('name', 'metric')} drop against {_runtime(base)} ({page.fmt(reference)}), "
+             f"on {metrics.get('samples', '?')} judged samples")
+    return charts.drop_chart(title, rows, max_drop if _number(max_drop) else None)
+
+
+def _accuracy_latency(build: dict[str, Any]) -> str:
     batches = (build.get("benchmark") or {}).get("batches") or {}
     names = sorted({k for v in batches.values() for k, r in v.items() if isinstance(r, dict) and "median_ms" in r})
-    latency = page.bar_chart("median latency per batch (ms, lower is better)", [f"batch {b}" for b in batches],
-                             {n: [(batches[b].get(n) or {}).get("median_ms") for b in batches] for n in names}, "ms")
-    return f'<div class="grid"><div>{accuracy}</div><div>{latency}</div></div>'
+    latency = charts.bar_chart("median latency per batch (ms, lower is better)", [f"batch {b}" for b in batches],
+                               {_runtime(n): [(batches[b].get(n) or {}).get("median_ms") for b in batches]
+                                for n in names}, "ms")  # fmt: skip
+    return f'<div class="grid"><div>{_accuracy(build)}</div><div>{latency}</div></div>'
 
 
 def _auto_search(build: dict[str, Any]) -> str:
     auto = build.get("auto") or {}
     trials = auto.get("trials") or []
-    chosen = (auto.get("chosen") or {}).get("label") or auto.get("verdict", "").split(":")[0]
-    points = [(float(t.get("speedup") or float("nan")), float(t["drop"]) if t.get("drop") is not None
-               else float("nan"), t.get("label", "?"), t.get("label") == chosen) for t in trials]
-    chart = page.scatter_chart("auto-mode trials: metric drop against INT8 speedup (red: shipped)", points,
-                               f"speedup at batch {auto.get('latency_batch', '?')} (x FP32)", "drop (points)")
+    config = build.get("config") or {}
+    chosen = shipped_label(auto)
+    shipped = max((i for i, t in enumerate(trials) if t.get("label") == chosen), default=None)
+    points = [charts.Point(float(t.get("speedup") or float("nan")), float(t["drop"]) if t.get("drop") is not None
+                           else float("nan"), t.get("label", "?"), i == shipped) for i, t in enumerate(trials)]
+    limits = []
+    max_drop = (config.get("gate") or {}).get("max_drop")
+    if _number(max_drop):
+        limits.append(charts.Limit("y", float(max_drop), f"max_drop {page.fmt(max_drop)}"))
+    min_gain = (config.get("auto") or {}).get("min_gain")
+    if _number(min_gain):
+        limits.append(charts.Limit("x", float(min_gain), f"min_gain {page.fmt(min_gain)}x"))
+    chart = charts.scatter_chart("auto-mode trials: metric drop against INT8 speedup", points,
+                                 f"speedup at batch {auto.get('latency_batch', '?')} (x FP32)", "drop (points)",
+                                 limits)  # fmt: skip
     rows = [(t.get("label"), t.get("step"), t.get("drop"), t.get("predicted_drop"), t.get("speedup"),
              t.get("quantized_nodes"), t.get("seconds")) for t in trials]
-    shipped = [i for i, t in enumerate(trials) if t.get("label") == chosen]
     table = page.table(("trial", "step", "drop", "predicted drop", "speedup", "INT8 nodes", "seconds"), rows,
-                       text_columns=(0, 1), highlight=shipped)
+                       text_columns=(0, 1), highlight=() if shipped is None else (shipped,))
     return chart + table
 
 
@@ -119,29 +181,47 @@ def _compat_verdict(summary: dict[str, Any], deployed: set[str]) -> str:
     return ""
 
 
-def _comparison(folder: Path, modules: dict[str, str]) -> str:
+SQNR_SHOWN = 40  # more bars than this do not read at a glance: the lowest are shown, and the chart says so
+
+
+def sqnr_chart(layers: list[dict[str, Any]], modules: dict[str, str]) -> str:
+    """Each quantized tensor's SQNR in graph order; over SQNR_SHOWN tensors, the lowest SQNR_SHOWN, counted."""
+    measured = [layer for layer in layers if layer.get("quant_sqnr_db") is not None]
+    shown = measured
+    what = f"all {len(measured)} quantized tensors, in graph order"
+    if len(measured) > SQNR_SHOWN:
+        lowest = {id(layer) for layer in sorted(measured, key=lambda layer: layer["quant_sqnr_db"])[:SQNR_SHOWN]}
+        shown = [layer for layer in measured if id(layer) in lowest]
+        what = (f"{SQNR_SHOWN} of {len(measured)} quantized tensors: the {SQNR_SHOWN} lowest, in graph order "
+                "(compare.json holds every one)")
+    names = [f"{modules.get(str(layer.get('node')), layer.get('node'))}: {layer.get('name')}" for layer in shown]
+    return charts.bar_chart("quantization SQNR per tensor, INT8 against FP32 (dB, higher is better)", names,
+                            {"SQNR": [layer.get("quant_sqnr_db") for layer in shown]}, "dB", note=what)
+
+
+def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> str:
     data = _load(folder / "compare.json")
     if not data:
         return ""
-    layers = [layer for layer in data.get("layers") or [] if layer.get("quant_sqnr_db") is not None][:40]
-    names = [f"{modules.get(str(layer.get('node')), layer.get('node'))}: {layer.get('name')}" for layer in layers]
-    chart = page.bar_chart("per-tensor quantization SQNR, INT8 against FP32 (dB, higher is better)", names,
-                           {"SQNR": [layer.get("quant_sqnr_db") for layer in layers]}, "dB")
     rows = []
     for backend, record in (data.get("backends") or {}).items():
         for output, numbers in (record.get("outputs") or {}).items():
-            rows.append((backend, output, numbers.get("cosine"), numbers.get("sqnr_db"), numbers.get("max_abs"),
-                         numbers.get("top1_agreement"), "pass" if record.get("pass") else "fail"))
+            rows.append([backend, output, numbers.get("cosine"), numbers.get("sqnr_db"), numbers.get("max_abs"),
+                         numbers.get("top1_agreement"), "pass" if record.get("pass") else "fail"])
         if not record.get("outputs"):
-            rows.append((backend, "", None, None, None, None, record.get("status", "")))
-    table = page.table(("backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"), rows,
-                       text_columns=(0, 1, 6))
+            rows.append([backend, "", None, None, None, None, record.get("status", "")])
+    headers = ["backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"]
+    # top-1 agreement means something for class scores only: an embedding's argmax is no prediction
+    if metric not in (None, "top1") or all(row[5] is None for row in rows):
+        headers.pop(5)
+        rows = [row[:5] + row[6:] for row in rows]
+    table = page.table(headers, rows, text_columns=(0, 1, len(headers) - 1))
     verdict, first = data.get("verdict"), divergence_text(data.get("first_divergence"))
     failing = [name for name, record in (data.get("backends") or {}).items() if record.get("pass") is False]
     text = f"comparison {verdict or 'not judged'}; first diverging layer: {first}"
     text += f"; backends that fail: {', '.join(failing)}" if failing else ""
     note = page.verdict({"pass": True, "fail": False}.get(str(verdict)), text)
-    return note + table + chart
+    return note + table + sqnr_chart(data.get("layers") or [], modules)
 
 
 def divergence_text(first: dict[str, Any] | None) -> str:
@@ -184,8 +264,8 @@ def write_build_page(folder: Path) -> Path:
         page.section("Calibration", _calibration(build, folder)),
         page.section("Compatibility per target", _compat(folder, build),
                      "deployed targets are judged; the others are shown for information"),
-        page.section("Cross-backend comparison", _comparison(folder, (build.get("export") or {}).get("module_names")
-                                                              or {})),
+        page.section("Cross-backend comparison", _comparison(
+            folder, (build.get("export") or {}).get("module_names") or {}, (build.get("metrics") or {}).get("name"))),
         page.section("Run snapshot: seed, versions, config", _snapshot(build)),
     ])
     return page.write_page(folder / REPORT_NAME, f"{build.get('name', folder.name)} build report", body)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,11 @@ from dopt_common.files import atomic_path
 def widest(ranges: Mapping[str, tuple[float, float]], count: int = 8) -> list[str]:
     """The ``count`` tensors with the largest absolute range (where outliers usually live)."""
     return sorted(ranges, key=lambda n: -max(abs(ranges[n][0]), abs(ranges[n][1])))[:count]
+
+
+def plotted_tensors(hists: Mapping[str, Histogram], quantized: Collection[str], count: int = 8) -> list[str]:
+    """The ``count`` widest quantized activations with a histogram: a tensor left in float has no threshold."""
+    return widest({n: (h.low, h.high) for n, h in hists.items() if n in quantized}, count)
 
 
 def tensor_summary(
@@ -34,22 +39,24 @@ def tensor_summary(
     return entry
 
 
-def plot_histograms(
-    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str], path: Path
-) -> Path:
-    """A grid of |x| histograms (log counts) with the chosen threshold and the observed maximum marked."""
+def histogram_figure(
+    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str],
+    quantized: Collection[str],
+) -> Any:  # fmt: skip
+    """The widest quantized activations' |x| histograms (log counts), the chosen threshold and the observed maximum."""
     matplotlib = require("matplotlib", purpose="the calibration plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(hists)
+    names = plotted_tensors(hists, quantized)
     cols = 2
     rows = max(1, -(-len(names) // cols))
     fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names, strict=False):
         hist = hists[name]
         centers = (hist.edges[:-1] + hist.edges[1:]) / 2
-        ax.fill_between(centers, np.maximum(hist.counts, 0.8), 0.8, step="mid", color="#4c72b0", alpha=0.8)
+        ax.fill_between(centers, np.maximum(hist.counts, 0.8), 0.8, step="mid", color="#4c72b0", alpha=0.8,
+                        label="calibration |x|")  # fmt: skip
         ax.set_yscale("log")
         threshold = max(abs(chosen[name][0]), abs(chosen[name][1]))
         observed = max(abs(hist.low), abs(hist.high))
@@ -57,12 +64,27 @@ def plot_histograms(
         ax.axvline(observed, color="#555555", lw=1, ls="--", label=f"observed max {observed:.3g}")
         ax.set_title(name if len(name) <= 60 else "…" + name[-59:], fontsize=9)
         ax.set_xlabel("|x|", fontsize=8)
+        ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, loc="upper right")
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    fig.suptitle("Calibration: the widest activations, |x| histograms and chosen thresholds", fontsize=11)
+    if not names:
+        axes.flat[0].text(0.5, 0.5, "no quantized activation to show", ha="center", va="center")
+    fig.suptitle(f"Calibration: the {len(names)} widest quantized activations, |x| histograms and chosen thresholds",
+                 fontsize=11)  # fmt: skip
     fig.tight_layout()
+    return fig
+
+
+def plot_histograms(
+    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str],
+    quantized: Collection[str], path: Path,
+) -> Path:  # fmt: skip
+    """``calibration.png``: :func:`histogram_figure`, written atomically."""
+    fig = histogram_figure(hists, chosen, methods, quantized)  # raises MissingDependency without matplotlib
+    import matplotlib.pyplot as plt
+
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)

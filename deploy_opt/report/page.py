@@ -1,5 +1,6 @@
 """The pieces every ``report.html`` is made of: one self-contained page (inline CSS, inline images and SVG, one
-small inline script for sortable tables; no network, no CDN), sections, tables and bar charts.
+small inline script for sortable tables; no network, no CDN), sections and tables. The charts are in
+:mod:`deploy_opt.report.charts`.
 
 Everything a page shows is escaped here; callers pass plain text and numbers.
 """
@@ -19,7 +20,6 @@ from dopt_common.files import atomic_path
 log = logging.getLogger(__name__)
 
 MAX_IMAGE_BYTES = 1_500_000  # an image larger than this is linked, not inlined, so a page stays under 5 MB
-PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
@@ -112,83 +112,6 @@ def image(path: Path, alt: str) -> str:
         return f'<p><a href="{esc(path.name)}">{esc(alt)} ({len(data) / 1e6:.1f} MB, opened separately)</a></p>'
     encoded = base64.b64encode(data).decode("ascii")
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{encoded}">'
-
-
-def bar_chart(title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], unit: str,
-              width: int = 640, bar_height: int = 16) -> str:
-    """Horizontal grouped bars as inline SVG: one group per label, one bar per series, value printed at its end."""
-    values = [v for s in series.values() for v in s if v is not None and math.isfinite(v)]
-    if not groups or not values:
-        return ""
-    top = max(max(values), 0.0) or 1.0
-    label_w, pad, rows = 170, 4, len(series)
-    group_h = rows * (bar_height + 2) + 10
-    height = 30 + len(groups) * group_h + 20 + 16 * math.ceil(len(series) / 3)
-    plot_w = width - label_w - 90
-    parts = [f'<text x="8" y="18" font-size="13" font-weight="bold">{esc(title)}</text>']
-    for g, group in enumerate(groups):
-        y0 = 30 + g * group_h
-        parts.append(f'<text x="{label_w - 8}" y="{y0 + group_h / 2}" font-size="11" text-anchor="end">'
-                     f'{esc(group)}</text>')
-        for s, (name, data) in enumerate(series.items()):
-            value = data[g] if g < len(data) else None
-            if value is None or not math.isfinite(value):
-                continue
-            y = y0 + s * (bar_height + 2)
-            w = max(1.0, plot_w * max(value, 0.0) / top)
-            color = PALETTE[s % len(PALETTE)]
-            parts.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_height}" fill="{color}">'
-                         f'<title>{esc(name)}: {fmt(value)} {esc(unit)}</title></rect>')
-            parts.append(f'<text x="{label_w + w + pad}" y="{y + bar_height - 4}" font-size="10">'
-                         f'{esc(fmt(value))} {esc(unit)}</text>')
-    legend_y = 30 + len(groups) * group_h + 8
-    for s, name in enumerate(series):
-        x, y = 8 + (s % 3) * 200, legend_y + 16 * (s // 3)
-        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>'
-                     f'<text x="{x + 14}" y="{y + 9}" font-size="10">{esc(name)}</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img">{"".join(parts)}</svg>')
-
-
-def scatter_chart(title: str, points: Sequence[tuple[float, float, str, bool]], x_label: str, y_label: str,
-                  width: int = 640, height: int = 320) -> str:
-    """Points (x, y, label, marked) as inline SVG; marked points are drawn larger in red (e.g. what shipped)."""
-    finite = [(x, y, label, marked) for x, y, label, marked in points if math.isfinite(x) and math.isfinite(y)]
-    if not finite:
-        return ""
-    xs, ys = [p[0] for p in finite], [p[1] for p in finite]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    left, bottom, right, top = 60, height - 40, width - 20, 30
-
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * (right - left)
-
-    def py(y: float) -> float:
-        return bottom - (y - y0) / (y1 - y0) * (bottom - top)
-
-    parts = [f'<text x="8" y="18" font-size="13" font-weight="bold">{esc(title)}</text>',
-             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#888"/>',
-             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#888"/>',
-             f'<text x="{(left + right) / 2}" y="{height - 8}" font-size="11" text-anchor="middle">'
-             f"{esc(x_label)}</text>",
-             f'<text x="12" y="{(top + bottom) / 2}" font-size="11" transform="rotate(-90 12 {(top + bottom) / 2})" '
-             f'text-anchor="middle">{esc(y_label)}</text>']
-    for value, pos in ((x0, left), (x1, right)):
-        parts.append(f'<text x="{pos}" y="{bottom + 14}" font-size="10" text-anchor="middle">'
-                     f'{fmt(value, ".3g")}</text>')
-    for value, pos in ((y0, bottom), (y1, top)):
-        parts.append(f'<text x="{left - 4}" y="{pos + 3}" font-size="10" text-anchor="end">'
-                     f'{fmt(value, ".3g")}</text>')
-    for x, y, label, marked in sorted(finite, key=lambda p: p[3]):
-        r, color = (7, "#c44e52") if marked else (4, "#4c72b0")
-        parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{r}" fill="{color}" fill-opacity="0.8">'
-                     f'<title>{esc(label)}: {fmt(x, ".3g")}, {fmt(y, ".3g")}</title></circle>')
-        if marked:
-            parts.append(f'<text x="{px(x) + 9:.1f}" y="{py(y) + 4:.1f}" font-size="10">{esc(label)}</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img">{"".join(parts)}</svg>')
 
 
 def write_page(path: Path, title: str, body: str) -> Path:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.report import page
+from deploy_opt.report import charts, page
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def write_llm_page(folder: Path) -> Path:
         page.key_values([("scheme", (report.get("scheme") or {}).get("reason")),
                          ("model", (report.get("model") or {}).get("source")),
                          ("checkpoint", (report.get("checkpoint") or {}).get("format"))]),
-        page.section("Held-out perplexity", page.bar_chart("perplexity (lower is better)", groups,
+        page.section("Held-out perplexity", charts.bar_chart("perplexity (lower is better)", groups,
                                                            {"perplexity": values}, "")),
         page.section("KV cache", _kv(kv)),
         page.section("Per-Linear error by layer", _layer_chart(layers) + page.table(
@@ -80,7 +80,7 @@ def _layer_chart(layers: list[dict[str, Any]]) -> str:
         index = next((p for p in parts if p.isdigit()), "?")
         by_layer.setdefault(index, []).append(float(record.get("output_error") or 0.0))
     labels = sorted(by_layer, key=lambda k: int(k) if k.isdigit() else 1 << 30)
-    return page.bar_chart("mean relative output error of the quantized Linears, by decoder layer",
+    return charts.bar_chart("mean relative output error of the quantized Linears, by decoder layer",
                           [f"layer {k}" for k in labels],
                           {"output error": [sum(by_layer[k]) / len(by_layer[k]) for k in labels]}, "", bar_height=8)
 
