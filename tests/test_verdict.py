@@ -121,3 +121,9 @@ data: {calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", valid
 """
     with pytest.raises(ConfigError, match="data.validation .* is also data.evaluation"):
         load_build_config(write_config(tmp_path, text), "ci", [])
+
+
+def test_a_build_on_one_evaluation_sample_is_not_judged(tmp_path: Path) -> None:
+    result = build_tiny(tmp_path, "", ["data.eval_samples=1"])
+    assert not result.gate.passed and result.gate.verdict == "NOT JUDGED"
+    assert result.build["gate"]["verdict"] == "NOT JUDGED" and result.build["metrics"]["samples"] == 1
