@@ -172,3 +172,14 @@ def test_a_cosine_build_reports_no_top1_agreement(tiny_model: Path, tmp_path: Pa
     (tmp_path / "compare.json").write_text(json.dumps(old))
     assert "top-1 agreement" not in build_page._comparison(tmp_path, {}, "cosine")
     assert "top-1 agreement" in build_page._comparison(tmp_path, {}, "top1")
+
+
+def test_auto_qat_does_not_start_when_ptq_is_far_from_the_gate() -> None:
+    from deploy_opt.build.qat import QAT_REACH
+
+    def search(drop: float) -> AutoSearch:
+        return AutoSearch(None, (Trial("placement", INPUTS, 80.0, drop, None, 1.0, 1.5, 6, 1.0),), "", 10.0, 32)
+
+    far = auto_search_reason(search(QAT_REACH * 1.0 + 0.5), 1.0)
+    assert far is not None and "does not close that much" in far and INPUTS.label in far
+    assert auto_search_reason(search(2.0), 1.0) is None  # within reach: QAT trains

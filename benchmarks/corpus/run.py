@@ -97,7 +97,7 @@ def build(entry: Model, model: str, name: str, timeout_s: float) -> tuple[result
     verdict = "gate PASS" if record["gate"]["passed"] else f"gate FAIL ({', '.join(failed)})"
     quant = record.get("quantization") or {}
     nodes = quant.get("quantized_nodes")
-    shipped = "FP32 (no node quantized)" if nodes == 0 else f"INT8 ({nodes} of {quant.get('quantizable_nodes')} nodes)"
+    shipped = "FP32 (no node quantized)" if nodes == 0 else f"INT8 ({nodes} nodes quantized)"
     drop = (record.get("metrics") or {}).get("drop")
     own = f"; build.json drop {drop:.3f}" if isinstance(drop, (int, float)) else ""
     outcome = f"exit {run.rc}, {verdict}, ships {shipped}{own}"
