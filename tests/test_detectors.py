@@ -188,3 +188,11 @@ gate: {speedup_batch: 32}
     fixed = respect_fixed_batch(config, tmp_path / "static.onnx")
     assert fixed.benchmark.batch_sizes == (1,) and fixed.gate.speedup_batch is None
     assert respect_fixed_batch(config, tmp_path / "dynamic.onnx") is config
+
+
+def test_the_proxy_reads_a_scalar_weight_that_ort_dequantizes_to_a_numpy_scalar() -> None:
+    from deploy_opt.analysis.sensitivity.analyze import _sqnr
+
+    # a YOLO head kept in float on a chained base leaves a quantized 0-d Mul constant (nudenet 3.4.2's 320n.onnx)
+    assert _sqnr(np.float32(2.0), np.float32(2.0)) > 100
+    assert _sqnr(np.float32(2.0), np.float32(1.0)) == pytest.approx(20 * np.log10(2.0))

@@ -157,7 +157,8 @@ def _node_output_sqnr(node: QuantizedNode, proto: onnx.NodeProto | None, matchin
 
 
 def _flat(arrays: Any) -> np.ndarray:
-    arrays = [arrays] if isinstance(arrays, np.ndarray) else arrays
+    # one array, or a list of them; ORT dequantizes a 0-d weight (a scalar Mul constant) to a numpy scalar
+    arrays = [arrays] if isinstance(arrays, (np.ndarray, np.generic, float, int)) else arrays
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
