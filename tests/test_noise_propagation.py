@@ -34,10 +34,12 @@ def _spearman(a: list[float], b: list[float]) -> float:
 def _build(tmp_path: Path, module: str, make_model, extra: str = "") -> tuple[dict, Path]:
     model = make_model(tmp_path / "model_in.onnx")
     source = HERE / f"{module}.py"
+    # the attention block's samples to analyse on (the exact drops' order is built on them), apart from the judged
+    decide = f', validation: "{source}:validation"' if module == "tiny_attention_onnx" else ""
     text = f"""
 name: {module}
 model: {{onnx: {model.name}}}
-data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
+data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine{decide}}}
 quantization: {{mode: manual, op_types: [MatMul], quantize_outputs: false, keep_head: false}}
 benchmark: {{enabled: false}}
 sensitivity: {{enabled: true, mode: exhaustive}}

@@ -81,4 +81,9 @@ def calibration() -> list[tuple[dict[str, np.ndarray], None]]:
 
 def evaluation() -> list[tuple[dict[str, np.ndarray], None]]:
     """160 evaluation samples."""
+    return _split(33, 160)
+
+
+def validation() -> list[tuple[dict[str, np.ndarray], None]]:
+    """160 samples to decide on (sensitivity, search), disjoint from the evaluation ones."""
     return _split(32, 160)

@@ -36,5 +36,5 @@ def calibration() -> list[tuple[dict[str, np.ndarray], None]]:
 
 
 def evaluation() -> list[tuple[dict[str, np.ndarray], None]]:
-    """4 other images."""
-    return _data(1, 4)
+    """16 other images: the search decides on 8, the gate judges the other 8 (fewer is not judged)."""
+    return _data(1, 16)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +122,9 @@ def run_search(
     ctx = _context(config, fp32_path, held, metric, started, calibration, work)
     from tqdm import tqdm
 
-    ctx.bar = tqdm(total=round(config.auto.budget_s), desc="auto search (of its budget)", unit="s", leave=False,
-                   disable=None, bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}")  # fmt: skip
+    if sys.stderr.isatty():  # no bar object at all otherwise: a signal landing in its __del__ would be swallowed
+        ctx.bar = tqdm(total=round(config.auto.budget_s), desc="auto search (of its budget)", unit="s",
+                       leave=False, bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}")  # fmt: skip
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
     # Search on while no candidate both meets max_drop and pays (when timed): an accurate candidate slower than
@@ -140,7 +142,9 @@ def run_search(
         _latency_trials(ctx, accurate, _base_of(accurate, bases))
     chosen = _confirmed(ctx, best_trial(ctx.trials, max_drop, config.auto.min_gain))
     verdict = _verdict(ctx, chosen)
-    ctx.bar.close()
+    if ctx.bar is not None:
+        ctx.bar.close()
+        ctx.bar = None  # gone before the verdict is logged
     log.info("auto: %s", verdict)
     search = AutoSearch(
         chosen.candidate if chosen else None, tuple(ctx.trials), verdict, time.perf_counter() - started,
