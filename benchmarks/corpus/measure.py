@@ -89,14 +89,10 @@ def score(artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_
 
 
 def fixed_batch(path: Path) -> int | None:
-    """The first input's batch dimension when the file fixes it (e.g. 1), else None."""
-    import onnx
+    """The first input's batch dimension when the file fixes it (e.g. 1), else None: the build's own rule."""
+    from deploy_opt.build.benchmark import fixed_batch as model_fixed_batch
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    first = next(i for i in graph.input if i.name not in initializers)
-    dim = first.type.tensor_type.shape.dim[0]
-    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
+    return model_fixed_batch(path)
 
 
 def feed_of_size(inputs: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
