@@ -67,3 +67,4 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        self.published: object = None  # the folder a publish completed just before the signal was delivered

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,26 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+# Called with each step's name between the filesystem steps of a publish; tests set it to kill the process there
+# (fault injection by step, not by timing). None in normal runs.
+STEP_HOOK: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if STEP_HOOK is not None:
+        STEP_HOOK(name)
+
+
 def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
     """Swap a finished ``staging`` folder in for ``target``, whole.
 
     Whatever fails, ``target`` is afterwards either the complete old folder or the complete new one: the old
-    folder is renamed aside, the new one renamed in, and only then is the old one removed; if the second rename
-    fails, the old folder is renamed back. A ``staging`` on another filesystem is first copied beside ``target``
-    (renames never cross filesystems). A ``target`` that is itself a mount point cannot be renamed: that fails
-    before anything moved.
+    folder is renamed aside (``.<name>.old-<pid>``), the new one renamed in, and only then is the old one removed;
+    if the second rename fails, the old folder is renamed back. A kill between the two renames leaves no
+    ``target`` but a complete ``.old-<pid>``, which ``recover_published`` renames back at the next start. A
+    ``staging`` on another filesystem is first copied beside ``target`` (renames never cross filesystems). A
+    ``target`` that is itself a mount point cannot be renamed: that fails before anything moved. SIGINT and
+    SIGTERM are held off from the first rename to the end, so an interrupt lands after the swap, never inside.
     """
     staging, target = Path(staging), Path(target)
     incoming = staging
@@ -58,21 +71,58 @@ def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str])
         except OSError:
             shutil.rmtree(incoming, ignore_errors=True)
             raise
+        _step("copied")
     old = target.with_name(f".{target.name}.old-{os.getpid()}") if os.path.lexists(target) else None
-    try:
-        if old is not None:
-            os.rename(target, old)
+    with _signals_held():
         try:
-            os.rename(incoming, target)
-        except OSError:
             if old is not None:
-                os.rename(old, target)  # the previous folder goes back, untouched
-            raise
+                os.rename(target, old)
+                _step("renamed-old")
+            try:
+                os.rename(incoming, target)
+            except OSError:
+                if old is not None:
+                    os.rename(old, target)  # the previous folder goes back, untouched
+                raise
+            _step("renamed-new")
+        finally:
+            if incoming != staging:
+                shutil.rmtree(incoming, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            _step("removed-old")
+    return target
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread for the block; one that arrived is delivered as it ends."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
     finally:
-        if incoming != staging:
-            shutil.rmtree(incoming, ignore_errors=True)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def recover_published(folder: Path, name: str, alive: Callable[[int], bool]) -> Path | None:
+    """Undo a publish killed between its renames: ``folder/name`` is missing and a ``.<name>.old-<pid>`` of a
+    process no longer running is there, so that (complete) previous folder is renamed back. Returns it, or None.
+
+    Runs before any sweep, so the last complete report is never deleted as a leftover.
+    """
+    target = folder / name
+    if os.path.lexists(target):
+        return None
+    prefix = f".{name}.old-"
+    candidates = [e for e in folder.glob(f"{glob.escape(prefix)}*") if e.name[len(prefix):].isdigit()
+                  and not e.is_symlink() and e.is_dir() and not alive(int(e.name[len(prefix):]))]  # fmt: skip
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda e: e.stat().st_mtime)
+    os.rename(newest, target)
     return target
 
 
@@ -117,6 +167,11 @@ def check_replaceable_dir(path: str | os.PathLike[str]) -> Path:
 def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` if needed and prove a file can be written there, before any long work starts."""
     folder = Path(path)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise OutputError(
+            f"output folder '{folder}' is a file, not a folder; fix: pass a folder with --output-dir (or move the "
+            "file away)"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check."):

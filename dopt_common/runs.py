@@ -14,19 +14,23 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import DeployOptError, OutputError, one_line
-from dopt_common.files import check_replaceable_dir, replace_dir
+from dopt_common.errors import DeployOptError, Interrupted, OutputError, one_line
+from dopt_common.files import check_replaceable_dir, recover_published, replace_dir
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def staged_dir(out_dir: Path, wait: bool = False) -> Iterator[Path]:
+def staged_dir(out_dir: Path, wait: bool = False, divert: Callable[[], bool] | None = None) -> Iterator[Path]:
     """Yield a fresh staging folder beside ``out_dir``; on a clean exit it replaces ``out_dir`` whole.
+
+    ``divert``, asked at publish time: when it answers True (a failing build, and ``out_dir`` holds a passing
+    one), the stage goes to ``failed_dir(out_dir)`` instead and ``out_dir`` stays as it is. A run that publishes
+    to ``out_dir`` removes an older ``failed_dir``: it no longer describes the folder beside it.
 
     One run per report name at a time (a lock file beside it; ``wait``: wait for the other run); leftovers of
     runs whose process is gone (``.<name>.partial-<pid>``, ``.old-``, ``.incoming-``) are removed first.
@@ -34,6 +38,8 @@ def staged_dir(out_dir: Path, wait: bool = False) -> Iterator[Path]:
     out_dir = check_replaceable_dir(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     with report_lock(out_dir, wait):
+        if recover_published(out_dir.parent, out_dir.name, _alive) is not None:
+            log.warning("restored '%s': an earlier run was killed while publishing it", out_dir)
         sweep_stale(out_dir.parent)
         shutil.rmtree(stage, ignore_errors=True)
         try:
@@ -44,15 +50,26 @@ def staged_dir(out_dir: Path, wait: bool = False) -> Iterator[Path]:
             yield stage
             for working in stage.glob(".*"):
                 shutil.rmtree(working) if working.is_dir() else working.unlink()
+            target = failed_dir(out_dir) if divert is not None and divert() else out_dir
             try:
-                replace_dir(stage, out_dir)
+                replace_dir(stage, target)
+            except Interrupted as exc:  # held off during the swap, delivered right after it: the build is live
+                exc.published = target
+                raise
             except OSError as exc:
                 raise OutputError(
                     f"cannot publish '{out_dir}': {exc.strerror}; the previous '{out_dir.name}' is unchanged; "
                     "fix: choose a writable --output-dir (not a mount point itself)"
                 ) from exc
+            if target == out_dir:
+                shutil.rmtree(failed_dir(out_dir), ignore_errors=True)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def failed_dir(out_dir: Path) -> Path:
+    """Where a failing run lands when ``out_dir`` holds the last passing one: ``<name>.failed/`` beside it."""
+    return out_dir.with_name(f"{out_dir.name}.failed")
 
 
 @contextlib.contextmanager
@@ -109,8 +126,11 @@ def sweep_stale(folder: Path) -> list[Path]:
     removed = []
     for entry in folder.glob(".*-*") if folder.is_dir() else ():
         match = STALE.match(entry.name)
-        if match and entry.is_dir() and not _alive(int(match.group(2))):
-            shutil.rmtree(entry, ignore_errors=True)
+        if match and not _alive(int(match.group(2))):
+            if entry.is_symlink() or entry.is_file():  # never follow a link out of the folder
+                entry.unlink(missing_ok=True)
+            elif entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     if removed:
         log.info("removed %d leftover folder(s) of interrupted runs in %s", len(removed), folder)

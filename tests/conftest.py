@@ -49,7 +49,18 @@ gate: {{max_drop: 100}}
     )
 
 
-def build_tiny(tmp_path: Path, sections: str, overrides: list[str] | None = None):
+def unmeetable_gate(config):
+    """``config`` with a gate no model can meet (max_drop -1), for tests of what happens then. The loader refuses
+    a negative max_drop from users (it would fail every build), so the field is set past its check."""
+    import copy
+    import dataclasses
+
+    gate = copy.copy(config.gate)
+    object.__setattr__(gate, "max_drop", -1.0)
+    return dataclasses.replace(config, gate=gate)
+
+
+def build_tiny(tmp_path: Path, sections: str, overrides: list[str] | None = None, unmeetable: bool = False):
     """Build the tiny MLP (profile ci, no benchmark) with extra YAML ``sections``; returns the BuildResult."""
     from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
@@ -65,4 +76,5 @@ benchmark: {{enabled: false}}
     # Manual mode: these tests pin one setting each; the auto search has tests of its own.
     overrides = ["quantization.mode=manual", *(overrides or [])]
     config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides)
+    config = unmeetable_gate(config) if unmeetable else config
     return run_build(config, profile, tmp_path / "reports", progress=False)

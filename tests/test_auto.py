@@ -9,7 +9,7 @@ import fragile_onnx
 import numpy as np
 import onnx
 import pytest
-from conftest import write_config
+from conftest import unmeetable_gate, write_config
 from onnx import TensorProto, helper, numpy_helper
 
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
@@ -155,7 +155,8 @@ def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_pat
 
 @pytest.mark.slow
 def test_when_no_int8_model_meets_the_gate_fp32_ships_and_is_never_called_int8(tmp_path: Path) -> None:
-    config, profile = _fragile_config(tmp_path, -1.0, "auto: {budget_s: 30}")
+    config, profile = _fragile_config(tmp_path, 0.0, "auto: {budget_s: 30}")
+    config = unmeetable_gate(config)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     assert result.build["auto"]["chosen"] is None and "FP32 ships" in result.build["auto"]["verdict"]
     assert result.build["quantization"]["quantized_nodes"] == 0

@@ -162,16 +162,22 @@ BAD_CONFIGS = [
         r"benchmark\.batch_sizes must be positive integers, got \[1, -4\]",
     ),
     ("empty-batch-sizes", _set("benchmark", batch_sizes=[]), None, [], r"benchmark\.batch_sizes must be positive"),
-    ("zero-calibration-samples", _set("calibration", samples=0), None, [], r"calibration\.samples must be positive"),
+    (
+        "zero-calibration-samples",
+        _set("calibration", samples=0),
+        None,
+        [],
+        r"calibration\.samples: 0 is out of range; fix: give an integer from 1 to",
+    ),
     ("opset-too-old", _set("export", opset=13), None, [], r"export\.opset is 13; deploy_opt needs opset 17"),
     (
         "name-with-slash",
         lambda d: d.update(name="a/b"),
         None,
         [],
-        r"name 'a/b' must be a plain folder name \(no slashes",
+        r"name 'a/b' contains a path separator: a run name is one folder name",
     ),
-    ("hidden-name", lambda d: d.update(name=".t"), None, [], r"name '\.t' must be a plain folder name"),
+    ("hidden-name", lambda d: d.update(name=".t"), None, [], r"name '\.t' starts with '\.'"),
     ("section-not-a-mapping", lambda d: d.update(benchmark=[1, 2]), None, [], r"benchmark: expected a mapping"),
 ]
 

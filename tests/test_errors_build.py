@@ -151,7 +151,7 @@ def test_output_folder_under_a_file_raises_output_error(tmp_path: Path) -> None:
 
 def test_output_folder_that_is_a_file_raises_output_error(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x", encoding="utf-8")
-    with pytest.raises(OutputError, match=r"output folder '.*afile' is not writable"):
+    with pytest.raises(OutputError, match=r"output folder '.*afile' is a file, not a folder"):
         ensure_writable_dir(tmp_path / "afile")
 
 

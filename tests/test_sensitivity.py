@@ -9,7 +9,7 @@ import fragile_onnx
 import numpy as np
 import onnx
 import pytest
-from conftest import write_config
+from conftest import unmeetable_gate, write_config
 
 from deploy_opt.analysis.sensitivity.fallback import head_nodes
 from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
@@ -86,7 +86,8 @@ def test_auto_fallback_stops_once_the_gate_holds(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> None:
-    config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=-1.0)
+    config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=0.0)
+    config = unmeetable_gate(config)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["fallback"]["auto"]
     assert not auto["met"] and "cannot meet max_drop -1" in auto["verdict"]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dopt_common.errors import ConfigError
+from dopt_common.names import shown
 
 SCHEMA_PATH = Path(__file__).with_name("scales.schema.json")
 # The integer range of each quantized type, inclusive.
@@ -63,10 +65,15 @@ def _describe(error: Any, source: str) -> str:
         rest = path[2:]
     else:
         where, rest = source, path
+    value = error.instance
+    if isinstance(value, float) and not math.isfinite(value):  # jsonschema's "nan is less than ..." says little
+        message = f"is {value}, not a finite number"
+    else:
+        message = shown(error.message)
     if rest:
         field = f"'{rest[0]}'" + "".join(f"[{p}]" if isinstance(p, int) else f".'{p}'" for p in rest[1:])
-        return f"{where}: field {field} {error.message}"
-    return f"{where}: {error.message}"
+        return f"{where}: field {field} {message}"
+    return f"{where}: {message}"
 
 
 def _inconsistency(entry: Mapping[str, Any]) -> str | None:
@@ -103,6 +110,8 @@ def _value_problem(scale: Sequence[Any], bits: Sequence[Any], zero: Sequence[Any
     for i, s in enumerate(scale):
         if isinstance(s, bool) or not isinstance(s, (int, float)):
             return f"field 'scale'[{i}] {s!r} is not of type 'number'"
+        if not math.isfinite(s):
+            return f"field 'scale'[{i}] is {s}, not a finite number"
         if not s > 0:
             return f"field 'scale'[{i}] {s!r} is less than or equal to the minimum of 0"
     for i, b in enumerate(bits):

@@ -129,16 +129,21 @@ def _measured_pairs(
 
 def compare(
     sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int,
-    max_seconds: float | None = None,
+    max_seconds: float | None = None, same: dict[str, str] | None = None,
 ) -> dict[str, dict[str, object]]:  # fmt: skip
     """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians) and its 95%
     interval from bootstrapping the interleaved rounds as pairs (``speedup_ci95``).
 
-    With ``ort_fp32_original`` (a pruned build) the pruned FP32 and INT8 are also timed against it.
+    With ``ort_fp32_original`` (a pruned build) the pruned FP32 and INT8 are also timed against it. ``same``
+    maps a session to another that runs the same graph (FP32 ships: model.int8.onnx quantizes no node): it is
+    not timed again, it gets the other's rounds, so its speedup is exactly 1.
     """
+    same = same or {}
+    timed = {name: session for name, session in sessions.items() if name not in same}
     results: dict[str, dict[str, object]] = {}
     for size in sizes:
-        stats = _measured_pairs(sessions, feed_of_size(batch, size), warmup, repeats, max_seconds)
+        stats = _measured_pairs(timed, feed_of_size(batch, size), warmup, repeats, max_seconds)
+        stats |= {name: stats[source] for name, source in same.items() if name in sessions}
         row: dict[str, object] = {name: latency.to_json() for name, latency in stats.items()}
         for name in stats:
             if name.startswith("ort_int8") and "ort_fp32" in stats:

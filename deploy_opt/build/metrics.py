@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from deploy_opt.build.detection import detection_f1
-from deploy_opt.build.sources import resolve_callable
-from dopt_common.errors import InputError, one_line
+from deploy_opt.build.sources import resolve_callable, user_code
+from dopt_common.errors import InputError
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -92,12 +92,9 @@ def _per_sample(fn: Callable[..., object], name: str) -> ScoreFn:
     """The user's metric as per-sample scores; one that raises or returns no finite number is an InputError."""
 
     def score(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
-        try:
+        # The user's code: any failure, sys.exit() included, is bad input (exit 2), never an internal error.
+        with user_code(f"data.metric '{name}'", error=InputError):
             returned = fn(prediction, reference)
-        except Exception as exc:  # the user's code: any failure is bad input, named, never exit 3
-            raise InputError(
-                f"data.metric '{name}' raised {type(exc).__name__}: {one_line(exc)}; fix that function"
-            ) from exc
         try:
             value = np.asarray(returned, dtype=np.float64)
         except (TypeError, ValueError):

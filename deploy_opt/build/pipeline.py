@@ -8,6 +8,7 @@ module only composes them. The build is assembled in a staging folder and publis
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +20,19 @@ from deploy_opt.build.inputs import load_inputs, training_batches
 from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.build.precision import auto_precision, choose_precision, needs_held_evaluation, quantize_model
 from deploy_opt.build.prune import ORIGINAL_DIR, finish_prune, prune_model
-from deploy_opt.build.qat import fine_tune
+from deploy_opt.build.qat import fine_tune, int8_nodes
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
 from deploy_opt.build.splits import split_evaluation
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import compare_and_align, write_backends
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate
 from deploy_opt.report.trust import alignment_criterion, with_criterion
 from dopt_common.files import ensure_writable_dir
-from dopt_common.runs import Timings, seed_everything, staged_dir
+from dopt_common.names import run_dir
+from dopt_common.runs import Timings, failed_dir, seed_everything, staged_dir
 from exporters.tensorrt.profile import input_shapes
 
 log = logging.getLogger(__name__)
@@ -38,11 +40,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BuildResult:
-    """Where the build landed and its verdict."""
+    """Where the build landed and its verdict; ``kept``: the last passing build, left in place because this one
+    failed its gate (this one is then in ``<name>.failed/`` beside it), else None."""
 
     out_dir: Path
     build: dict[str, Any]
     gate: GateResult
+    kept: Path | None = None
 
 
 def run_build(
@@ -52,10 +56,30 @@ def run_build(
 
     ``wait``: wait for another build of the same name to finish instead of failing at once.
     """
-    out_dir = ensure_writable_dir(output_root) / config.name
-    with staged_dir(out_dir, wait=wait) as stage:
+    out_dir = run_dir(ensure_writable_dir(output_root), config.name)
+    verdict: list[GateResult] = []  # set before the publish: a failing build must not replace a passing one
+
+    def divert() -> bool:
+        return not verdict[0].passed and passed_before(out_dir)
+
+    with staged_dir(out_dir, wait=wait, divert=divert) as stage:
         build, gate = _build_into(config, profile, stage, progress)
+        verdict.append(gate)
+        diverted = divert()
+    if diverted:
+        log.warning("gate failed: this build is in %s; the last passing build stays in %s", failed_dir(out_dir),
+                    out_dir)  # fmt: skip
+        return BuildResult(failed_dir(out_dir), build, gate, kept=out_dir)
     return BuildResult(out_dir, build, gate)
+
+
+def passed_before(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a build whose recorded gate passed (an unreadable record: no)."""
+    try:
+        record = json.loads((out_dir / "build.json").read_text(encoding="utf-8"))
+        return bool(record["gate"]["passed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[dict, GateResult]:
@@ -113,11 +137,13 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         runtimes = evaluate_runtimes(models, names, reference, split.judge, metric, threads, progress,
                                      decision=split.separate_decision)  # fmt: skip
     with times.stage("benchmark"):
-        bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0])
+        fp32_ships = not int8_nodes(shipped.path, config.quantization.op_types)
+        same = {"ort_int8": "ort_fp32"} if fp32_ships else None  # the same graph: timed once
+        bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0], same)
     with times.stage("compare_align"):
         verified = compare_and_align(
-            config.compare, (fp32.path, shipped.path), samples, stage, config.seed, inputs.torch_model, threads,
-            judge_top1=metric.name == "top1",
+            _comparison_setting(config.compare, fp32_ships), (fp32.path, shipped.path), samples, stage, config.seed,
+            inputs.torch_model, threads, judge_top1=metric.name == "top1",
         )  # fmt: skip
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
@@ -153,3 +179,12 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     )  # fmt: skip
     record.write_reports(stage, build)
     return build, gate
+
+
+def _comparison_setting(compare: CompareConfig, fp32_ships: bool) -> CompareConfig:
+    """The cross-backend comparison, off when FP32 ships: no node is quantized, so every backend runs the FP32
+    graph and there is no quantization error to localise (align verify still reads every artifact back)."""
+    if not compare.enabled or not fp32_ships:
+        return compare
+    log.info("compare: not run, FP32 ships (no node quantized), so there is no INT8 error to localise")
+    return dataclasses.replace(compare, enabled=False)

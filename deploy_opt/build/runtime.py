@@ -46,17 +46,23 @@ def evaluate_runtimes(
     return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
 
 
-def run_benchmark(bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batch) -> dict[str, Any] | None:
-    """Median latencies at each batch size with the FP32/INT8 speedup, or None when benchmarking is off."""
+def run_benchmark(
+    bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batch, same: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """Median latencies at each batch size with the FP32/INT8 speedup, or None when benchmarking is off.
+
+    ``same``: sessions that run another's graph (``benchmark.compare``), recorded as ``same_model``.
+    """
     if not bench.enabled:
         return None
     return {
+        **({"same_model": dict(same)} if same else {}),
         "threads": usable_threads(bench.threads),
         "warmup": bench.warmup,
         "repeats": bench.repeats,
         "input_shapes": {k: list(v.shape[1:]) for k, v in sample.inputs.items()},
         "max_seconds": bench.max_seconds,
         "batches": benchmark.compare(
-            sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds
+            sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
         ),
     }

@@ -9,6 +9,7 @@ against the FP32 model's own output. An item may be ``(inputs, label, ids)`` wit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -22,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.config.build import InputSpec
-from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError
+from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
+from dopt_common.names import shown
 
 log = logging.getLogger(__name__)
 
@@ -77,38 +79,60 @@ def resolve_callable(ref: str, base_dir: str | Path = ".", what: str = "referenc
         raise SourceError(
             f"{what} '{ref}': cannot import '{module_name}' ({exc}); fix: install the package or check the name"
         ) from exc
-    except Exception as exc:  # the user's module itself is broken (SyntaxError, NameError, ...)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the module is broken, or exits at import
+        kind = "called sys.exit() (argv parsing at import?)" if isinstance(exc, SystemExit) else (
+            f"failed ({type(exc).__name__}: {shown(one_line(exc))})")
         raise SourceError(
-            f"{what} '{ref}': importing '{module_name}' failed ({type(exc).__name__}: {exc}); fix that module"
-        ) from exc
+            f"{what} '{ref}': importing '{module_name}' {kind}; fix that module (run its script code only under "
+            "`if __name__ == '__main__':`)"
+        ) from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise SourceError(f"{what} '{ref}': module '{module_name}' has no callable '{func_name}'")
     return func
 
 
-def call_user(func: Callable[[], Any], what: str) -> Any:
-    """Call a user's function; its own exceptions become a SourceError naming it."""
+@contextlib.contextmanager
+def user_code(what: str, at: str = "", error: type[DeployOptError] = SourceError) -> Iterator[None]:
+    """Run a user's code (import, factory, data, metric): whatever it raises, ``sys.exit()`` and a
+    ``KeyboardInterrupt`` it raises itself included, becomes one ``error`` naming it (exit 2); ``at`` says
+    where in its output (" at item 3").
+
+    A real Ctrl-C never arrives here as KeyboardInterrupt: the CLI's SIGINT handler raises ``Interrupted``,
+    which passes through (exit 130), as do our own errors.
+    """
     try:
-        return func()
-    except DeployOptError:
+        yield
+    except (DeployOptError, StopIteration):  # StopIteration: an iterator's normal end
         raise
+    except SystemExit as exc:
+        raise error(
+            f"{what}{at} called sys.exit({shown(exc.code, 40)}), which would end the build with nothing built; "
+            "fix: raise an exception or return instead (a module that parses argv belongs under `if __name__ == "
+            "'__main__':`)"
+        ) from None
+    except KeyboardInterrupt:
+        raise error(f"{what}{at} raised KeyboardInterrupt itself; fix that function") from None
     except Exception as exc:
-        raise SourceError(f"{what} raised {type(exc).__name__}: {exc}; fix that function") from exc
+        raise error(f"{what} raised {type(exc).__name__}{at}: {shown(one_line(exc))}; fix that function") from exc
+
+
+def call_user(func: Callable[[], Any], what: str) -> Any:
+    """Call a user's function behind ``user_code``."""
+    with user_code(what):
+        return func()
 
 
 def _guarded(source: Iterable[Any], what: str) -> Iterator[Any]:
-    iterator = iter(source)
+    with user_code(what):
+        iterator = iter(source)
     index = 0
     while True:
         try:
-            item = next(iterator)
+            with user_code(what, f" at item {index}"):
+                item = next(iterator)
         except StopIteration:
             return
-        except DeployOptError:
-            raise
-        except Exception as exc:
-            raise SourceError(f"{what} raised {type(exc).__name__} at item {index}: {exc}; fix that function") from exc
         yield item
         index += 1
 

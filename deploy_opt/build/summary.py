@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from deploy_opt.build.evaluate import Evaluation
@@ -10,6 +11,7 @@ from deploy_opt.build.runtime import Runtimes
 from deploy_opt.build.splits import EvaluationSplit
 from deploy_opt.build.uncertainty import drop_interval, resolution
 from deploy_opt.config.build import DeployConfig
+from dopt_common.errors import NumericsError
 
 
 def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: EvaluationSplit | None = None) -> dict:
@@ -17,6 +19,13 @@ def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: Eva
     judged samples, with its paired interval and the metric's resolution; the same on the decision samples."""
     scores = runtimes.scores
     base = "ort_fp32_original" if "ort_fp32_original" in scores.values else "ort_fp32"  # a pruned build's original
+    broken = {k: v for k, v in scores.values.items() if not math.isfinite(v)}
+    if broken:  # a NaN drop passes or fails no comparison honestly: bad numbers, exit 2, not a gate verdict
+        raise NumericsError(
+            f"metric '{metric.name}' is {', '.join(f'{v} on {k}' for k, v in broken.items())}; the model's outputs "
+            "(or the metric) produced NaN or Inf on the judged samples; fix: check the model and the data (a "
+            "build with compare enabled names the first non-finite tensor in compare.json)"
+        )
     record = {
         "name": metric.name,
         "higher_is_better": metric.higher_is_better,

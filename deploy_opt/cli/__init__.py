@@ -7,15 +7,19 @@ An interrupted run removes its staging folder and leaves the previous report as 
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from deploy_opt.cli import analysis, build, llm, report, train
 from deploy_opt.cli.parser import make_parser
-from dopt_common.errors import DeployOptError, Interrupted
+from dopt_common.errors import DeployOptError, Interrupted, one_line
+from dopt_common.names import shown
 
 log = logging.getLogger("deploy_opt")
 
@@ -31,12 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         make_parser().print_help()
         return 2
     in_main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main else None
+    # Both signals arrive as Interrupted, so a KeyboardInterrupt seen anywhere was raised by user code (exit 2).
+    signals = (signal.SIGTERM, signal.SIGINT) if in_main else ()
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in signals}
     try:
         return _run(args, _commands())
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _commands() -> dict[str, Callable]:
@@ -55,6 +61,38 @@ def _commands() -> dict[str, Callable]:
     }
 
 
+LOW_SPACE = 64 << 20  # bytes free under which a failed write is taken for a full disk
+
+
+def resource_fault(exc: BaseException, output_dir: object) -> str | None:
+    """One line for a resource fault (ENOSPC, EDQUOT, EMFILE), naming the path and the free space; else None.
+
+    A library that writes a file and reads it back may see the full disk only as a corrupt file ("DecodeError:
+    Wire format was corrupt"), so any failure while the output folder has under 64 MiB free counts as one.
+    """
+    faults = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+              errno.EMFILE: "too many open files"}  # fmt: skip
+    chain = [exc, exc.__cause__, exc.__context__]
+    code = next((e.errno for e in chain if isinstance(e, OSError) and e.errno in faults), None)
+    path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None) or output_dir or "."
+    free = _free_bytes(Path(str(path)))
+    if code is None and (free is None or free >= LOW_SPACE):
+        return None
+    what = faults.get(code or errno.ENOSPC)
+    room = f"{free / 2**20:.0f} MiB free there" if free is not None else "free space unknown"
+    fix = "raise the limit (ulimit -n)" if code == errno.EMFILE else "free space or pass another --output-dir"
+    return f"{what} writing under '{shown(str(path), 200)}' ({room}; {type(exc).__name__}); fix: {fix}"
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
     raise Interrupted(signum)
 
@@ -67,13 +105,20 @@ def _run(args: object, commands: dict[str, Callable]) -> int:
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         name = signal.Signals(signum).name
-        print(f"deploy_opt {command}: interrupted ({name}); staging removed, no partial report left", file=sys.stderr)
+        published = getattr(exc, "published", None)
+        outcome = (f"after publishing '{published}', which is the new, complete build" if published
+                   else "staging removed, no partial report left")  # fmt: skip
+        print(f"deploy_opt {command}: interrupted ({name}); {outcome}", file=sys.stderr)
         return 128 + int(signum)
     except DeployOptError as exc:
-        print(f"deploy_opt {command}: error: {exc}", file=sys.stderr)
+        print(f"deploy_opt {command}: error: {shown(one_line(exc), 2000)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, ours or in user code: never exit 1, which means "gate failed"
         log.debug("traceback", exc_info=True)
+        fault = resource_fault(exc, getattr(args, "output_dir", None))
+        if fault is not None:  # disk full, quota, too many open files: the machine, not a bug
+            print(f"deploy_opt {command}: error: {fault}", file=sys.stderr)
+            return 2
         print(
             f"deploy_opt {command}: internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
             file=sys.stderr,

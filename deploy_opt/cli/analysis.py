@@ -10,16 +10,22 @@ from dopt_common.errors import DeployOptError
 def cmd_align(args: argparse.Namespace) -> int:
     from deploy_opt.analysis.align import verify_alignment
     from deploy_opt.report.trust import check_build_folder
-    from dopt_common.errors import one_line
+    from dopt_common.errors import DeployOptError, ModelError, one_line
     from dopt_common.files import write_json
+    from dopt_common.names import shown
 
     integrity = check_build_folder(args.build_dir)  # first: a damaged artifact may not even parse below
     intact = integrity is None or integrity.ok
     try:
         report = verify_alignment(args.build_dir)
-    except Exception as exc:  # only once integrity named the damaged artifact; else re-raised
+    except Exception as exc:  # only once integrity named the damaged artifact; else unreadable: exit 2
         if intact:
-            raise
+            if isinstance(exc, DeployOptError):
+                raise
+            raise ModelError(
+                f"align verify: an artifact in '{args.build_dir}' cannot be read ({type(exc).__name__}: "
+                f"{shown(one_line(exc))}); fix: rebuild it (a build publishes whole, so it was damaged afterwards)"
+            ) from exc
         report = None
         print(f"align: not checked, the artifacts fail integrity ({one_line(exc)})")
     if report is not None:

@@ -41,6 +41,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in (build.get("timings_s") or {}).items()))
     for line in result.gate.lines():
         print(f"  {line}")
+    if result.kept is not None:
+        print(f"  this build failed its gate: it is in {result.out_dir}/; the last passing build is kept in "
+              f"{result.kept}/")  # fmt: skip
     return 0 if result.gate.passed else 1
 
 

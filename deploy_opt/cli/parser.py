@@ -51,8 +51,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     gate = sub.add_parser("gate", parents=[common], help="judge a build.json: exit 0 pass, 1 fail, 2 unusable report")
     gate.add_argument("build_json", type=Path, help="reports/<name>/build.json (or its folder)")
-    gate.add_argument("--max-drop", type=float, help="largest allowed metric drop in points (default: the build's)")
-    gate.add_argument("--min-speedup", type=float, help="smallest allowed INT8 speedup (default: the build's)")
+    gate.add_argument("--max-drop", type=_non_negative,
+                      help="largest allowed metric drop in points (default: the build's)")
+    gate.add_argument("--min-speedup", type=_positive, help="smallest allowed INT8 speedup (default: the build's)")
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
     gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
     gate.add_argument(
@@ -159,3 +160,19 @@ def make_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("profiles", parents=[common], help="list the hardware presets")
     return parser
+
+
+def _non_negative(text: str) -> float:
+    """A finite number >= 0 (a gate threshold); argparse turns the ValueError into a usage error, exit 2."""
+    value = float(text)
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A finite number > 0."""
+    value = float(text)
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value

@@ -15,6 +15,7 @@ from deploy_opt.config.loader import build_dataclass, merge, parse_override
 from deploy_opt.config.prune import PruneConfig
 from deploy_opt.config.qat import QATConfig
 from dopt_common.errors import ConfigError
+from dopt_common.names import check_run_name
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,8 @@ class GateConfig:
     allow_fp32: bool = False
 
     def __post_init__(self) -> None:
+        if not self.max_drop >= 0:  # a negative tolerance fails every build, and would replace a passing one
+            raise ConfigError(f"gate.max_drop must be >= 0 (metric points), got {self.max_drop}; fix: e.g. 1.0")
         if self.min_speedup is not None and not self.min_speedup > 0:
             raise ConfigError(f"gate.min_speedup must be positive or null, got {self.min_speedup}")
         if self.speedup_batch is not None and self.speedup_batch < 1:
@@ -327,6 +330,9 @@ class CompareConfig:
                 raise ConfigError(f"compare.{key} must be in [0, 200] dB, got {getattr(self, key)}")
 
 
+MAX_DESCRIPTION = 4000  # characters
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """A whole build, as resolved from defaults, profile, file and overrides."""
@@ -352,9 +358,11 @@ class BuildConfig:
     base_dir: str = field(default=".", metadata={"internal": True})
 
     def __post_init__(self) -> None:
-        if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
+        check_run_name(self.name)  # it names reports/<name>/
+        if len(self.description) > MAX_DESCRIPTION:  # it is copied into build.json, summary.md and report.html
             raise ConfigError(
-                f"name '{self.name}' must be a plain folder name (no slashes, not hidden): it names reports/<name>/"
+                f"description is {len(self.description)} characters long (at most {MAX_DESCRIPTION}); fix: shorten "
+                "it, and link to longer notes"
             )
 
         if self.prune.enabled and not self.model.factory:

@@ -16,8 +16,38 @@ from typing import Any, Literal
 import yaml
 
 from dopt_common.errors import ConfigError
+from dopt_common.names import shown
 
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+# Every integer setting that sizes memory or time, in every config (build, LLM, training, profiles), has bounds
+# checked at load: ``calibration.bins: 1e9`` once grew to 22 GB before the OOM killer ended it. Keyed by the
+# field's own name; the dataclasses' own checks stay for tighter, setting-specific rules.
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "seed": (0, 2**32 - 1),  # numpy's and torch's seed range
+    "bins": (16, 1 << 16),  # histogram bins per tensor (TensorRT's entropy uses 2048)
+    "samples": (1, 1_000_000),
+    "eval_samples": (1, 1_000_000),
+    "min_per_stratum": (1, 100_000),
+    "batch_size": (1, 65_536),
+    "steps": (0, 100_000_000),  # 0 reaches the section's own check, which says what a step count must be
+    "epochs": (0, 1_000_000),
+    "repeats": (1, 100_000),
+    "warmup": (0, 100_000),
+    "threads": (0, 1_024),
+    "top_k": (1, 100_000),
+    "parity_batches": (1, 10_000),
+    "external_data_mb": (0, 1 << 20),  # 0: every initializer external
+    "max_seq_len": (1, 1 << 20),
+    "eval_seq_len": (1, 1 << 20),
+    "eval_tokens": (1, 1 << 30),
+    "session_len": (1, 1 << 24),
+    "generations": (0, 10_000),
+    "max_new_tokens": (1, 1 << 16),
+    "block_size": (1, 1 << 24),
+    "min_numel": (0, 1 << 40),
+    "speedup_batch": (1, 65_536),
+}
 
 
 def _type_name(tp: Any) -> str:
@@ -44,15 +74,15 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        allowed = f"{where}: {value!r} is not allowed; use {_type_name(tp)}"
+        allowed = f"{where}: {shown(value, quote=True)} is not allowed; use {_type_name(tp)}"
         raise ConfigError(errors[-1] if len(errors) == 1 else allowed)
     if origin is Literal:
         if value in args:
             return value
-        raise ConfigError(f"{where}: {value!r} is not allowed; use one of {', '.join(map(str, args))}")
+        raise ConfigError(f"{where}: {shown(value, quote=True)} is not allowed; use one of {', '.join(map(str, args))}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {shown(value, quote=True)}")
         return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return build_dataclass(tp, value, where)
@@ -62,15 +92,24 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if not math.isfinite(value):  # YAML's .nan/.inf: a NaN threshold passes every comparison it meets
             raise ConfigError(f"{where}: {value} is not a finite number; give a finite value")
         return float(value)
-    if tp in (int, str, bool) and type(value) is tp:
+    if tp is int and type(value) is int:
+        return _bounded(value, where)
+    if tp in (str, bool) and type(value) is tp:
         return value
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value, quote=True)}")
+
+
+def _bounded(value: int, where: str) -> int:
+    low, high = INT_BOUNDS.get(where.rsplit(".", 1)[-1].split("[")[0], (-(2**63), 2**63 - 1))
+    if not low <= value <= high:
+        raise ConfigError(f"{where}: {shown(value, 40)} is out of range; fix: give an integer from {low} to {high}")
+    return value
 
 
 def build_dataclass(cls: type, data: Any, where: str) -> Any:
     """Build a frozen dataclass from a mapping; unknown or missing keys name the allowed ones."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {shown(data, quote=True)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     prefix = f"{where}." if where else ""

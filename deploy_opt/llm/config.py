@@ -16,6 +16,7 @@ from typing import Any, Literal
 from deploy_opt.config.loader import build_dataclass, merge, read_yaml
 from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError
+from dopt_common.names import check_run_name
 
 Method = Literal["auto", "gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
 
@@ -121,6 +122,10 @@ class LLMConfig:
     gate: LLMGateConfig = field(default_factory=LLMGateConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     base_dir: str = field(default=".", metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            check_run_name(self.name, "--name")  # checked at load, before the model is read
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the run snapshot."""

@@ -20,6 +20,7 @@ from deploy_opt.report.gate import GateResult, apply_ppl_gate
 from deploy_opt.report.record import versions
 from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.files import ensure_writable_dir, write_json
+from dopt_common.names import run_dir
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     with times.stage("load", explain=False):
         loaded = load_llm(config)
     name = config.name or default_run_name(config.model.path, loaded.scheme)
-    out_dir = ensure_writable_dir(output_root) / name
+    out_dir = run_dir(ensure_writable_dir(output_root), name, "--name")
     refuse_other_model(out_dir, loaded.source)
     with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
         report, gate = _run(config, name, loaded, times, stage, out_dir, progress)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.sources import resolve_callable
+from deploy_opt.build.sources import call_user, resolve_callable
 from dopt_common.errors import CheckpointError
 
 FORMAT = "deploy_opt.pruned/1"
@@ -64,7 +64,8 @@ def load_pruned(path: str | Path, base_dir: str | Path = ".") -> Any:
         raise CheckpointError(f"pruned checkpoint '{path}' cannot be read ({exc}); fix: rebuild with prune") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a deploy_opt pruned checkpoint (format {FORMAT})")
-    model = resolve_callable(payload["factory"], base_dir, "pruned.pt factory")()
+    factory = str(payload["factory"])
+    model = call_user(resolve_callable(factory, base_dir, "pruned.pt factory"), f"pruned.pt factory '{factory}'")
     modules = dict(model.named_modules())
     for name, sizes in payload["sizes"].items():
         if name not in modules:

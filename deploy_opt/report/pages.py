@@ -10,7 +10,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from dopt_common.errors import InputError
+from dopt_common.errors import InputError, ReportError, one_line
+from dopt_common.names import shown
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +19,18 @@ KINDS = ("build.json", "quantize_report.json", "train_log.jsonl", "search.json")
 
 
 def write_report_page(folder: str | Path) -> Path:
-    """The page for whatever run ``folder`` holds; InputError naming the files looked for when it holds none."""
-    folder = Path(folder)
+    """The page for whatever run ``folder`` holds; InputError naming the files looked for when it holds none,
+    ReportError when a record there is truncated or malformed (exit 2, never an internal error)."""
+    try:
+        return _write_page(Path(folder))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError, UnicodeDecodeError, ...
+        raise ReportError(
+            f"a record in '{folder}' is truncated or malformed ({type(exc).__name__}: {shown(one_line(exc))}); fix: "
+            "rebuild that run (its reports are written whole, so a damaged one was changed after the run)"
+        ) from exc
+
+
+def _write_page(folder: Path) -> Path:
     if not folder.is_dir():
         raise InputError(f"'{folder}' is not a folder; pass a build, quantize-llm, train or search output folder")
     if (folder / "build.json").is_file():

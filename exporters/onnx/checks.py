@@ -20,8 +20,11 @@ log = logging.getLogger(__name__)
 def check_onnx(path: str | Path) -> onnx.ModelProto:
     """Run ``onnx.checker`` on a file and return the loaded model; failures name the file and the fix."""
     path = Path(path)
+    if path.is_dir():
+        raise ModelError(f"ONNX file '{path}' is a folder; fix: give the .onnx file inside it as model.onnx")
     if not path.is_file():
         raise ModelError(f"ONNX file '{path}' does not exist; fix the model.onnx path")
+    _refuse_non_onnx(path)
     try:
         onnx.checker.check_model(str(path))
         return onnx.load(str(path))
@@ -30,6 +33,29 @@ def check_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"ONNX file '{path}' fails onnx.checker: {first}; fix the model or re-export it") from exc
     except Exception as exc:  # a corrupt protobuf raises DecodeError and friends
         raise ModelError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def _refuse_non_onnx(path: Path) -> None:
+    """A file that parses as an empty ModelProto (text, an image, zero bytes) is not a model: say so, instead of
+    the checker's "ir_version not set properly"."""
+    size = path.stat().st_size
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # DecodeError: not protobuf at all, or cut short
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+        text = head.isascii() and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+        guess = "it looks like text" if text else "truncated, or another format"
+        raise ModelError(
+            f"'{path}' ({size} bytes) is not a readable ONNX model ({guess}; {type(exc).__name__}); fix: point "
+            "model.onnx at the real .onnx file, or export the model again"
+        ) from None
+    if model.ir_version == 0 and not model.graph.node and not model.opset_import:
+        raise ModelError(
+            f"'{path}' ({size} bytes) is not an ONNX model: it has no ir_version, opset or graph (a text file, or "
+            "another format with an .onnx name?); fix: export the model with torch.onnx.export or point at the "
+            "real .onnx file"
+        )
 
 
 def simplify_onnx(src: str | Path, dst: str | Path, external_data_mb: int = 1024) -> str:

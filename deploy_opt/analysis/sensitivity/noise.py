@@ -77,6 +77,8 @@ def propagated_noise(
         log.warning("linearised proxy skipped: the torch evaluator does not implement %s", ", ".join(missing))
         return None
     wanted = {n.name for n in nodes}
+    if not wanted:  # nothing quantized (FP32 ships): no node has noise to propagate
+        return {}
     local_fns = _local_input_fns(qdq, nodes)
     constants = initializer_tensors(fp32)
     output = fp32.graph.output[0].name
@@ -88,6 +90,8 @@ def propagated_noise(
             tap = _Taps(wanted, local_fns, model_opset(fp32))
             y = run_graph(fp32, feeds, tap, constants)[output].float()
             names = [n for n in tap.leaves if n in tap.noise]
+            if not names:
+                continue
             for _ in range(probes):
                 v = probe(y, generator, metric)
                 leaves = [tap.leaves[n] for n in names]

@@ -27,6 +27,7 @@ from deploy_opt.train.search.space import SearchSpace
 from deploy_opt.train.search.stage2 import TpeSampling
 from dopt_common.errors import ConfigError, OutputError
 from dopt_common.files import ensure_writable_dir
+from dopt_common.names import run_dir
 from dopt_common.runs import report_lock
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ def run_search(request: SearchRequest) -> SearchResult:
             f"--trials {request.trials} leaves no stage-2 trial: trial 0/1 and the {len(fixed) - 1}-cell grid take "
             f"{len(fixed)}; fix: --trials {len(fixed) + 4} or more, or a smaller grid in --space"
         )
-    folder = ensure_writable_dir(request.output_dir / f"{request.name or request.config.stem}-search")
+    name = f"{request.name or request.config.stem}-search"
+    folder = ensure_writable_dir(run_dir(request.output_dir, name, "--name"))
     job = Job(folder, base, base_dir, request.parallel, request.address, request.gpus_per_trial)
     with report_lock(folder):
         studies = open_studies(folder, request.space)
