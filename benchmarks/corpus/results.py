@@ -35,6 +35,7 @@ class Row:
     peak_rss_mb: float | None = None
     outcome: str = ""
     measured: str = ""
+    cpu: str = ""  # the int8 ISA of the machine that measured the row (``isa()``): speedups depend on it most
 
     @property
     def drop(self) -> float | None:
@@ -47,7 +48,7 @@ def save(model: str, rows: list[Row], store: Path = STORE) -> None:
     """Replace ``model``'s rows of the tools in ``rows`` in the store (a failed preparation replaces them all)."""
     data = json.loads(store.read_text(encoding="utf-8")) if store.is_file() else {}
     now = dt.datetime.now().isoformat(timespec="seconds")
-    fresh = [{**asdict(r), "measured": now} for r in rows]
+    fresh = [{**asdict(r), "measured": now, "cpu": isa()} for r in rows]
     tools = {r.tool for r in rows}
     kept = [] if "prepare" in tools else [r for r in data.get(model, []) if r["tool"] not in tools | {"prepare"}]
     data[model] = sorted(kept + fresh, key=lambda r: TOOL_ORDER.index(r["tool"]) if r["tool"] in TOOL_ORDER else 99)
@@ -78,6 +79,20 @@ def cpu() -> str:
     return f"{model}; " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
 
 
+def isa() -> str:
+    """The int8 instruction set ORT's CPU kernels get here, in a few words (VNNI or not decides INT8 speed)."""
+    flags: set[str] = set()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        line = next((x for x in info.read_text().splitlines() if x.startswith("flags")), "")
+        flags = set(line.partition(":")[2].split())
+    if "amx_int8" in flags:
+        return "AMX"
+    if "avx512_vnni" in flags:
+        return "AVX-512 VNNI"
+    return "AVX-VNNI" if "avx_vnni" in flags else "AVX2, no VNNI" if "avx2" in flags else "no AVX2"
+
+
 def _cell(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     if value is None:
         return "-"
@@ -101,8 +116,8 @@ def _versions() -> str:
 
 TABLE_HEAD = (
     "| model | tool | metric | FP32 | value | drop | speedup b1 | speedup b8 | speedup b32 | wall s | peak RSS MiB "
-    "| outcome | measured |\n"
-    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    "| outcome | measured | CPU |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
 )
 
 
@@ -115,7 +130,7 @@ def table(measured: list[list[Row]]) -> str:
                 r.model, r.tool, r.metric, _cell(r.fp32), _cell(r.value), _cell(r.drop),
                 *(_cell(r.speedup.get(b), suffix="x") for b in ("1", "8", "32")),
                 _cell(r.wall_s, ".0f"), _cell(r.peak_rss_mb, ".0f"), r.outcome.replace("|", "/"),
-                r.measured[5:16].replace("T", " "),
+                r.measured[5:16].replace("T", " "), r.cpu or "-",
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -159,7 +174,10 @@ def write(order: list[str], notes: str, path: Path = RESULTS) -> Path:
     text = "\n\n".join([
         "# Corpus results: deploy_opt defaults vs ORT quantize_static and ModelOpt ONNX PTQ",
         f"Written {dt.date.today().isoformat()}; rows measured on {', '.join(when)}.\n"
-        f"CPU: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.",
+        f"This machine: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.\n"
+        f"Rows measured on machines with {' and with '.join(sorted({r.cpu or '?' for rows in measured for r in rows}))}"
+        " (the CPU column): a model's tools are always measured side by side on one machine in one run, but the "
+        "speedups of two models measured on different machines are not comparable.",
         table(measured),
         "Against the bar (deploy_opt loses no more than the best peer, and runs at least as fast, within "
         f"{NOISE:.0%}, as every peer that loses no more, or ships FP32):\n\n"
