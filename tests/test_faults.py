@@ -404,3 +404,11 @@ def test_a_nan_score_is_bad_numbers_exit_2_not_a_gate_verdict() -> None:
     scores = SimpleNamespace(values={"ort_fp32": 99.0, "ort_int8": float("nan")}, samples=8)
     with pytest.raises(NumericsError, match="nan on ort_int8"):
         metric_record(resolve_metric("top1"), SimpleNamespace(scores=scores), labelled=True)
+
+
+def test_an_llm_gate_that_is_not_a_number_is_refused_at_load() -> None:
+    from deploy_opt.llm.config import LLMGateConfig
+
+    with pytest.raises(ConfigError, match="gate.max_ppl_increase: max perplexity increase 'five percent'"):
+        LLMGateConfig(max_ppl_increase="five percent")
+    assert LLMGateConfig(max_ppl_increase="5%").max_ppl_increase == "5%"

@@ -108,6 +108,15 @@ class LLMGateConfig:
 
     max_ppl_increase: str | None = "25%"
 
+    def __post_init__(self) -> None:
+        if self.max_ppl_increase is not None:  # at load, not after the whole quantization run
+            from deploy_opt.report.gate import parse_max_increase
+
+            try:
+                parse_max_increase(self.max_ppl_increase)
+            except ConfigError as exc:
+                raise ConfigError(f"gate.max_ppl_increase: {exc}") from None
+
 
 @dataclass(frozen=True)
 class LLMConfig:
