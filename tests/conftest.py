@@ -49,6 +49,27 @@ gate: {{max_drop: 100}}
     )
 
 
+def fragile_config(tmp_path: Path, max_drop: float, extra: str = "", quantization: str = "op_types: [MatMul]"):
+    """fragile_onnx's MatMul chain (one layer crushed by INT8) as a build config: ``(config, profile)``;
+    ``quantization``: the inside of its quantization section."""
+    import fragile_onnx
+
+    from deploy_opt.config.profiles import load_build_config
+
+    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
+    source = HERE / "fragile_onnx.py"
+    text = f"""
+name: fragile
+model: {{onnx: {model.name}}}
+data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
+quantization: {{{quantization}}}
+benchmark: {{enabled: false}}
+gate: {{max_drop: {max_drop}}}
+{extra}
+"""
+    return load_build_config(write_config(tmp_path, text), "ci", [])
+
+
 def unmeetable_gate(config):
     """``config`` with a gate no model can meet (max_drop -1), for tests of what happens then. The loader refuses
     a negative max_drop from users (it would fail every build), so the field is set past its check."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fragile_onnx
 import numpy as np
 import onnx
 import pytest
-from conftest import unmeetable_gate, write_config
+from conftest import fragile_config, unmeetable_gate
 from onnx import TensorProto, helper, numpy_helper
 
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
@@ -17,9 +16,6 @@ from deploy_opt.autotune.candidates import Candidate, allowed_schemes
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.trials import Trial, best_trial
 from deploy_opt.build.pipeline import run_build
-from deploy_opt.config.profiles import load_build_config
-
-HERE = Path(__file__).resolve().parent
 
 
 def _trial(drop: float, speedup: float | None, excluded: tuple[str, ...] = (), nodes: int = 4) -> Trial:
@@ -108,25 +104,10 @@ def test_range_methods_are_judged_by_the_error_that_reaches_the_output(downstrea
     assert noise is not None and pick_methods(noise)["r"] == expected
 
 
-def _fragile_config(tmp_path: Path, max_drop: float, extra: str = ""):
-    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
-    source = HERE / "fragile_onnx.py"
-    text = f"""
-name: fragile
-model: {{onnx: {model.name}}}
-data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{op_types: [MatMul]}}
-benchmark: {{enabled: false}}
-gate: {{max_drop: {max_drop}}}
-{extra}
-"""
-    return load_build_config(write_config(tmp_path, text), "ci", [])
-
-
 @pytest.mark.slow
 def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
     """fc2's input has one huge channel: no placement meets the gate, SmoothQuant does (no FP32 node needed)."""
-    config, profile = _fragile_config(tmp_path, 0.5)
+    config, profile = fragile_config(tmp_path, 0.5)
     assert config.quantization.mode == "auto" and config.calibration.method == "auto"
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["auto"]
@@ -140,7 +121,7 @@ def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_path: Path) -> None:
-    config, profile = _fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
+    config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["auto"]
     assert result.gate.passed, result.gate.lines()
@@ -155,7 +136,7 @@ def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_pat
 
 @pytest.mark.slow
 def test_when_no_int8_model_meets_the_gate_fp32_ships_and_is_never_called_int8(tmp_path: Path) -> None:
-    config, profile = _fragile_config(tmp_path, 0.0, "auto: {budget_s: 30}")
+    config, profile = fragile_config(tmp_path, 0.0, "auto: {budget_s: 30}")
     config = unmeetable_gate(config)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     assert result.build["auto"]["chosen"] is None and "FP32 ships" in result.build["auto"]["verdict"]

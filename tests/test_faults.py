@@ -332,24 +332,11 @@ def test_a_non_finite_scale_says_so(tmp_path: Path, value: str) -> None:
 
 @pytest.mark.slow
 def test_sensitivity_on_a_build_that_ships_fp32_reports_instead_of_crashing(tmp_path: Path) -> None:
-    import fragile_onnx
-    from conftest import unmeetable_gate, write_config
+    from conftest import fragile_config, unmeetable_gate
 
     from deploy_opt.build.pipeline import run_build
-    from deploy_opt.config.profiles import load_build_config
 
-    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
-    source = Path(__file__).resolve().parent / "fragile_onnx.py"
-    text = f"""
-name: fragile
-model: {{onnx: {model.name}}}
-data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{op_types: [MatMul]}}
-benchmark: {{enabled: false}}
-sensitivity: {{enabled: true}}
-auto: {{budget_s: 20}}
-"""
-    config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
+    config, profile = fragile_config(tmp_path, 0.0, "sensitivity: {enabled: true}\nauto: {budget_s: 20}")
     result = run_build(unmeetable_gate(config), profile, tmp_path / "reports", progress=False)
     assert result.build["quantization"]["quantized_nodes"] == 0 and not result.gate.passed
     assert (result.out_dir / "build.json").is_file()

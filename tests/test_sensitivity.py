@@ -9,31 +9,19 @@ import fragile_onnx
 import numpy as np
 import onnx
 import pytest
-from conftest import unmeetable_gate, write_config
+from conftest import fragile_config, unmeetable_gate
 
 from deploy_opt.analysis.sensitivity.fallback import head_nodes
 from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
 from deploy_opt.build.pipeline import run_build
-from deploy_opt.config.profiles import load_build_config
 from dopt_common.errors import ConfigError
 from dopt_common.ort import create_session
 
-HERE = Path(__file__).resolve().parent
-
 
 def _config(tmp_path: Path, quantization: str, extra: str = "", max_drop: float = 100.0):
-    model = fragile_onnx.make_model(tmp_path / "fragile.onnx")
-    source = HERE / "fragile_onnx.py"
-    text = f"""
-name: fragile
-model: {{onnx: {model.name}}}
-data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{mode: manual, op_types: [MatMul], quantize_outputs: false, {quantization}}}
-benchmark: {{enabled: false}}
-gate: {{max_drop: {max_drop}}}
-{extra}
-"""
-    return load_build_config(write_config(tmp_path, text), "ci", [])
+    """The fragile chain in manual mode, weighted nodes' inputs only, plus ``quantization`` settings."""
+    return fragile_config(tmp_path, max_drop, extra,
+                          f"mode: manual, op_types: [MatMul], quantize_outputs: false, {quantization}")  # fmt: skip
 
 
 @pytest.mark.slow

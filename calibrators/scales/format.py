@@ -19,7 +19,6 @@ import numpy as np
 from calibrators.scales.schema import QDTYPES, validate_scale_data
 from dopt_common.errors import ConfigError, NumericsError, ScaleMismatchError
 from dopt_common.files import write_json
-from dopt_common.names import shown
 
 FORMAT = "deploy_opt.scales/1"
 Role = Literal["activation", "weight", "bias"]
@@ -97,12 +96,6 @@ class TensorScale:
             bits = data["scale_hex"]
             scales = tuple(float(hex_float32(b)) for b in bits)
             decimals = data.get("scale", scales)
-            bad = [d for d in (*decimals, *scales) if not (isinstance(d, (int, float)) and np.isfinite(d) and d > 0)]
-            if bad:
-                raise ScaleMismatchError(
-                    f"scales.json tensor '{name}': scale {shown(bad[0], 40)} is not a finite positive number; fix: "
-                    "write the scale file again with `python -m deploy_opt build` or `scales export`"
-                )
             if len(decimals) != len(scales) or any(np.float32(d) != s for d, s in zip(decimals, scales, strict=True)):
                 raise ScaleMismatchError(
                     f"scales.json tensor '{name}': 'scale' and 'scale_hex' disagree; fix: keep the two in step (the "

@@ -8,7 +8,6 @@ module only composes them. The build is assembled in a staging folder and publis
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,9 @@ from deploy_opt.build.verify import compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.report import record
-from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.gate import GateResult, apply_gate, load_build
 from deploy_opt.report.trust import alignment_criterion, with_criterion
+from dopt_common.errors import ReportError
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
 from dopt_common.runs import Timings, failed_dir, seed_everything, staged_dir
@@ -57,16 +57,11 @@ def run_build(
     ``wait``: wait for another build of the same name to finish instead of failing at once.
     """
     out_dir = run_dir(ensure_writable_dir(output_root), config.name)
-    verdict: list[GateResult] = []  # set before the publish: a failing build must not replace a passing one
-
-    def divert() -> bool:
-        return not verdict[0].passed and passed_before(out_dir)
-
-    with staged_dir(out_dir, wait=wait, divert=divert) as stage:
+    diverted: list[bool] = []  # decided before the publish: a failing build must not replace a passing one
+    with staged_dir(out_dir, wait=wait, divert=lambda: diverted[0]) as stage:
         build, gate = _build_into(config, profile, stage, progress)
-        verdict.append(gate)
-        diverted = divert()
-    if diverted:
+        diverted.append(not gate.passed and passed_before(out_dir))
+    if diverted[0]:
         log.warning("gate failed: this build is in %s; the last passing build stays in %s", failed_dir(out_dir),
                     out_dir)  # fmt: skip
         return BuildResult(failed_dir(out_dir), build, gate, kept=out_dir)
@@ -76,9 +71,8 @@ def run_build(
 def passed_before(out_dir: Path) -> bool:
     """Whether ``out_dir`` holds a build whose recorded gate passed (an unreadable record: no)."""
     try:
-        record = json.loads((out_dir / "build.json").read_text(encoding="utf-8"))
-        return bool(record["gate"]["passed"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return bool(load_build(out_dir / "build.json")["gate"]["passed"])
+    except (ReportError, KeyError, TypeError):
         return False
 
 
