@@ -322,6 +322,15 @@ def test_tensorrt_target_from_the_file_forces_symmetric_too(tmp_path: Path) -> N
     assert config.quantization.activations == "symmetric"
 
 
+def test_gate_speedup_batch_is_benchmarked_too(tmp_path: Path) -> None:
+    # The gate reads its speedup at that batch: a build that did not time it failed after minutes of work.
+    path = write_config(tmp_path, _set("gate", speedup_batch=8))
+    config, _ = load_build_config(path, "cpu-server")
+    assert config.benchmark.batch_sizes == (1, 8, 32) and config.gate.speedup_batch == 8
+    config, _ = load_build_config(write_config(tmp_path), "cpu-server")
+    assert config.benchmark.batch_sizes == (1, 32)
+
+
 def test_cpu_profile_keeps_asymmetric(tmp_path: Path) -> None:
     config, _ = load_build_config(write_config(tmp_path), "cpu-server")
     assert config.quantization.activations == "asymmetric"

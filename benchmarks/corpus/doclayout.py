@@ -230,8 +230,10 @@ def main() -> None:
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             counts = _sibling("people").detection_counts(model, data)
             found = sum(c > 0 for c in counts.values())
-            print(f"doclaynet {split}: {found}/{len(counts)} pages with detections, {sum(counts.values())} "
-                  f"detections; per page {list(counts.values())}")  # fmt: skip
+            print(
+                f"doclaynet {split}: {found}/{len(counts)} pages with detections, {sum(counts.values())} "
+                f"detections; per page {list(counts.values())}"
+            )
 
 
 if __name__ == "__main__":

@@ -127,8 +127,11 @@ def latency(
             s.run(None, feed)
             times[name].append((time.perf_counter() - begin) * 1e3)
     results |= {name: statistics.median(t) for name, t in times.items()}
-    log.info("latency at batch %d: %s", len(next(iter(feed.values()))),
-             ", ".join(f"{k}={v:.2f} ms" for k, v in results.items() if isinstance(v, float)))  # fmt: skip
+    log.info(
+        "latency at batch %d: %s",
+        len(next(iter(feed.values()))),
+        ", ".join(f"{k}={v:.2f} ms" for k, v in results.items() if isinstance(v, float)),
+    )
     return results
 
 

@@ -136,8 +136,10 @@ def main() -> None:
             labels = np.concatenate([y for _, y, _ in data])
             confusion = np.zeros((4, 4), dtype=int)
             np.add.at(confusion, (labels, predicted), 1)
-            print(f"orientation {split}: FP32 top-1 {100 * (predicted == labels).mean():.2f}%; "
-                  f"confusion (rows: label) {confusion.tolist()}")  # fmt: skip
+            print(
+                f"orientation {split}: FP32 top-1 {100 * (predicted == labels).mean():.2f}%; "
+                f"confusion (rows: label) {confusion.tolist()}"
+            )
 
 
 if __name__ == "__main__":

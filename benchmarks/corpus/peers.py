@@ -62,8 +62,9 @@ def timed_run(command: list[str], log_path: Path, cwd: Path | None = None, timeo
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     # Its own process group, so a timeout kills the command and /usr/bin/time together.
-    process = subprocess.Popen(full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -130,10 +131,16 @@ def ort_quantize(config: Path, model: Path, out: Path, method: str) -> str:
         log.warning("%s", steps[-1])
     tmp = out.with_name(out.stem + ".tmp.onnx")
     quantize_static(
-        str(source), str(tmp), _Reader(batches), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=calibrate,
+        str(source),
+        str(tmp),
+        _Reader(batches),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=calibrate,
         extra_options={"CalibStridedMinMax": 1},
-    )  # fmt: skip
+    )
     tmp.replace(out)
     for scratch in (pre, out.with_name(out.stem + ".opset13.onnx")):
         scratch.unlink(missing_ok=True)
@@ -187,11 +194,26 @@ def write_modelopt_data(batches: list[dict[str, np.ndarray]], folder: Path) -> t
 def modelopt_command(model: Path, data: Path, shapes: str, method: str, out: Path) -> list[str]:
     """The ModelOpt ONNX PTQ command line (int8, CPU calibration, fp32 for what stays unquantized)."""
     return [
-        str(VENV / "bin" / "python"), "-m", "modelopt.onnx.quantization", "--onnx_path", str(model),
-        "--quantize_mode", "int8", "--calibration_method", method, "--calibration_data_path", str(data),
-        "--calibration_shapes", shapes, "--calibration_eps", "cpu", "--high_precision_dtype", "fp32",
-        "--output_path", str(out),
-    ]  # fmt: skip
+        str(VENV / "bin" / "python"),
+        "-m",
+        "modelopt.onnx.quantization",
+        "--onnx_path",
+        str(model),
+        "--quantize_mode",
+        "int8",
+        "--calibration_method",
+        method,
+        "--calibration_data_path",
+        str(data),
+        "--calibration_shapes",
+        shapes,
+        "--calibration_eps",
+        "cpu",
+        "--high_precision_dtype",
+        "fp32",
+        "--output_path",
+        str(out),
+    ]
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from types import ModuleType
 import numpy as np
 
 SIDE = 320
-CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 128
+CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 192
 CALIBRATION_MIX = ("astronaut", "camera", "chelsea", "astronaut", "camera", "cell", "rocket", "china", "hubble")
 EVALUATION_MIX = ("grace_hopper", "coffee", "grace_hopper", "moon", "color", "grace_hopper", "clock", "flower")
 CALIBRATION_SEED, EVALUATION_SEED, TEST_SEED = 11, 12, 13
@@ -57,7 +57,9 @@ def calibration_data(batch_size: int = 8) -> list[Item]:
 
 
 def evaluation_data(batch_size: int = 8) -> list[Item]:
-    """64 crops of the evaluation photographs (none of them in calibration), [batch, 3, 320, 320]."""
+    """192 crops of the evaluation photographs (none of them in calibration), [batch, 3, 320, 320]: the build
+    decides on 96 and judges on the other 96 (64 left the search choosing on noise: one detection flipping in a
+    one-person crop moved the F1 by 1.6 points)."""
     return _batches(EVALUATION_MIX, EVALUATION_SAMPLES, EVALUATION_SEED, batch_size)
 
 
@@ -72,7 +74,7 @@ def evaluation_data_single() -> list[Item]:
 
 
 def test_data(batch_size: int = 8) -> list[Item]:
-    """64 other crops of the evaluation photographs (seed 13), never shown to a build: run.py scores on these."""
+    """192 other crops of the evaluation photographs (seed 13), never shown to a build: run.py scores these."""
     return _batches(EVALUATION_MIX, EVALUATION_SAMPLES, TEST_SEED, batch_size)
 
 
@@ -110,8 +112,10 @@ def main() -> None:
         for split, data in (("calibration", calibration_data(1)), ("evaluation", evaluation_data(1))):
             counts = detection_counts(model, data)
             found = sum(c > 0 for c in counts.values())
-            print(f"nudenet {label} {split}: {found}/{len(counts)} images with detections, "
-                  f"{sum(counts.values())} detections; per image {list(counts.values())}")  # fmt: skip
+            print(
+                f"nudenet {label} {split}: {found}/{len(counts)} images with detections, "
+                f"{sum(counts.values())} detections; per image {list(counts.values())}"
+            )
 
 
 if __name__ == "__main__":

@@ -127,11 +127,19 @@ def table(measured: list[list[Row]]) -> str:
     for rows in measured:
         for r in rows:
             cells = [
-                r.model, r.tool, r.metric, _cell(r.fp32), _cell(r.value), _cell(r.drop),
+                r.model,
+                r.tool,
+                r.metric,
+                _cell(r.fp32),
+                _cell(r.value),
+                _cell(r.drop),
                 *(_cell(r.speedup.get(b), suffix="x") for b in ("1", "8", "32")),
-                _cell(r.wall_s, ".0f"), _cell(r.peak_rss_mb, ".0f"), r.outcome.replace("|", "/"),
-                r.measured[5:16].replace("T", " "), r.cpu or "-",
-            ]  # fmt: skip
+                _cell(r.wall_s, ".0f"),
+                _cell(r.peak_rss_mb, ".0f"),
+                r.outcome.replace("|", "/"),
+                r.measured[5:16].replace("T", " "),
+                r.cpu or "-",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -157,9 +165,11 @@ def verdict(rows: list[Row]) -> str:
     else:
         slower = [
             f"{r.tool} b{b} {v:.2f}x vs {_speeds(ours).get(b, 0.0):.2f}x"
-            for r in peers if round(r.drop or 0.0, 2) <= round(ours.drop, 2)
-            for b, v in _speeds(r).items() if _speeds(ours).get(b, 0.0) < v * (1 - NOISE)
-        ]  # fmt: skip
+            for r in peers
+            if round(r.drop or 0.0, 2) <= round(ours.drop, 2)
+            for b, v in _speeds(r).items()
+            if _speeds(ours).get(b, 0.0) < v * (1 - NOISE)
+        ]
         fast, why = not slower, "; ".join(slower) or "as fast as every peer that loses no more"
     return (
         f"- {ours.model}: drop {ours.drop:.2f} vs best peer {best.tool} {best.drop:.2f}: "
@@ -171,19 +181,21 @@ def write(order: list[str], notes: str, path: Path = RESULTS) -> Path:
     """Write RESULTS.md from the store: header, machine, table, notes."""
     measured = load(order)
     when = sorted({r.measured[:10] for rows in measured for r in rows}) or ["never"]
-    text = "\n\n".join([
-        "# Corpus results: deploy_opt defaults vs ORT quantize_static and ModelOpt ONNX PTQ",
-        f"Written {dt.date.today().isoformat()}; rows measured on {', '.join(when)}.\n"
-        f"This machine: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.\n"
-        f"Rows measured on machines with {' and with '.join(sorted({r.cpu or '?' for rows in measured for r in rows}))}"
-        " (the CPU column): a model's tools are always measured side by side on one machine in one run, but the "
-        "speedups of two models measured on different machines are not comparable.",
-        table(measured),
-        "Against the bar (deploy_opt loses no more than the best peer, and runs at least as fast, within "
-        f"{NOISE:.0%}, as every peer that loses no more, or ships FP32):\n\n"
-        + "\n".join(verdict(rows) for rows in measured if rows),
-        notes.strip(),
-    ])  # fmt: skip
+    text = "\n\n".join(
+        [
+            "# Corpus results: deploy_opt defaults vs ORT quantize_static and ModelOpt ONNX PTQ",
+            f"Written {dt.date.today().isoformat()}; rows measured on {', '.join(when)}.\n"
+            f"This machine: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.\n"
+            f"Rows measured on machines with {' and with '.join(sorted({r.cpu or '?' for rs in measured for r in rs}))}"
+            " (the CPU column): a model's tools are always measured side by side on one machine in one run, but the "
+            "speedups of two models measured on different machines are not comparable.",
+            table(measured),
+            "Against the bar (deploy_opt loses no more than the best peer, and runs at least as fast, within "
+            f"{NOISE:.0%}, as every peer that loses no more, or ships FP32):\n\n"
+            + "\n".join(verdict(rows) for rows in measured if rows),
+            notes.strip(),
+        ]
+    )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     tmp.replace(path)

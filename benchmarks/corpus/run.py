@@ -148,10 +148,16 @@ def peer(tool: str, entry: Model, model: str, fp32: Path, timeout_s: float) -> t
 
 def _with_scores(row: results.Row, metric: str, fp32: Any, value: Any, speed: dict[int, Any]) -> results.Row:
     return results.Row(
-        model=row.model, tool=row.tool, metric=metric, fp32=fp32, value=value,
-        speedup={str(k): v for k, v in speed.items()}, wall_s=row.wall_s, peak_rss_mb=row.peak_rss_mb,
+        model=row.model,
+        tool=row.tool,
+        metric=metric,
+        fp32=fp32,
+        value=value,
+        speedup={str(k): v for k, v in speed.items()},
+        wall_s=row.wall_s,
+        peak_rss_mb=row.peak_rss_mb,
         outcome=row.outcome,
-    )  # fmt: skip
+    )
 
 
 def score_rows(entry: Model, rows: list[results.Row], artifacts: dict[str, Path], fp32: Path) -> list[results.Row]:

@@ -124,8 +124,10 @@ def main() -> None:
         maps = np.concatenate([session.run(None, inputs)[0] for inputs, _, _ in data])
         flat = maps.reshape(len(maps), -1)
         spread = np.percentile(flat, 95, axis=1) - np.percentile(flat, 5, axis=1)
-        print(f"saliency {split}: {len(maps)} maps, values {flat.min():.3f}..{flat.max():.3f}, "
-              f"median 5-95% spread per map {np.median(spread):.3f}")  # fmt: skip
+        print(
+            f"saliency {split}: {len(maps)} maps, values {flat.min():.3f}..{flat.max():.3f}, "
+            f"median 5-95% spread per map {np.median(spread):.3f}"
+        )
 
 
 if __name__ == "__main__":

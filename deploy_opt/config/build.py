@@ -382,7 +382,17 @@ def resolve_config(raw: dict[str, Any], profile: dict[str, Any], overrides: list
     for text in overrides:
         data = merge(data, parse_override(text))
     config = dataclasses.replace(build_dataclass(BuildConfig, data, ""), base_dir=base_dir)
-    return _force_tensorrt_symmetric(config)
+    return _time_speedup_batch(_force_tensorrt_symmetric(config))
+
+
+def _time_speedup_batch(config: BuildConfig) -> BuildConfig:
+    """The gate judges speed at ``gate.speedup_batch``, so the benchmark times that batch too."""
+    batch, sizes = config.gate.speedup_batch, config.benchmark.batch_sizes
+    if batch is None or batch in sizes:
+        return config
+    log.info("benchmark: timing batch %d too (gate.speedup_batch); batch sizes %s", batch, sorted({*sizes, batch}))
+    bench = dataclasses.replace(config.benchmark, batch_sizes=tuple(sorted({*sizes, batch})))
+    return dataclasses.replace(config, benchmark=bench)
 
 
 def _force_tensorrt_symmetric(config: BuildConfig) -> BuildConfig:
