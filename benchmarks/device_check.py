@@ -125,40 +125,53 @@ def report_rows(out: Path) -> list[dict[str, str]]:
         rows.append({"check": "env", "subject": "-", "result": "FAILED", "detail": "no env.json (see the log)"})
     else:
         gpu = env["gpu"] or "no GPU"
-        rows.append({"check": "env", "subject": env["device"], "result": f"torch {env['torch']}",
-                     "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}"})
+        rows.append(
+            {
+                "check": "env",
+                "subject": env["device"],
+                "result": f"torch {env['torch']}",
+                "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}",
+            }
+        )
     opt = _load(out, "optimizers")
     if opt is None:
         rows.append({"check": "optimizers", "subject": "-", "result": "FAILED", "detail": "no optimizers.json"})
     else:
         for r in opt["rows"]:
-            rows.append({
-                "check": "optimizers",
-                "subject": r["optimizer"],
-                "result": f"{r['bytes_per_param']:.3f} B/param",
-                "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), full {r['step_ms']:.2f} ms "
-                          f"({r['step_ratio']:.2f}x); loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
-                          f"({r['eval_loss_gap']:+.3f})",
-            })
+            rows.append(
+                {
+                    "check": "optimizers",
+                    "subject": r["optimizer"],
+                    "result": f"{r['bytes_per_param']:.3f} B/param",
+                    "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
+                    f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
+                    f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
+                    f"({r['eval_loss_gap']:+.3f})",
+                }
+            )
     llm = _load(out, "llm")
     if llm is None:
         rows.append({"check": "llm", "subject": "-", "result": "FAILED", "detail": "no llm.json"})
     else:
         for r in llm["rows"]:
-            rows.append({
-                "check": "llm",
-                "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
-                "result": f"{r['quantize_s']:.1f} s",
-                "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
-                          f"{r['linears']} Linears",
-            })
-            rows.append({
-                "check": "kv-cache",
-                "subject": f"{r['method']} g{r['group_size']} + KV int8/int4",
-                "result": f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}",
-                "detail": f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
-                          "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
-            })
+            rows.append(
+                {
+                    "check": "llm",
+                    "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
+                    "result": f"{r['quantize_s']:.1f} s",
+                    "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
+                    f"{r['linears']} Linears",
+                }
+            )
+            rows.append(
+                {
+                    "check": "kv-cache",
+                    "subject": f"{r['method']} g{r['group_size']} + KV int8/int4",
+                    "result": f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}",
+                    "detail": f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
+                    "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
+                }
+            )
     return rows
 
 
@@ -175,8 +188,10 @@ def section_report(args: argparse.Namespace) -> dict[str, Any]:
     widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in ("check", "subject", "result")}
     print(f"{'check':<{widths['check']}}  {'subject':<{widths['subject']}}  {'result':<{widths['result']}}  detail")
     for r in rows:
-        print(f"{r['check']:<{widths['check']}}  {r['subject']:<{widths['subject']}}  "
-              f"{r['result']:<{widths['result']}}  {r['detail']}")
+        print(
+            f"{r['check']:<{widths['check']}}  {r['subject']:<{widths['subject']}}  "
+            f"{r['result']:<{widths['result']}}  {r['detail']}"
+        )
     return summary
 
 

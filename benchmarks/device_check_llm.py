@@ -73,19 +73,32 @@ def _group_size(model: torch.nn.Module) -> int:
     return 128 if all(w % 128 == 0 for w in widths) else 64
 
 
-def _ppl(model: torch.nn.Module, tokenizer: Any, device: torch.device, settings: dict[str, int],
-         kv_bits: int | None = None) -> float:
+def _ppl(
+    model: torch.nn.Module, tokenizer: Any, device: torch.device, settings: dict[str, int], kv_bits: int | None = None
+) -> float:
     """Held-out perplexity; ``kv_bits`` 8 or 4 simulates lmdeploy's quantized KV cache (deploy_opt.llm.kv_cache)."""
     from deploy_opt.llm.checks import perplexity
     from deploy_opt.llm.text_data import pydoc_texts
 
-    result = perplexity(OnDevice(model, device), tokenizer, pydoc_texts("evaluation"),
-                        max_seq_len=settings["eval_seq_len"], max_tokens=settings["eval_tokens"], kv_bits=kv_bits)
+    result = perplexity(
+        OnDevice(model, device),
+        tokenizer,
+        pydoc_texts("evaluation"),
+        max_seq_len=settings["eval_seq_len"],
+        max_tokens=settings["eval_tokens"],
+        kv_bits=kv_bits,
+    )
     return float(result["ppl"])
 
 
-def run_llm(device: torch.device, model_kind: str, model_path: Path, settings_name: str,
-            say: Callable[[str], None], seed: int = 0) -> dict[str, Any]:
+def run_llm(
+    device: torch.device,
+    model_kind: str,
+    model_path: Path,
+    settings_name: str,
+    say: Callable[[str], None],
+    seed: int = 0,
+) -> dict[str, Any]:
     """Quantize the model with each of METHODS on ``device``; wall time and perplexity before and after."""
     from deploy_opt.llm.gguf_model import load_model_folder
     from deploy_opt.llm.quantize_engine import quantize_model
@@ -94,14 +107,17 @@ def run_llm(device: torch.device, model_kind: str, model_path: Path, settings_na
     settings = SETTINGS[settings_name]
     started = time.perf_counter()
     model, tokenizer = load_model_folder(model_path)
-    selection = stratified_text_samples(pydoc_texts("calibration"), tokenizer, settings["samples"],
-                                        settings["max_seq_len"], seed)
+    selection = stratified_text_samples(
+        pydoc_texts("calibration"), tokenizer, settings["samples"], settings["max_seq_len"], seed
+    )
     samples = [t.to(device) for t in selection.tensors()]
     group = _group_size(model)
     with torch.no_grad():
         ppl_fp32 = _ppl(model.to(device), tokenizer, device, settings)
-    say(f"llm: {model_kind} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) on {device}: "
-        f"fp32 perplexity {ppl_fp32:.3f}; {len(samples)} calibration windows, group {group}")
+    say(
+        f"llm: {model_kind} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) on {device}: "
+        f"fp32 perplexity {ppl_fp32:.3f}; {len(samples)} calibration windows, group {group}"
+    )
     del model
     rows = []
     for method, options in METHODS:
@@ -117,30 +133,37 @@ def run_llm(device: torch.device, model_kind: str, model_path: Path, settings_na
             ppl = _ppl(model, tokenizer, device, settings)
             kv = {bits: _ppl(model, tokenizer, device, settings, kv_bits=bits) for bits in (8, 4)}
         errors = [r.output_error for r in result.records]
-        rows.append({
-            "method": method,
-            "group_size": group,
-            "sym": result.sym,
-            "desc_act": result.desc_act,
-            "linears": len(result.records),
-            "quantize_s": seconds,
-            "ppl_fp32": ppl_fp32,
-            "ppl_w4": ppl,
-            "increase": ppl / ppl_fp32 - 1,
-            "ppl_kv8": kv[8],
-            "ppl_kv4": kv[4],
-            "mean_output_error": sum(errors) / len(errors),
-        })
-        say(f"llm: {method} g{group}: {seconds:.1f} s, perplexity {ppl_fp32:.3f} -> {ppl:.3f}; with the KV cache "
-            f"simulated int8 {kv[8]:.3f}, int4 {kv[4]:.3f}")
+        rows.append(
+            {
+                "method": method,
+                "group_size": group,
+                "sym": result.sym,
+                "desc_act": result.desc_act,
+                "linears": len(result.records),
+                "quantize_s": seconds,
+                "ppl_fp32": ppl_fp32,
+                "ppl_w4": ppl,
+                "increase": ppl / ppl_fp32 - 1,
+                "ppl_kv8": kv[8],
+                "ppl_kv4": kv[4],
+                "mean_output_error": sum(errors) / len(errors),
+            }
+        )
+        say(
+            f"llm: {method} g{group}: {seconds:.1f} s, perplexity {ppl_fp32:.3f} -> {ppl:.3f}; with the KV cache "
+            f"simulated int8 {kv[8]:.3f}, int4 {kv[4]:.3f}"
+        )
         del model, result
     return {
         "device": str(device),
         "model": model_kind,
         "model_path": str(model_path),
         "calibration": {"samples": len(samples), "max_seq_len": settings["max_seq_len"]},
-        "perplexity": {"max_seq_len": settings["eval_seq_len"], "max_tokens": settings["eval_tokens"],
-                       "text": "held-out pydoc_data.topics"},
+        "perplexity": {
+            "max_seq_len": settings["eval_seq_len"],
+            "max_tokens": settings["eval_tokens"],
+            "text": "held-out pydoc_data.topics",
+        },
         "rows": rows,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
         "seconds": time.perf_counter() - started,

@@ -81,8 +81,9 @@ class StepClock:
         self.pending.clear()
 
 
-def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
-              clock: StepClock) -> torch.Tensor:
+def _one_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, clock: StepClock
+) -> torch.Tensor:
     start = clock.mark()
     optimizer.zero_grad(set_to_none=True)
     loss = lm_loss(model, batch)
@@ -94,8 +95,9 @@ def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: t
     return loss.detach()
 
 
-def _train(names: list[str], base: torch.nn.Module, data: LMData, device: torch.device,
-           say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+def _train(
+    names: list[str], base: torch.nn.Module, data: LMData, device: torch.device, say: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
     models = {n: copy.deepcopy(base) for n in names}
     optimizers = {n: make_optimizer(n, models[n]) for n in names}
     schedule = ScheduleConfig("warmup_cosine", warmup_ratio=0.05, min_lr_ratio=0.1)
@@ -112,12 +114,22 @@ def _train(names: list[str], base: torch.nn.Module, data: LMData, device: torch.
                 torch.cuda.synchronize()
             wall[name] += time.perf_counter() - started
         if (step + 1) % max(1, len(data.train) // 5) == 0:
-            say(f"optimizers: step {step + 1}/{len(data.train)}: "
-                + ", ".join(f"{n} {float(losses[n][-1]):.3f}" for n in names))
+            say(
+                f"optimizers: step {step + 1}/{len(data.train)}: "
+                + ", ".join(f"{n} {float(losses[n][-1]):.3f}" for n in names)
+            )
     for clock in clocks.values():
         clock.settle()
-    return {n: {"model": models[n], "optimizer": optimizers[n], "clock": clocks[n],
-                "losses": [float(x) for x in losses[n]], "wall_s": wall[n]} for n in names}
+    return {
+        n: {
+            "model": models[n],
+            "optimizer": optimizers[n],
+            "clock": clocks[n],
+            "losses": [float(x) for x in losses[n]],
+            "wall_s": wall[n],
+        }
+        for n in names
+    }
 
 
 def _row(name: str, run: dict[str, Any], data: LMData, params: int, skip: int) -> dict[str, Any]:
@@ -142,8 +154,9 @@ def _row(name: str, run: dict[str, Any], data: LMData, params: int, skip: int) -
     return row
 
 
-def run_optimizers(device: torch.device, size_name: str, out_dir: Path, say: Callable[[str], None],
-                   seed: int = 0) -> dict[str, Any]:
+def run_optimizers(
+    device: torch.device, size_name: str, out_dir: Path, say: Callable[[str], None], seed: int = 0
+) -> dict[str, Any]:
     """Train the small LM with every optimizer; the rows, the ratios to fused AdamW, and the saved model's path."""
     size = SIZES[size_name]
     started = time.perf_counter()
@@ -152,8 +165,10 @@ def run_optimizers(device: torch.device, size_name: str, out_dir: Path, say: Cal
     base = build_lm(size, len(tokenizer), seed).to(device)
     params = sum(p.numel() for p in base.parameters())
     initial = eval_loss(base, data.evaluation)
-    say(f"optimizers: {params / 1e6:.1f}M parameters, {len(data.train)} steps of {size.batch} x {size.seq_len} "
-        f"tokens on {device}; held-out loss before training {initial:.3f}")
+    say(
+        f"optimizers: {params / 1e6:.1f}M parameters, {len(data.train)} steps of {size.batch} x {size.seq_len} "
+        f"tokens on {device}; held-out loss before training {initial:.3f}"
+    )
     runs = _train(list(OPTIMIZERS), base, data, device, say)
     skip = max(3, len(data.train) // 20)
     rows = [_row(name, runs[name], data, params, skip) for name in OPTIMIZERS]

@@ -36,12 +36,32 @@ class LMSize:
 
 SIZES = {
     # About 27M parameters; 200 steps of 16 x 256 tokens (about 3 passes over the calibration split) per optimizer.
-    "full": LMSize(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vocab=4096, seq_len=256,
-                   batch=16, steps=200, eval_batches=8),
+    "full": LMSize(
+        hidden=512,
+        layers=8,
+        heads=8,
+        kv_heads=4,
+        intermediate=1536,
+        vocab=4096,
+        seq_len=256,
+        batch=16,
+        steps=200,
+        eval_batches=8,
+    ),
     # The --dry-run size: the same code on a CPU in seconds. Every tensor stays under Int8AdamW's compile threshold
     # (65,536 elements): torch.compile on a CPU needs a C++ toolchain and half a minute.
-    "dry": LMSize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=384, seq_len=64,
-                  batch=4, steps=8, eval_batches=2),
+    "dry": LMSize(
+        hidden=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=256,
+        vocab=384,
+        seq_len=64,
+        batch=4,
+        steps=8,
+        eval_batches=2,
+    ),
 }
 
 

@@ -40,8 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-LAYERS = ("model.layers.0.self_attn.q_proj", "model.layers.3.mlp.gate_proj", "model.layers.3.mlp.down_proj",
-          "model.layers.20.self_attn.o_proj")
+LAYERS = (
+    "model.layers.0.self_attn.q_proj",
+    "model.layers.3.mlp.gate_proj",
+    "model.layers.3.mlp.down_proj",
+    "model.layers.20.self_attn.o_proj",
+)
 
 
 def dump_layers(path: Path, layers: list[str], samples: int, seed: int) -> None:
@@ -92,11 +96,13 @@ def run_theirs(src: Path, dst: Path, group_size: int) -> None:
         rows, cols = w.shape
         grouped = w.reshape(rows, cols // group_size, group_size)
         for tag, actorder in (("gptq", None), ("gptq_act", "weight")):
-            args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size,
-                                    actorder=actorder)
+            args = QuantizationArgs(
+                num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size, actorder=actorder
+            )
             scale, zero = calculate_qparams(grouped.amin(dim=2), grouped.amax(dim=2), args)
-            q, _, fallback = quantize_weight(w[None].clone(), h[None].clone(), scale[None], zero[None], None, args,
-                                             blocksize=128, percdamp=0.01)
+            q, _, fallback = quantize_weight(
+                w[None].clone(), h[None].clone(), scale[None], zero[None], None, args, blocksize=128, percdamp=0.01
+            )
             out[f"{tag}{i}"] = q[0].numpy()
             out[f"fallback_{tag}{i}"] = np.array(bool(fallback[0]))
         args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size)
@@ -125,17 +131,23 @@ def compare(dump: Path, theirs: Path, group_size: int) -> list[dict]:
 
         ours = {  # (our variant, the llm-compressor run it is compared with)
             ("gptq", "gptq"): gptq_quantize(w, h, group_size=group_size).dequantize(),
-            ("gptq static_groups", "gptq"): gptq_quantize(w, h, group_size=group_size,
-                                                          static_groups=True).dequantize(),
+            ("gptq static_groups", "gptq"): gptq_quantize(w, h, group_size=group_size, static_groups=True).dequantize(),
             ("gptq desc_act", "gptq_act"): gptq_quantize(w, h, group_size=group_size, desc_act=True).dequantize(),
-            ("gptq desc_act static_groups", "gptq_act"): gptq_quantize(w, h, group_size=group_size, desc_act=True,
-                                                                       static_groups=True).dequantize(),
+            ("gptq desc_act static_groups", "gptq_act"): gptq_quantize(
+                w, h, group_size=group_size, desc_act=True, static_groups=True
+            ).dequantize(),
             ("rtn", "rtn"): rtn_quantize(w, 4, group_size, True).dequantize(),
         }
         for (tag, their_tag), approx in ours.items():
             theirs_w = other[f"{their_tag}{i}"]
-            row = {"layer": str(name), "shape": list(w.shape), "method": tag, "theirs_method": their_tag,
-                   "ours": err(approx), "theirs": err(theirs_w)}
+            row = {
+                "layer": str(name),
+                "shape": list(w.shape),
+                "method": tag,
+                "theirs_method": their_tag,
+                "ours": err(approx),
+                "theirs": err(theirs_w),
+            }
             row["ratio"] = row["ours"] / row["theirs"]
             if tag == "rtn":
                 row["identical"] = bool(np.array_equal(approx.numpy(), theirs_w))
@@ -160,8 +172,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dump, theirs = Path(tmp) / "layers.npz", Path(tmp) / "theirs.npz"
         dump_layers(dump, args.layers, args.samples, args.seed)
-        subprocess.run([args.indep_python, __file__, "--group-size", str(args.group_size), "--worker",
-                        str(dump), str(theirs)], check=True)
+        subprocess.run(
+            [args.indep_python, __file__, "--group-size", str(args.group_size), "--worker", str(dump), str(theirs)],
+            check=True,
+        )
         rows = compare(dump, theirs, args.group_size)
     print(f"\n{args.samples} x 256 tokens, 4-bit sym, group {args.group_size}; error = ||XW^T - XWq^T||^2 / ||XW^T||^2")
     names = {"gptq": "gptq", "gptq_act": 'gptq actorder="weight"', "rtn": "rtn"}
@@ -169,8 +183,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         same = "" if "identical" not in r else f"{r['identical']} (max diff {r['max_abs_diff']:.2g})"
-        print(f"| {r['layer']} | {r['shape']} | {r['method']} | {r['ours']:.5f} | {names[r['theirs_method']]} | "
-              f"{r['theirs']:.5f} | {r['ratio']:.3f} | {same} |")
+        print(
+            f"| {r['layer']} | {r['shape']} | {r['method']} | {r['ours']:.5f} | {names[r['theirs_method']]} | "
+            f"{r['theirs']:.5f} | {r['ratio']:.3f} | {same} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
 

@@ -26,16 +26,20 @@ def measure(name: str, model, tokenizer, args: argparse.Namespace) -> dict:
     rows = {}
     for label, bits in (("fp16 (none)", None), ("int8", 8), ("int4", 4)):
         start = time.perf_counter()
-        result = perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=512, max_tokens=4096,
-                            kv_bits=bits)
+        result = perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=512, max_tokens=4096, kv_bits=bits)
         memory = kv_memory(model.config, args.session_len, bits)
-        rows[label] = {"ppl": result["ppl"], "seconds": time.perf_counter() - start,
-                       "kv_bytes": memory.get("bytes", memory["fp16_bytes"])}
+        rows[label] = {
+            "ppl": result["ppl"],
+            "seconds": time.perf_counter() - start,
+            "kv_bytes": memory.get("bytes", memory["fp16_bytes"]),
+        }
     base = rows["fp16 (none)"]
     for label, row in rows.items():
-        print(f"{name:<22} {label:<12} ppl {row['ppl']:8.4f} ({row['ppl'] / base['ppl'] - 1:+.3%})  "
-              f"KV at {args.session_len} tokens {row['kv_bytes'] / 2**20:7.2f} MiB "
-              f"({1 - row['kv_bytes'] / base['kv_bytes']:.1%} saved)")
+        print(
+            f"{name:<22} {label:<12} ppl {row['ppl']:8.4f} ({row['ppl'] / base['ppl'] - 1:+.3%})  "
+            f"KV at {args.session_len} tokens {row['kv_bytes'] / 2**20:7.2f} MiB "
+            f"({1 - row['kv_bytes'] / base['kv_bytes']:.1%} saved)"
+        )
     return rows
 
 

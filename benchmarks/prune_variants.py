@@ -59,8 +59,12 @@ def main() -> None:
         scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
         row = {"variant": variant or "config", "pruned": score_model(student, *scored)}
         run = distill_student(student, original, config.prune.distill, names, train, evaluation, metric, 0, True)
-        row |= {"distilled": score_model(student.eval(), *scored), "seconds": round(run.seconds),
-                "curve": run.metric, "prune": dataclasses.asdict(config.prune)}  # fmt: skip
+        row |= {
+            "distilled": score_model(student.eval(), *scored),
+            "seconds": round(run.seconds),
+            "curve": run.metric,
+            "prune": dataclasses.asdict(config.prune),
+        }
         results.append(row)
         print(json.dumps({k: row[k] for k in ("variant", "pruned", "distilled", "seconds")}), flush=True)
     print(json.dumps(results, indent=1))

@@ -52,9 +52,11 @@ def main() -> None:
         if hasattr(module, "reset_parameters"):
             module.reset_parameters()
     scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
-    results = {"original": score_model(original, *scored),
-               "params_original": sum(p.numel() for p in original.parameters()),
-               "params_student": sum(p.numel() for p in pruned.parameters())}  # fmt: skip
+    results = {
+        "original": score_model(original, *scored),
+        "params_original": sum(p.numel() for p in original.parameters()),
+        "params_student": sum(p.numel() for p in pruned.parameters()),
+    }
     long = dataclasses.replace(config.prune.distill, steps=4 * config.prune.distill.steps)
     runs = (
         ("pruned+distilled", pruned, config.prune.distill, False),

@@ -29,8 +29,12 @@ def main() -> None:
     rows = []
     for optimizer in OPTIMIZERS:
         out = Path(args.output_dir) / optimizer
-        sets = [*args.overrides, "quantization.qat.enabled=true", f"quantization.qat.optimizer={optimizer}",
-                "benchmark.enabled=false"]  # fmt: skip
+        sets = [
+            *args.overrides,
+            "quantization.qat.enabled=true",
+            f"quantization.qat.optimizer={optimizer}",
+            "benchmark.enabled=false",
+        ]
         command = [sys.executable, "-m", "deploy_opt", "build", args.config, "--output-dir", str(out), "-q"]
         for item in sets:
             command += ["--set", item]

@@ -47,10 +47,25 @@ PROXIES = {
 def run_mode(config: Path, mode: str, subset: float, out: Path, extra: list[str]) -> tuple[dict, float]:
     """One ``sensitivity`` command (manual mode: both runs analyze the same Q/DQ model); record and wall time."""
     command = [
-        sys.executable, "-m", "deploy_opt", "sensitivity", "--config", str(config), "--profile", "ci",
-        "--mode", mode, "--output-dir", str(out), "--quiet", "--set", f"sensitivity.subset={subset}",
-        "--set", "quantization.mode=manual", *[a for s in extra for a in ("--set", s)],
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "deploy_opt",
+        "sensitivity",
+        "--config",
+        str(config),
+        "--profile",
+        "ci",
+        "--mode",
+        mode,
+        "--output-dir",
+        str(out),
+        "--quiet",
+        "--set",
+        f"sensitivity.subset={subset}",
+        "--set",
+        "quantization.mode=manual",
+        *[a for s in extra for a in ("--set", s)],
+    ]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT)
     wall = time.perf_counter() - started

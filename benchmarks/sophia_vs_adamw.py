@@ -50,8 +50,10 @@ def main() -> int:
     args = parser.parse_args()
     base = list(args.overrides)
     int8 = ["optimizer.state=int8", "optimizer.fp32_patterns=[]"]
-    variants = {"adamw fp32": ["optimizer.type=adamw", "optimizer.state=fp32"],
-                "adamw int8": ["optimizer.type=adamw", *int8]}
+    variants = {
+        "adamw fp32": ["optimizer.type=adamw", "optimizer.state=fp32"],
+        "adamw int8": ["optimizer.type=adamw", *int8],
+    }
     for lr in args.sophia_lrs:
         variants[f"sophia fp32 lr {lr:g}"] = ["optimizer.type=sophia", f"optimizer.lr={lr}", "optimizer.state=fp32"]
     rows = {}
@@ -65,13 +67,17 @@ def main() -> int:
             args.config, base + ["optimizer.type=sophia", f"optimizer.lr={lr}", *int8], Path(tmp) / "int8"
         )
     adamw = rows["adamw fp32"]
-    print(f"{'variant':<24} {'eval_loss':>9} {'vs adamw':>9} {'B/param':>8} {'median step':>12} {'ratio':>6}"
-          f" {'mean step':>10} {'ratio':>6}")
+    print(
+        f"{'variant':<24} {'eval_loss':>9} {'vs adamw':>9} {'B/param':>8} {'median step':>12} {'ratio':>6}"
+        f" {'mean step':>10} {'ratio':>6}"
+    )
     for name, row in rows.items():
-        print(f"{name:<24} {row['eval_loss']:>9.4f} {row['eval_loss'] - adamw['eval_loss']:>+9.4f} "
-              f"{row['bytes_per_param']:>8.2f} {row['median_step_s']:>11.3f}s "
-              f"{row['median_step_s'] / adamw['median_step_s']:>6.2f} {row['mean_step_s']:>9.3f}s "
-              f"{row['mean_step_s'] / adamw['mean_step_s']:>6.2f}")
+        print(
+            f"{name:<24} {row['eval_loss']:>9.4f} {row['eval_loss'] - adamw['eval_loss']:>+9.4f} "
+            f"{row['bytes_per_param']:>8.2f} {row['median_step_s']:>11.3f}s "
+            f"{row['median_step_s'] / adamw['median_step_s']:>6.2f} {row['mean_step_s']:>9.3f}s "
+            f"{row['mean_step_s'] / adamw['mean_step_s']:>6.2f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0

@@ -106,10 +106,14 @@ def code_errors(optimizer: torch.optim.AdamW, block_size: int) -> dict[str, dict
             v_q = blockwise.dequantize_unsigned(codes, scales, block_size, code)
             # what the optimizers read: a code 0 is half a step, not 0
             v_read = blockwise.dequantize_unsigned(codes, scales, block_size, code, zero_as_half_step=True)
-            values = {"v": v, "v_q": v_q, "u": u,
-                      "u_zero": (m / bc1) / ((v_q / bc2).sqrt() + eps),
-                      "u_read": (m / bc1) / ((v_read / bc2).sqrt() + eps),
-                      "u_both": (m_q / bc1) / ((v_read / bc2).sqrt() + eps)}
+            values = {
+                "v": v,
+                "v_q": v_q,
+                "u": u,
+                "u_zero": (m / bc1) / ((v_q / bc2).sqrt() + eps),
+                "u_read": (m / bc1) / ((v_read / bc2).sqrt() + eps),
+                "u_both": (m_q / bc1) / ((v_read / bc2).sqrt() + eps),
+            }
             for key, value in values.items():
                 acc[code][key].append(value)
     out = {}
@@ -132,20 +136,26 @@ def code_errors(optimizer: torch.optim.AdamW, block_size: int) -> dict[str, dict
 
 def table_codes(models: list[str], steps: int, block_size: int) -> None:
     print(f"\n## second-moment codes: {steps} AdamW steps, block {block_size}, tensors >= {MIN_NUMEL} elements\n")
-    print("update rel err = ||u_q - u|| / ||u||, u = m / (sqrt(v) + eps) bias-corrected; 'v 0 as 0': a v that"
-          " rounds to 0 read as 0; 'read': as the optimizers read it (code 0 = half a step); 'm int8 too': m in"
-          " the linear int8 code as well (what Int8AdamW does)\n")
-    print("| model | code | v -> 0 | v rel err median | v rel err p99 | update err, m exact, v 0 as 0 |"
-          " update err, m exact, read | update err, m int8 too | elements off >10% rms(u) |")
+    print(
+        "update rel err = ||u_q - u|| / ||u||, u = m / (sqrt(v) + eps) bias-corrected; 'v 0 as 0': a v that"
+        " rounds to 0 read as 0; 'read': as the optimizers read it (code 0 = half a step); 'm int8 too': m in"
+        " the linear int8 code as well (what Int8AdamW does)\n"
+    )
+    print(
+        "| model | code | v -> 0 | v rel err median | v rel err p99 | update err, m exact, v 0 as 0 |"
+        " update err, m exact, read | update err, m int8 too | elements off >10% rms(u) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name in models:
         model, split, lr = build(name)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         train(model, split, optimizer, steps)
         for code, row in code_errors(optimizer, block_size).items():
-            print(f"| {name} (v spans {row['v_decades']:.0f} decades) | {code} | {row['zeroed']:.2%} |"
-                  f" {row['v_med']:.3f} | {row['v_p99']:.3f} | {row['u_zero']:.4g} | {row['u_read']:.4g} |"
-                  f" {row['u_both']:.4g} | {row['u_gt10']:.3%} |")
+            print(
+                f"| {name} (v spans {row['v_decades']:.0f} decades) | {code} | {row['zeroed']:.2%} |"
+                f" {row['v_med']:.3f} | {row['v_p99']:.3f} | {row['u_zero']:.4g} | {row['u_read']:.4g} |"
+                f" {row['u_both']:.4g} | {row['u_gt10']:.3%} |"
+            )
 
 
 def table_training(models: list[str], steps: int, block_size: int) -> None:
@@ -189,8 +199,10 @@ class _Timed:
 
 
 def table_step_time(repeats: int, block_size: int, compiled: bool) -> None:
-    print(f"\n## optimizer.step() on the demo MLP (6.4 M params), {torch.get_num_threads()} threads,"
-          f" median of {repeats} rounds after 3 warm-up rounds; each round steps every optimizer once\n")
+    print(
+        f"\n## optimizer.step() on the demo MLP (6.4 M params), {torch.get_num_threads()} threads,"
+        f" median of {repeats} rounds after 3 warm-up rounds; each round steps every optimizer once\n"
+    )
     print("| optimizer | step ms | x torch AdamW | first step s | state bytes/param |")
     print("|---|---|---|---|---|")
     rows: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
@@ -198,13 +210,14 @@ def table_step_time(repeats: int, block_size: int, compiled: bool) -> None:
         "Int8AdamW(state='fp32')": lambda ps: Int8AdamW(ps, state="fp32"),
     }
     for code in blockwise.SECOND_MOMENT_CODES[:2]:
-        rows[f"Int8AdamW(v {code})"] = lambda ps, c=code: Int8AdamW(ps, block_size=block_size,
-                                                                     second_moment_code=c)
+        rows[f"Int8AdamW(v {code})"] = lambda ps, c=code: Int8AdamW(ps, block_size=block_size, second_moment_code=c)
         rows[f"Int8AdamW(v {code}), fused kernels eagerly"] = lambda ps, c=code: _eager_kernels(
-            Int8AdamW(ps, block_size=block_size, second_moment_code=c))
+            Int8AdamW(ps, block_size=block_size, second_moment_code=c)
+        )
         if compiled:
             rows[f"Int8AdamW(v {code}, compiled=True)"] = lambda ps, c=code: Int8AdamW(
-                ps, block_size=block_size, second_moment_code=c, compiled=True)
+                ps, block_size=block_size, second_moment_code=c, compiled=True
+            )
     timed = {label: _Timed(make) for label, make in rows.items()}
     for _ in range(repeats + 3):  # interleaved, so that load from other processes hits every row alike
         for entry in timed.values():
@@ -219,8 +232,9 @@ def table_step_time(repeats: int, block_size: int, compiled: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", nargs="+", default=["codes", "training", "time"],
-                        choices=["codes", "training", "time"])
+    parser.add_argument(
+        "--tables", nargs="+", default=["codes", "training", "time"], choices=["codes", "training", "time"]
+    )
     parser.add_argument("--models", nargs="+", default=["mlp-scratch", "mlp-finetune", "transformer"])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--block-size", type=int, default=blockwise.DEFAULT_BLOCK_SIZE)

@@ -20,8 +20,9 @@ from dopt_common.errors import ConfigError
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 # Data-movement ops whose quantized output ONNX Runtime gives its input's parameters (QDQDirect8BitOp and kin).
-PASSTHROUGH = frozenset({"AveragePool", "Flatten", "MaxPool", "Reshape", "Resize", "Slice", "Split", "Squeeze",
-                         "Transpose", "Unsqueeze"})  # fmt: skip
+PASSTHROUGH = frozenset(
+    {"AveragePool", "Flatten", "MaxPool", "Reshape", "Resize", "Slice", "Split", "Squeeze", "Transpose", "Unsqueeze"}
+)
 
 
 def channel_axis(node: onnx.NodeProto, rank: int) -> int:
@@ -169,9 +170,7 @@ def activation_scale(name: str, low: float, high: float, scheme: str, method: st
     return TensorScale(name, "activation", "uint8", (scale,), (zero,), None, amax, (low, high), method)
 
 
-def weight_scale(
-    name: str, weight: np.ndarray, axis: int, method: str = "absmax", levels: int = 127
-) -> TensorScale:
+def weight_scale(name: str, weight: np.ndarray, axis: int, method: str = "absmax", levels: int = 127) -> TensorScale:
     """Per-channel symmetric int8 parameters along ``axis``: each channel's absmax, or its MSE-optimal clip."""
     axis = axis % weight.ndim
     moved = np.moveaxis(np.asarray(weight, dtype=np.float32), axis, 0).reshape(weight.shape[axis], -1)

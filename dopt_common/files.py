@@ -117,8 +117,14 @@ def recover_published(folder: Path, name: str, alive: Callable[[int], bool]) -> 
     if os.path.lexists(target):
         return None
     prefix = f".{name}.old-"
-    candidates = [e for e in folder.glob(f"{glob.escape(prefix)}*") if e.name[len(prefix):].isdigit()
-                  and not e.is_symlink() and e.is_dir() and not alive(int(e.name[len(prefix):]))]  # fmt: skip
+    candidates = [
+        e
+        for e in folder.glob(f"{glob.escape(prefix)}*")
+        if e.name[len(prefix) :].isdigit()
+        and not e.is_symlink()
+        and e.is_dir()
+        and not alive(int(e.name[len(prefix) :]))
+    ]
     if not candidates:
         return None
     newest = max(candidates, key=lambda e: e.stat().st_mtime)

@@ -169,8 +169,10 @@ class Timings:
         except DeployOptError as exc:
             if explain and not getattr(exc, "stage_named", False):
                 spent, total = time.perf_counter() - start, time.perf_counter() - self.started
-                exc.args = (f"stage '{name}' failed after {_minutes(spent)} (the run had taken {_minutes(total)}): "
-                            f"{one_line(exc)}",)  # fmt: skip
+                exc.args = (
+                    f"stage '{name}' failed after {_minutes(spent)} (the run had taken {_minutes(total)}): "
+                    f"{one_line(exc)}",
+                )
                 exc.stage_named = True  # type: ignore[attr-defined]
             raise
         finally:

@@ -132,8 +132,14 @@ def write_gguf(source: Path, out: Path, tensors: Mapping[str, PackedTensor | np.
     writer.write_tensors_to_file()
     writer.close()
     floats = sum(not isinstance(t, PackedTensor) for t in tensors.values())
-    return {"architecture": arch, "tensors": len(reader.tensors), "replaced": len(tensors) - floats,
-            "replaced_f32": floats, "types": kinds, "bytes": out.stat().st_size}
+    return {
+        "architecture": arch,
+        "tensors": len(reader.tensors),
+        "replaced": len(tensors) - floats,
+        "replaced_f32": floats,
+        "types": kinds,
+        "bytes": out.stat().st_size,
+    }
 
 
 def read_gguf(path: Path) -> dict[str, np.ndarray]:

@@ -155,11 +155,23 @@ def quantization_config(fmt: str, weights: Mapping[str, QuantizedWeight]) -> dic
         if (qw.bits, qw.group_size, qw.sym) != (first.bits, first.group_size, first.sym):
             raise ConfigError(f"{name} was quantized with other settings than the rest; one checkpoint holds one")
     if fmt == "awq":
-        return {"quant_method": "awq", "bits": 4, "group_size": first.group_size, "zero_point": True,
-                "version": "gemm", "modules_to_not_convert": None}
-    return {"quant_method": "gptq", "bits": first.bits, "group_size": first.group_size,
-            "desc_act": any(qw.act_order for qw in weights.values()), "sym": first.sym,
-            "true_sequential": True, "checkpoint_format": "gptq"}
+        return {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": first.group_size,
+            "zero_point": True,
+            "version": "gemm",
+            "modules_to_not_convert": None,
+        }
+    return {
+        "quant_method": "gptq",
+        "bits": first.bits,
+        "group_size": first.group_size,
+        "desc_act": any(qw.act_order for qw in weights.values()),
+        "sym": first.sym,
+        "true_sequential": True,
+        "checkpoint_format": "gptq",
+    }
 
 
 # lmdeploy 0.18's rules, from its own source (cited per rule; tests/test_lmdeploy_readers.py runs them):
@@ -176,12 +188,26 @@ def quantization_config(fmt: str, weights: Mapping[str, QuantizedWeight]) -> dic
 #   goes to the PyTorch engine even with ``--backend turbomind``; Mistral, Phi-3 and Gemma are not in it.
 ENGINES = ("turbomind", "pytorch")
 TURBOMIND_ARCHITECTURES = (
-    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-    "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration", "InternVLChatModel",
-    "InternVLForConditionalGeneration", "InternS1ForConditionalGeneration", "LlamaForCausalLM", "InternLM2ForCausalLM",
-    "InternLM3ForCausalLM", "Glm4MoeLiteForCausalLM", "GptOssForCausalLM", "MixtralForCausalLM",
-)  # fmt: skip
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "InternS2PreviewForConditionalGeneration",
+    "InternS2MobiusForConditionalGeneration",
+    "InternVLChatModel",
+    "InternVLForConditionalGeneration",
+    "InternS1ForConditionalGeneration",
+    "LlamaForCausalLM",
+    "InternLM2ForCausalLM",
+    "InternLM3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "GptOssForCausalLM",
+    "MixtralForCausalLM",
+)
 TURBOMIND_METHODS = ("awq", "gptq")  # of the ones deploy_opt writes; it also reads compressed-tensors, fp8, mxfp4
 TURBOMIND_GROUP_SIZE = 128
 PYTORCH_AWQ_MIN_GROUP = 16
@@ -197,8 +223,10 @@ def turbomind_problems(qconfig: Mapping[str, Any], architecture: str | None = No
     """Why lmdeploy 0.18's TurboMind would refuse this checkpoint (empty: it serves it); ``architecture``: its
     config.json's ``architectures[0]`` (None: not judged)."""
     if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
-        return [f"architecture {architecture} is not in TurboMind's list (turbomind/supported_models.py), so "
-                "lmdeploy's CLI sends it to the PyTorch engine whatever --backend says"]
+        return [
+            f"architecture {architecture} is not in TurboMind's list (turbomind/supported_models.py), so "
+            "lmdeploy's CLI sends it to the PyTorch engine whatever --backend says"
+        ]
     if not qconfig:
         return []
     method = qconfig.get("quant_method")
@@ -248,8 +276,10 @@ def serving_engine(qconfig: Mapping[str, Any], architecture: str | None = None) 
 def requantize_advice(qconfig: Mapping[str, Any], architecture: str | None = None) -> str:
     """What to re-quantize with so that an lmdeploy engine serves the checkpoint."""
     if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
-        return (f"re-quantize with --method awq (lmdeploy serves {architecture} on its PyTorch engine only, which "
-                "reads AWQ at group 32/64/128 and has no GPTQ); --method auto picks it")
+        return (
+            f"re-quantize with --method awq (lmdeploy serves {architecture} on its PyTorch engine only, which "
+            "reads AWQ at group 32/64/128 and has no GPTQ); --method auto picks it"
+        )
     if qconfig.get("quant_method") == "gptq" and qconfig.get("group_size") == TURBOMIND_GROUP_SIZE:
         return "re-quantize with --method gptq --group-size 128 --no-desc-act --symmetric (TurboMind), or --method awq"
     return (
@@ -323,7 +353,9 @@ def write_quantized_checkpoint(
         problems = engine_problems(qconfig, architecture)
         log.warning(
             "lmdeploy 0.18 serves %s on neither engine (TurboMind: %s; PyTorch engine: %s); %s",
-            folder, "; ".join(problems["turbomind"]), "; ".join(problems["pytorch"]),
+            folder,
+            "; ".join(problems["turbomind"]),
+            "; ".join(problems["pytorch"]),
             requantize_advice(qconfig, architecture),
         )
     log.info("wrote %s checkpoint %s (%d quantized Linears)", fmt, folder, len(weights))
@@ -361,11 +393,18 @@ def read_quantized_weights(
     names = sorted(key[: -len(".qweight")] for key in tensors if key.endswith(".qweight"))
     weights = {}
     for name in names:
-        parts = {suffix: tensors.pop(f"{name}.{suffix}") for suffix in ("qweight", "qzeros", "scales", "g_idx")
-                 if f"{name}.{suffix}" in tensors}
+        parts = {
+            suffix: tensors.pop(f"{name}.{suffix}")
+            for suffix in ("qweight", "qzeros", "scales", "g_idx")
+            if f"{name}.{suffix}" in tensors
+        }
         if qconfig["quant_method"] == "gptq":
-            weights[name] = unpack_gptq(parts, bits=int(qconfig["bits"]), group_size=int(qconfig["group_size"]),
-                                        sym=bool(qconfig.get("sym", True)))
+            weights[name] = unpack_gptq(
+                parts,
+                bits=int(qconfig["bits"]),
+                group_size=int(qconfig["group_size"]),
+                sym=bool(qconfig.get("sym", True)),
+            )
         else:
             weights[name] = unpack_awq(parts, group_size=int(qconfig["group_size"]))
     return weights, tensors

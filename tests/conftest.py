@@ -99,3 +99,20 @@ benchmark: {{enabled: false}}
     config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides)
     config = unmeetable_gate(config) if unmeetable else config
     return run_build(config, profile, tmp_path / "reports", progress=False)
+
+
+def _cuda_runtime() -> str | None:
+    """Why no CUDA test can run here, or None when ONNX Runtime has its CUDA provider."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return "needs an NVIDIA GPU and onnxruntime-gpu (CUDAExecutionProvider is not available)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip, with the reason, where ONNX Runtime has no CUDA provider."""
+    gpu = [item for item in items if "gpu" in item.keywords]
+    reason = _cuda_runtime() if gpu else None
+    for item in gpu if reason else []:
+        item.add_marker(pytest.mark.skip(reason=reason))

@@ -36,9 +36,19 @@ class cudaEvent_t(Handle):  # noqa: N801
 
 
 REGISTRY |= {"cudaStream_t": cudaStream_t, "cudaEvent_t": cudaEvent_t}
-FUNCTIONS = ("cudaGetDeviceCount", "cudaMalloc", "cudaFree", "cudaMemcpyAsync", "cudaStreamCreate",
-             "cudaStreamSynchronize", "cudaStreamDestroy", "cudaEventCreate", "cudaEventRecord",
-             "cudaEventElapsedTime", "cudaEventDestroy")
+FUNCTIONS = (
+    "cudaGetDeviceCount",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMemcpyAsync",
+    "cudaStreamCreate",
+    "cudaStreamSynchronize",
+    "cudaStreamDestroy",
+    "cudaEventCreate",
+    "cudaEventRecord",
+    "cudaEventElapsedTime",
+    "cudaEventDestroy",
+)
 
 
 class FakeCudart:

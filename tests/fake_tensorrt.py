@@ -167,8 +167,6 @@ def _parse_into(network: INetworkDefinition, path: Path, taken: tuple[str, ...] 
     return network
 
 
-
-
 def _dims(value: onnx.ValueInfoProto) -> tuple[int, ...]:
     return tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
 
@@ -378,13 +376,30 @@ def fake_tensorrt(cudart: FakeCudart | None = None, refuse: str | None = None, v
             engines.append(ICudaEngine(cudart or FakeCudart(), refuse))
             return engines[-1]
 
-    numpy_types = {DataType.INT64: np.int64, DataType.FLOAT: np.float32, DataType.HALF: np.float16,
-                   DataType.INT8: np.int8, DataType.INT32: np.int32, DataType.BOOL: np.bool_}
+    numpy_types = {
+        DataType.INT64: np.int64,
+        DataType.FLOAT: np.float32,
+        DataType.HALF: np.float16,
+        DataType.INT8: np.int8,
+        DataType.INT32: np.int32,
+        DataType.BOOL: np.bool_,
+    }
     enum_names = {name: TRT[name] for name in TRT if "." not in name}
-    return SurfaceModule("tensorrt", "tensorrt", {
-        "__version__": version, "nptype": numpy_types.__getitem__, "Logger": Logger, "Builder": Builder,
-        "Runtime": Runtime, "OnnxParser": OnnxParser, "IConstantLayer": IConstantLayer, **enum_names,
-        "_engines": engines})  # fmt: skip
+    return SurfaceModule(
+        "tensorrt",
+        "tensorrt",
+        {
+            "__version__": version,
+            "nptype": numpy_types.__getitem__,
+            "Logger": Logger,
+            "Builder": Builder,
+            "Runtime": Runtime,
+            "OnnxParser": OnnxParser,
+            "IConstantLayer": IConstantLayer,
+            **enum_names,
+            "_engines": engines,
+        },
+    )
 
 
 def fake_trt_network_module() -> Any:

@@ -2,7 +2,9 @@
 
 - ``calibrators`` and ``exporters`` (and ``dopt_common``) never import ``deploy_opt``, not even inside a function;
 - torch, transformers and tensorrt are imported at module top level only where ``HEAVY_ALLOWED`` says;
-- the first-party modules have no import cycles (imports at module level and inside functions both count).
+- the first-party modules have no import cycles (imports at module level and inside functions both count);
+- no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
+  (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
 
 from __future__ import annotations
@@ -14,16 +16,23 @@ from pathlib import Path
 PACKAGES = ("deploy_opt", "calibrators", "exporters", "dopt_common", "profiles")
 INDEPENDENT = ("calibrators", "exporters", "dopt_common")
 HEAVY = ("torch", "transformers", "tensorrt")
-# Where a heavy import may sit at module top level: torch-only code and the analysis that needs autograd.
+# Where a heavy import may sit at module top level: torch-only code and the analysis that needs autograd. Every
+# other module imports without torch (tests/test_imports.py imports each with torch blocked).
 HEAVY_ALLOWED = (
     "calibrators.groupwise",
     "exporters.lmdeploy",
-    "deploy_opt.llm",
+    "deploy_opt.llm.quantize_engine",
+    "deploy_opt.llm.torchao_path",
+    "deploy_opt.llm.gguf_export",
     "deploy_opt.train",
     "deploy_opt.demo",
     "deploy_opt.analysis.onnx_torch",
     "deploy_opt.analysis.sensitivity.noise",
 )
+
+
+MAX_FUNCTION_LINES = 80
+FMT_SKIP = "# fmt: " + "skip"  # split, so this file does not carry the marker it forbids
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -71,7 +80,25 @@ def violations(root: Path) -> list[str]:
             if target in modules and target != name:
                 graph[name].add(target)
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
-    return problems
+    return problems + [line for path in modules.values() for line in shape_violations(path, root)]
+
+
+def shape_violations(path: Path, root: Path) -> list[str]:
+    """Functions over ``MAX_FUNCTION_LINES`` lines, and ``# fmt: skip`` markers, in one file."""
+    text = path.read_text(encoding="utf-8")
+    where = path.relative_to(root)
+    found = [
+        f"{where}:{node.lineno}: {node.name} is {node.end_lineno - node.lineno + 1} lines (at most "
+        f"{MAX_FUNCTION_LINES}); split it"
+        for node in ast.walk(ast.parse(text, str(path)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    return found + [
+        f"{where}:{number}: {FMT_SKIP}; let ruff format lay it out"
+        for number, line in enumerate(text.splitlines(), 1)
+        if FMT_SKIP in line
+    ]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

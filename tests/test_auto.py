@@ -19,8 +19,9 @@ from deploy_opt.build.pipeline import run_build
 
 
 def _trial(drop: float, speedup: float | None, excluded: tuple[str, ...] = (), nodes: int = 4) -> Trial:
-    return Trial("placement", Candidate("inputs", "asymmetric", None, excluded), 90.0, drop, None, 1.0, speedup,
-                 nodes, 0.1)  # fmt: skip
+    return Trial(
+        "placement", Candidate("inputs", "asymmetric", None, excluded), 90.0, drop, None, 1.0, speedup, nodes, 0.1
+    )
 
 
 def test_the_fastest_trial_that_meets_the_gate_and_pays_wins() -> None:
@@ -47,9 +48,12 @@ def _conv_model() -> onnx.ModelProto:
     """A 3x3 stem conv (K = 27), a depthwise 3x3 (K = 9), a pointwise conv (K = 16) and a Gemm (K = 16)."""
     rng = np.random.default_rng(0)
     inits = {
-        "w0": rng.normal(size=(16, 3, 3, 3)), "w1": rng.normal(size=(16, 1, 3, 3)),
-        "w2": rng.normal(size=(16, 16, 1, 1)), "wf": rng.normal(size=(10, 16)), "axes": np.array([2, 3]),
-    }  # fmt: skip
+        "w0": rng.normal(size=(16, 3, 3, 3)),
+        "w1": rng.normal(size=(16, 1, 3, 3)),
+        "w2": rng.normal(size=(16, 16, 1, 1)),
+        "wf": rng.normal(size=(10, 16)),
+        "axes": np.array([2, 3]),
+    }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["a"], name="stem", pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["a", "w1"], ["b"], name="depthwise", pads=[1, 1, 1, 1], group=16),
@@ -58,11 +62,15 @@ def _conv_model() -> onnx.ModelProto:
         helper.make_node("Gemm", ["d", "wf"], ["y"], name="head", transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        nodes,
+        "convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        [numpy_helper.from_array(v.astype(np.float32 if v.dtype.kind == "f" else np.int64), k)
-         for k, v in inits.items()],
-    )  # fmt: skip
+        [
+            numpy_helper.from_array(v.astype(np.float32 if v.dtype.kind == "f" else np.int64), k)
+            for k, v in inits.items()
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -83,10 +91,12 @@ def _clip_model(downstream: str) -> onnx.ModelProto:
         else helper.make_node("Mul", ["r", "one"], ["y"], name="tail")
     )
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"], name="relu"), tail], "clip",
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), tail],
+        "clip",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits,
-    )  # fmt: skip
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 

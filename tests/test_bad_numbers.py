@@ -134,11 +134,14 @@ def test_a_wrong_input_name_names_the_user_s_file_not_the_staging_copy(tmp_path:
         "def calibration():\n    return [({'inp': x['x']}, y) for x, y in tiny_onnx.calibration()]\n"
         "def evaluation():\n    return [({'inp': x['x']}, y) for x, y in tiny_onnx.evaluation()]\n"
     )
-    config = write_config(tmp_path, f"""
+    config = write_config(
+        tmp_path,
+        f"""
 name: renamed
 model: {{onnx: tiny.onnx, inputs: [{{name: inp, shape: [batch, 16], dtype: float32}}]}}
 data: {{calibration: "{data}:calibration", evaluation: "{data}:evaluation", metric: top1}}
-""")  # fmt: skip
+""",
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}  # the data module imports tiny_onnx
     command = ["build", str(config), "--profile", "ci", "--output-dir", str(tmp_path / "o")]
     result = subprocess.run([sys.executable, "-m", "deploy_opt", *command], capture_output=True, text=True, env=env)

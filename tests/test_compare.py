@@ -236,3 +236,19 @@ def test_output_metrics_on_known_values() -> None:
     assert m["sqnr_db"] == pytest.approx(10 * np.log10(5 / 0.25))
     assert m["cosine_min"] == pytest.approx(1 / np.sqrt(1.25)) and m["top1_agreement"] == 1.0
     assert "error" in output_metrics(reference, np.full((2, 2), np.nan))
+
+
+@pytest.mark.gpu
+def test_ort_cuda_runs_the_int8_model_as_the_cpu_does(qdq_model: Path) -> None:
+    import onnxruntime
+
+    shape = [d.dim_value or 4 for d in onnx.load(str(qdq_model)).graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    name = onnx.load(str(qdq_model)).graph.input[0].name
+    cpu = onnxruntime.InferenceSession(str(qdq_model), providers=["CPUExecutionProvider"])
+    cuda = onnxruntime.InferenceSession(str(qdq_model), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert cuda.get_providers()[0] == "CUDAExecutionProvider"  # not a silent fall-back to the CPU
+    ours, theirs = cpu.run(None, {name: x})[0], cuda.run(None, {name: x})[0]
+    # Both dequantize the same int8 graph; kernels may round one step apart, never further.
+    assert np.abs(ours - theirs).max() <= 0.05 * np.abs(ours).max()
+    assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.75

@@ -38,9 +38,12 @@ def _dfl_model(path: Path) -> Path:
         helper.make_node("Conv", ["distance", "w1", "b1"], ["scaled"], name="scale"),
     ]
     graph = helper.make_graph(
-        nodes, "dfl", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
-        [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["batch", 1, 8, 8])], inits,
-    )  # fmt: skip
+        nodes,
+        "dfl",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -75,8 +78,15 @@ def _yolo_onnx(tmp_path: Path) -> onnx.ModelProto:
     import torch
 
     path = tmp_path / "yolo.onnx"
-    torch.onnx.export(tiny_yolo.build_model(), (torch.zeros(1, 3, 32, 32),), str(path), input_names=["images"],
-                      output_names=["output0"], dynamo=False, opset_version=17)  # fmt: skip
+    torch.onnx.export(
+        tiny_yolo.build_model(),
+        (torch.zeros(1, 3, 32, 32),),
+        str(path),
+        input_names=["images"],
+        output_names=["output0"],
+        dynamo=False,
+        opset_version=17,
+    )
     return onnx.load(str(path))
 
 
@@ -87,8 +97,9 @@ def test_the_head_of_a_yolo_graph_is_its_last_convs_the_dfl_conv_and_the_decode(
     convs = {n for n in head if by_name[n].op_type == "Conv"}
     weights = {by_name[n].input[1] for n in convs}
     # the last conv of each branch at each level (2 levels × box and class), and the DFL conv
-    assert len(convs) == 5 and any(numpy_helper.to_array(i).shape == (1, 16, 1, 1)
-                                   for i in model.graph.initializer if i.name in weights)  # fmt: skip
+    assert len(convs) == 5 and any(
+        numpy_helper.to_array(i).shape == (1, 16, 1, 1) for i in model.graph.initializer if i.name in weights
+    )
     kinds = {by_name[n].op_type for n in head}
     assert {"Softmax", "Sigmoid", "Concat"} <= kinds
     # the backbone and the branches' first convs stay out: 7 of the 12 convs
@@ -161,8 +172,11 @@ def test_an_error_inside_a_stage_names_the_stage_and_the_time_spent() -> None:
     from dopt_common.runs import Timings
 
     times = Timings()
-    with pytest.raises(ScaleMismatchError, match=r"^stage 'auto_search' failed after 0 s \(the run had taken 0 s\): "
-                       r"model.int8.onnx drifted$"):  # fmt: skip
+    with pytest.raises(
+        ScaleMismatchError,
+        match=r"^stage 'auto_search' failed after 0 s \(the run had taken 0 s\): "
+        r"model.int8.onnx drifted$",
+    ):
         with times.stage("outer"), times.stage("auto_search"):  # the innermost stage names itself, once
             raise ScaleMismatchError("model.int8.onnx drifted")
     with pytest.raises(ScaleMismatchError, match=r"^bad$"), times.stage("load", explain=False):

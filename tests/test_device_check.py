@@ -25,8 +25,9 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
         pytest.skip("needs coreutils' timeout")
     out = tmp_path_factory.mktemp("device_check")
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DEPLOY_OPT_CACHE": str(out / "cache")}
-    done = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env,
-                          timeout=240, cwd=REPO)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env, timeout=240, cwd=REPO
+    )
     return done, out
 
 
@@ -42,12 +43,17 @@ def test_json_has_every_section_and_row(dry_run):
     assert summary["failed"] == []
     assert set(summary["sections"]) == {"env", "optimizers", "llm"}
     subjects = {(row["check"], row["subject"]) for row in summary["rows"]}
-    assert {("optimizers", "torch AdamW fused"), ("optimizers", "Int8AdamW"), ("optimizers", "Int8AdamW eager")} \
-        <= subjects
+    assert {
+        ("optimizers", "torch AdamW fused"),
+        ("optimizers", "Int8AdamW"),
+        ("optimizers", "Int8AdamW eager"),
+    } <= subjects
     assert {row["subject"].split()[0] for row in summary["rows"] if row["check"] == "llm"} == {"gptq", "awq"}
     assert {row["subject"] for row in summary["rows"] if row["check"] == "kv-cache"} == {
         f"{row['subject'].split()[0]} {row['subject'].split()[1]} + KV int8/int4"
-        for row in summary["rows"] if row["check"] == "llm"}
+        for row in summary["rows"]
+        if row["check"] == "llm"
+    }
 
 
 def test_optimizer_numbers_are_sane(dry_run):
@@ -77,6 +83,16 @@ def test_table_prints_every_row(dry_run):
     done, out = dry_run
     table = done.stdout
     assert table == (out / "table.txt").read_text(encoding="utf-8")
-    for text in ("torch AdamW fused", "Int8AdamW eager", "gptq g128", "awq g128", "kv-cache",
-                 "+ KV int8/int4", "(int8)", "(int4)", "B/param", "perplexity"):
+    for text in (
+        "torch AdamW fused",
+        "Int8AdamW eager",
+        "gptq g128",
+        "awq g128",
+        "kv-cache",
+        "+ KV int8/int4",
+        "(int8)",
+        "(int4)",
+        "B/param",
+        "perplexity",
+    ):
         assert text in table, text

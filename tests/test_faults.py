@@ -128,8 +128,13 @@ def test_a_signal_during_the_swap_lands_after_it_and_reports_the_new_build(tmp_p
     out = tmp_path / "demo"
     out.mkdir()
     (out / "build.json").write_text("old")
-    run = subprocess.run([sys.executable, "-c", _SIGNALLED_PUBLISH, str(out), step], cwd=ROOT, check=False,
-                         capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED_PUBLISH, str(out), step],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 143, run.stderr
     assert run.stdout.strip() == f"published={out}"
     assert (out / "build.json").read_text() == "new"
@@ -197,8 +202,7 @@ def test_a_data_iterator_that_exits_midway_is_a_named_error(tmp_path: Path) -> N
     from deploy_opt.config.build import InputSpec
 
     (tmp_path / "midway.py").write_text(
-        "import sys\nimport numpy as np\n\ndef data():\n    yield np.zeros((2, 4), np.float32), None\n"
-        "    sys.exit(3)\n"
+        "import sys\nimport numpy as np\n\ndef data():\n    yield np.zeros((2, 4), np.float32), None\n    sys.exit(3)\n"
     )
     specs = (InputSpec("x", ("batch", 4), "float32"),)
     with pytest.raises(SourceError, match=r"at item 1 called sys.exit\(3\)"):
@@ -231,9 +235,13 @@ def test_a_build_whose_data_function_exits_0_ends_with_exit_2(tmp_path: Path, ca
 
 @pytest.mark.parametrize(
     ("override", "bound"),
-    [("calibration.bins=1000000000", "from 16 to 65536"), ("seed=1180591620717411303424", "from 0 to 4294967295"),
-     ("calibration.samples=0", "from 1 to"), ("benchmark.repeats=100000000", "from 1 to 100000")],
-)  # fmt: skip
+    [
+        ("calibration.bins=1000000000", "from 16 to 65536"),
+        ("seed=1180591620717411303424", "from 0 to 4294967295"),
+        ("calibration.samples=0", "from 1 to"),
+        ("benchmark.repeats=100000000", "from 1 to 100000"),
+    ],
+)
 def test_settings_that_size_memory_or_time_are_bounded_at_load(tmp_path: Path, capsys, override, bound) -> None:
     code = main(["build", "--profile", "ci", "--set", override, "--output-dir", str(tmp_path)])
     err = capsys.readouterr().err
@@ -373,8 +381,9 @@ def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -
 def test_align_verify_on_a_truncated_model_exits_2_not_3(tmp_path: Path, capsys) -> None:
     from calibrators.scales.format import ScaleFile, TensorScale, save_scale_file
 
-    save_scale_file(ScaleFile("symmetric", {"x": TensorScale("x", "activation", "int8", (0.5,), (0,))}),
-                    tmp_path / "scales.json")  # fmt: skip
+    save_scale_file(
+        ScaleFile("symmetric", {"x": TensorScale("x", "activation", "int8", (0.5,), (0,))}), tmp_path / "scales.json"
+    )
     (tmp_path / "model.int8.onnx").write_bytes(b"\x08\x07\x12\x05torch\x3a\xff\xff")  # a model cut short
     code = main(["align", "verify", str(tmp_path)])
     err = capsys.readouterr().err

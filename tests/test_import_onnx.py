@@ -110,8 +110,14 @@ def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Pat
     model = onnx.load(str(foreign_onnx.make_model(tmp_path / "inline.onnx")))
     elsewhere = tmp_path / "vendor"
     elsewhere.mkdir()
-    onnx.save(model, str(elsewhere / "foreign.onnx"), save_as_external_data=True, size_threshold=0,
-              location="foreign.weights", convert_attribute=True)  # fmt: skip
+    onnx.save(
+        model,
+        str(elsewhere / "foreign.onnx"),
+        save_as_external_data=True,
+        size_threshold=0,
+        location="foreign.weights",
+        convert_attribute=True,
+    )
     assert (elsewhere / "foreign.weights").stat().st_size > 1000
     info = import_onnx(elsewhere / "foreign.onnx", tmp_path / "stage" / ".raw.onnx", ExportConfig())
     assert info["constants_to_initializers"] == 3 and info["weights_folded"] == 1

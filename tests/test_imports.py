@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from layering import HEAVY_ALLOWED
+
 REPO = Path(__file__).resolve().parents[1]
 BLOCKED = [
     "tensorrt",
@@ -33,18 +35,8 @@ BLOCKER = textwrap.dedent(f"""
                 raise ImportError(f"blocked for the test: {{name}}")
     sys.meta_path.insert(0, Block())
 """)
-# Every module light enough for the core (no torch at top level; torch-only packages are checked elsewhere).
-TORCH_ONLY = (
-    "calibrators.groupwise",
-    "exporters.lmdeploy",
-    "deploy_opt.llm.quantize_engine",
-    "deploy_opt.llm.torchao_path",
-    "deploy_opt.llm.gguf_export",
-    "deploy_opt.train",
-    "deploy_opt.demo",
-    "deploy_opt.analysis.onnx_torch",
-    "deploy_opt.analysis.sensitivity.noise",
-)
+# Every module light enough for the core: all but those where layering.py allows torch at top level.
+TORCH_ONLY = HEAVY_ALLOWED
 
 
 def all_modules() -> list[str]:

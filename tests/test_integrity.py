@@ -136,8 +136,9 @@ def test_a_missing_artifact_is_named(copy: Path, artifact: str) -> None:
     (copy / artifact).unlink()
     report = check_build_folder(copy)
     assert report is not None and not report.ok
-    assert report.problems == (f"{artifact} is missing (the build wrote "
-                               f"{load_build(copy)['artifacts'][artifact]['bytes']} bytes)",)  # fmt: skip
+    assert report.problems == (
+        f"{artifact} is missing (the build wrote {load_build(copy)['artifacts'][artifact]['bytes']} bytes)",
+    )
 
 
 def test_a_changed_json_artifact_is_named_by_hash_and_size(copy: Path) -> None:

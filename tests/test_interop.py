@@ -223,15 +223,29 @@ def test_aimet_reads_files_without_the_axis_extension_and_the_older_format(tmp_p
     v1 = {
         "version": "1.0.0",
         "activation_encodings": [
-            {"name": "input", "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": False, "bw": 8,
-             "scale": [0.03099999949336052], "offset": [0.0]},
+            {
+                "name": "input",
+                "dtype": "INT",
+                "enc_type": "PER_TENSOR",
+                "is_sym": False,
+                "bw": 8,
+                "scale": [0.03099999949336052],
+                "offset": [0.0],
+            },
         ],
         "param_encodings": [
-            {"name": "conv1.weight", "dtype": "INT", "enc_type": "PER_CHANNEL", "is_sym": True, "bw": 8,
-             "scale": [0.012000000104308128, 0.014999999664723873], "offset": [-128.0, -128.0]},
+            {
+                "name": "conv1.weight",
+                "dtype": "INT",
+                "enc_type": "PER_CHANNEL",
+                "is_sym": True,
+                "bw": 8,
+                "scale": [0.012000000104308128, 0.014999999664723873],
+                "offset": [-128.0, -128.0],
+            },
             {"name": "fp16", "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": 16},
         ],
-    }  # fmt: skip
+    }
     (tmp_path / "v1.json").write_text(json.dumps(v1))
     got = read_aimet_encodings(tmp_path / "v1.json")
     assert set(got) == {"input", "conv1.weight"}
@@ -240,14 +254,33 @@ def test_aimet_reads_files_without_the_axis_extension_and_the_older_format(tmp_p
     legacy = {
         "version": "0.6.1",
         "activation_encodings": {
-            "20": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "max": 2.6, "min": -2.1,
-                    "offset": -114, "scale": 0.018501389771699905}],
+            "20": [
+                {
+                    "bitwidth": 8,
+                    "dtype": "int",
+                    "is_symmetric": "False",
+                    "max": 2.6,
+                    "min": -2.1,
+                    "offset": -114,
+                    "scale": 0.018501389771699905,
+                }
+            ],
         },
         "param_encodings": {
-            "fc1.weight": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "True", "max": 0.5, "min": -0.5,
-                            "offset": -128, "scale": 0.0039}] * 3,
+            "fc1.weight": [
+                {
+                    "bitwidth": 8,
+                    "dtype": "int",
+                    "is_symmetric": "True",
+                    "max": 0.5,
+                    "min": -0.5,
+                    "offset": -128,
+                    "scale": 0.0039,
+                }
+            ]
+            * 3,
         },
-    }  # fmt: skip
+    }
     (tmp_path / "legacy.json").write_text(json.dumps(legacy))
     got = read_aimet_encodings(tmp_path / "legacy.json")
     assert (got["20"].dtype, got["20"].zero_point, got["20"].role) == ("uint8", (114,), "activation")

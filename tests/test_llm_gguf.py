@@ -60,13 +60,16 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(source: Path, method: str = "auto", **quant):
-    return load_llm_config(None, {
-        "model": {"path": str(source)},
-        "quantization": {"method": method, "format": "gguf", **quant},
-        "calibration": {"samples": 32, "max_seq_len": 64},
-        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16},
-        "gate": {"max_ppl_increase": "50%"},
-    })
+    return load_llm_config(
+        None,
+        {
+            "model": {"path": str(source)},
+            "quantization": {"method": method, "format": "gguf", **quant},
+            "calibration": {"samples": 32, "max_seq_len": 64},
+            "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16},
+            "gate": {"max_ppl_increase": "50%"},
+        },
+    )
 
 
 @pytest.mark.slow

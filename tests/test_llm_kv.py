@@ -69,24 +69,38 @@ def test_serve_kv_cache_maps_to_lmdeploys_quant_policy(tmp_path: Path) -> None:
         check_engine_policy("none", "turbomind")
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text('{"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64,'
-                                      ' "zero_point": true, "version": "gemm"}}')
-    out = subprocess.run([sys.executable, "-m", "deploy_opt", "serve", str(ckpt), "--dry-run", "--kv-cache", "int8"],
-                         capture_output=True, text=True)
+    (ckpt / "config.json").write_text(
+        '{"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64,'
+        ' "zero_point": true, "version": "gemm"}}'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "deploy_opt", "serve", str(ckpt), "--dry-run", "--kv-cache", "int8"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-2:] == ["--quant-policy", "8"] and "--backend pytorch" in out.stdout
 
 
 def test_the_gate_judges_the_kv_cache_checks() -> None:
     def report(kv_ppl: float, kv_ok: bool) -> dict:
-        return {"perplexity": {"original": {"ppl": 10.0}, "quantized": {"ppl": 10.5}},
-                "stability": {"ok": True, "flagged": 0, "generations": 8, "baseline": {}, "excused": 1},
-                "kv_cache": {"kv_cache": "int4", "perplexity": {"ppl": kv_ppl},
-                             "stability": {"ok": kv_ok, "flagged": 0 if kv_ok else 1, "generations": 8}}}
+        return {
+            "perplexity": {"original": {"ppl": 10.0}, "quantized": {"ppl": 10.5}},
+            "stability": {"ok": True, "flagged": 0, "generations": 8, "baseline": {}, "excused": 1},
+            "kv_cache": {
+                "kv_cache": "int4",
+                "perplexity": {"ppl": kv_ppl},
+                "stability": {"ok": kv_ok, "flagged": 0 if kv_ok else 1, "generations": 8},
+            },
+        }
 
     passed = apply_ppl_gate(report(10.6, True), "10%")
     assert passed.passed and [c.name for c in passed.criteria] == [
-        "max_ppl_increase", "stability", "perplexity_kv_cache", "stability_kv_cache"]
+        "max_ppl_increase",
+        "stability",
+        "perplexity_kv_cache",
+        "stability_kv_cache",
+    ]
     assert "with the int4 KV cache" in passed.criteria[2].text and "1 excused" in passed.criteria[1].text
     assert not apply_ppl_gate(report(11.5, True), "10%").passed
     assert not apply_ppl_gate(report(10.6, False), "10%").passed

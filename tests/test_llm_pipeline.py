@@ -152,8 +152,14 @@ def test_default_name_kv_checks_and_another_models_folder(tiny_folder: Path, tmp
         "model": {"path": str(tiny_folder)},
         "quantization": {"method": "rtn", "group_size": 32},
         "calibration": {"samples": 16, "max_seq_len": 64},
-        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16,
-                   "kv_cache": "int8", "session_len": 1024},
+        "checks": {
+            "eval_tokens": 256,
+            "eval_seq_len": 64,
+            "generations": 2,
+            "max_new_tokens": 16,
+            "kv_cache": "int8",
+            "session_len": 1024,
+        },
         "gate": {"max_ppl_increase": "50%"},
     }
     result = run_quantize_llm(load_llm_config(None, flags), tmp_path, progress=False)

@@ -73,8 +73,9 @@ def test_auto_resolves_to_what_lmdeploy_serves(
     assert re.search(reason, scheme.reason), scheme.reason
     record = scheme.to_json()
     assert record["requested"]["method"] == quant.get("method", "auto") and record["method"] == scheme.method
-    qconfig = _qconfig(scheme.method, scheme.group_size, min(dims.values()), desc_act=scheme.desc_act,
-                       sym=scheme.symmetric)
+    qconfig = _qconfig(
+        scheme.method, scheme.group_size, min(dims.values()), desc_act=scheme.desc_act, sym=scheme.symmetric
+    )
     assert serving_engine(qconfig) == engine
 
 

@@ -21,7 +21,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _checkpoint(
-    tmp_path: Path, method: str | None, group_size: int = 128, *, desc_act: bool = False, sym: bool = True,
+    tmp_path: Path,
+    method: str | None,
+    group_size: int = 128,
+    *,
+    desc_act: bool = False,
+    sym: bool = True,
     arch: str = "LlamaForCausalLM",
 ) -> Path:
     """A config.json-only folder with the quantization_config our writer puts there (AWQ GEMM, or AutoGPTQ v1)."""
@@ -29,11 +34,21 @@ def _checkpoint(
     folder.mkdir()
     config: dict = {"architectures": [arch]}
     if method == "awq":
-        config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
-                                         "zero_point": True, "version": "gemm"}
+        config["quantization_config"] = {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": group_size,
+            "zero_point": True,
+            "version": "gemm",
+        }
     elif method:
-        config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": group_size,
-                                         "desc_act": desc_act, "sym": sym}
+        config["quantization_config"] = {
+            "quant_method": method,
+            "bits": 4,
+            "group_size": group_size,
+            "desc_act": desc_act,
+            "sym": sym,
+        }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 

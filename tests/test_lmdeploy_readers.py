@@ -51,8 +51,18 @@ pytestmark = pytest.mark.lmdeploy
 
 LMDEPLOY_SERIES = "0.18."
 EMPTY_PACKAGES = ("", "cli", "turbomind", "turbomind.builders", "pytorch.nn", "pytorch.nn.linear")
-TM_DATA_TYPES = ("TYPE_INVALID", "TYPE_FP16", "TYPE_BF16", "TYPE_FP32", "TYPE_UINT4", "TYPE_UINT8", "TYPE_INT32",
-                 "TYPE_GENERIC_FLOAT", "TYPE_FP8_E4M3", "TYPE_FP4_E2M1")
+TM_DATA_TYPES = (
+    "TYPE_INVALID",
+    "TYPE_FP16",
+    "TYPE_BF16",
+    "TYPE_FP32",
+    "TYPE_UINT4",
+    "TYPE_UINT8",
+    "TYPE_INT32",
+    "TYPE_GENERIC_FLOAT",
+    "TYPE_FP8_E4M3",
+    "TYPE_FP4_E2M1",
+)
 CONVERTER_NAMES = ("_DEFAULT_GROUP_SIZES", "_SUPPORTED_GROUP_SIZES", "_validate_quant_group_size")
 
 
@@ -89,8 +99,12 @@ def _tm_stub() -> types.ModuleType:
 def _converter_rules(root: Path) -> dict:
     """The group-size rules of ``turbomind/converter.py``, compiled from its own source text."""
     tree = ast.parse((root / "turbomind" / "converter.py").read_text(), "converter.py")
-    picked = [node for node in tree.body if isinstance(node, (ast.Assign, ast.FunctionDef))
-              and (getattr(node, "name", None) or node.targets[0].id) in CONVERTER_NAMES]
+    picked = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.FunctionDef))
+        and (getattr(node, "name", None) or node.targets[0].id) in CONVERTER_NAMES
+    ]
     assert len(picked) == len(CONVERTER_NAMES), "lmdeploy's converter.py no longer defines the group-size rules"
     namespace: dict = {}
     exec(compile(ast.Module(body=picked, type_ignores=[]), str(root / "turbomind" / "converter.py"), "exec"), namespace)
@@ -112,14 +126,26 @@ def lmd():
             sys.modules[name] = package
         tm = sys.modules["lmdeploy.turbomind"]._tm = sys.modules["lmdeploy.turbomind._tm"] = _tm_stub()
         try:
-            modules = {short: importlib.import_module(f"lmdeploy.{short}") for short in (
-                "turbomind.checkpoint", "turbomind.weight_format", "turbomind.builders.linear", "pytorch.config",
-                "pytorch.weight_loader.model_weight_loader", "pytorch.nn.linear.awq",
-                "pytorch.backends.default.awq_modules", "cli.utils")}
+            modules = {
+                short: importlib.import_module(f"lmdeploy.{short}")
+                for short in (
+                    "turbomind.checkpoint",
+                    "turbomind.weight_format",
+                    "turbomind.builders.linear",
+                    "pytorch.config",
+                    "pytorch.weight_loader.model_weight_loader",
+                    "pytorch.nn.linear.awq",
+                    "pytorch.backends.default.awq_modules",
+                    "cli.utils",
+                )
+            }
         except ModuleNotFoundError as exc:
             _unavailable(f"lmdeploy's readers import {exc.name}, which is not installed; pip install {exc.name}")
-        yield types.SimpleNamespace(tm=tm, rules=_converter_rules(root), **{
-            short.rsplit(".", 1)[-1]: module for short, module in modules.items()})
+        yield types.SimpleNamespace(
+            tm=tm,
+            rules=_converter_rules(root),
+            **{short.rsplit(".", 1)[-1]: module for short, module in modules.items()},
+        )
     finally:
         for name in [name for name in sys.modules if name.split(".")[0] == "lmdeploy"]:
             del sys.modules[name]
@@ -200,8 +226,10 @@ def test_turbomind_ignores_g_idx_so_act_order_gptq_is_misread(lmd, checkpoints, 
     assert ".g_idx" not in resolved.suffix_map
     weight = lmd.weight_format.AWQFormat.dequant(resolved, linear.tensors, torch.float16)["weight"]
     assert not torch.allclose(weight.float(), _ours(model, name), rtol=2e-3, atol=1e-5)
-    assert any("desc_act" in problem for problem in turbomind_problems({"quant_method": "gptq", "group_size": 64,
-                                                                          "desc_act": True}))
+    assert any(
+        "desc_act" in problem
+        for problem in turbomind_problems({"quant_method": "gptq", "group_size": 64, "desc_act": True})
+    )
 
 
 @pytest.mark.parametrize("method", ["awq", "gptq"])
@@ -234,8 +262,9 @@ def test_pytorch_engine_loads_our_awq_and_its_linear_matches_ours(lmd, checkpoin
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     for name, qw in weights.items():
         out_features, in_features = qw.shape
-        params = lmd.awq.AwqLinear.create_weights(None, in_features, out_features, quant.bits, quant.group_size,
-                                                  False, torch.float16, torch.device("cpu"))[:3]
+        params = lmd.awq.AwqLinear.create_weights(
+            None, in_features, out_features, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
+        )[:3]
         for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
             lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])  # asserts the shapes agree
         qweight, scales, qzeros = params
@@ -261,8 +290,11 @@ def test_pytorch_engine_has_no_gptq_and_no_hf_model_format(lmd, checkpoints):
 def _supported_archs(root: Path) -> set[str]:
     """``SUPPORTED_ARCHS`` of ``turbomind/supported_models.py``, read from its source (it imports lmdeploy.archs)."""
     tree = ast.parse((root / "turbomind" / "supported_models.py").read_text())
-    [found] = [node.value for node in tree.body if isinstance(node, ast.Assign)
-               and getattr(node.targets[0], "id", None) == "SUPPORTED_ARCHS"]
+    [found] = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SUPPORTED_ARCHS"
+    ]
     return {keyword.arg for keyword in found.keywords}
 
 
@@ -289,8 +321,11 @@ def test_lmdeploy_s_own_argument_parser_takes_our_serve_command(lmd, tmp_path: P
     parser.add_argument("--server-port", type=int)  # cli/serve.py add_parser_api_server
     for helper in ("backend", "model_format", "tp", "session_len"):
         getattr(lmd.utils.ArgumentHelper, helper)(parser)
-    for method, arch, backend in (("gptq", "LlamaForCausalLM", "turbomind"), ("awq", "LlamaForCausalLM", "turbomind"),
-                                  ("awq", "MistralForCausalLM", "pytorch")):
+    for method, arch, backend in (
+        ("gptq", "LlamaForCausalLM", "turbomind"),
+        ("awq", "LlamaForCausalLM", "turbomind"),
+        ("awq", "MistralForCausalLM", "pytorch"),
+    ):
         folder = tmp_path / f"{method}-{arch}"
         folder.mkdir()
         qconfig = {"quant_method": method, "bits": 4, "group_size": 128, "version": "gemm", "sym": True}
@@ -308,9 +343,18 @@ def _tiny_mistral(folder: Path) -> Path:
     torch.manual_seed(0)
     tokenizer = tiny_llama.train_tokenizer()
     config = transformers.MistralConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     transformers.MistralForCausalLM(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -321,8 +365,12 @@ def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_pat
     from deploy_opt.llm.pipeline import run_quantize_llm
 
     source = _tiny_mistral(tmp_path / "mistral")
-    flags = {"name": "mistral", "model": {"path": str(source)}, "calibration": {"samples": 8, "max_seq_len": 32},
-             "checks": {"eval_tokens": 64, "eval_seq_len": 32, "generations": 1, "max_new_tokens": 4}}
+    flags = {
+        "name": "mistral",
+        "model": {"path": str(source)},
+        "calibration": {"samples": 8, "max_seq_len": 32},
+        "checks": {"eval_tokens": 64, "eval_seq_len": 32, "generations": 1, "max_new_tokens": 4},
+    }
     report = run_quantize_llm(load_llm_config(None, flags), tmp_path / "out", progress=False).report
     assert (report["scheme"]["method"], report["scheme"]["group_size"]) == ("awq", 128)
     assert "MistralForCausalLM is not in TurboMind's list" in report["scheme"]["reason"]
@@ -333,8 +381,9 @@ def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_pat
     loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
     tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
     name = "model.layers.0.mlp.down_proj"
-    params = lmd.awq.AwqLinear.create_weights(None, 256, 128, quant.bits, quant.group_size, False, torch.float16,
-                                              torch.device("cpu"))[:3]  # fmt: skip
+    params = lmd.awq.AwqLinear.create_weights(
+        None, 256, 128, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
+    )[:3]
     for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
         lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])  # asserts the shapes agree
     qweight, scales, qzeros = params

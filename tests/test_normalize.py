@@ -29,9 +29,12 @@ def _two_convs_one_bias() -> onnx.ModelProto:
         helper.make_node("Conv", ["r", "w2", "b"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
     ]
     graph = helper.make_graph(
-        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits,
-    )  # fmt: skip
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -194,8 +194,6 @@ def test_gradients_flow_through_the_graph(tmp_path: Path) -> None:
     assert float((grad * bump).sum()) == pytest.approx(float(finite), rel=1e-2)
 
 
-
-
 @pytest.mark.parametrize(("op", "inputs", "attrs", "opset", "outputs", "ort"), OP_CASES)
 def test_each_operator_matches_onnxruntime(
     op: str, inputs: list, attrs: dict, opset: int, outputs: int, ort: bool

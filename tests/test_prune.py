@@ -152,8 +152,14 @@ def test_prune_config_is_checked() -> None:
 def test_the_gate_judges_a_pruned_build_against_the_original() -> None:
     """drop_vs names the unpruned model: a pruned FP32 that matches its own INT8 still fails on the real drop."""
     build = {
-        "metrics": {"name": "top1", "ort_fp32_original": 98.0, "ort_fp32": 95.0, "ort_int8": 95.0, "drop": 3.0,
-                    "drop_vs": "ort_fp32_original"},  # fmt: skip
+        "metrics": {
+            "name": "top1",
+            "ort_fp32_original": 98.0,
+            "ort_fp32": 95.0,
+            "ort_int8": 95.0,
+            "drop": 3.0,
+            "drop_vs": "ort_fp32_original",
+        },
         "benchmark": {"batches": {"8": {"speedup": 1.0, "speedup_int8_vs_original": 2.6}}},
         "quantization": {"quantized_nodes": 4},
     }

@@ -117,8 +117,9 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(
     temp = set(Path(tempfile.gettempdir()).glob("deploy_opt.*"))
     build = subprocess.Popen(
         [sys.executable, "-m", "deploy_opt", "build", "--profile", "ci", "--output-dir", str(tmp_path)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert build.stderr is not None
     deadline, seen = time.monotonic() + 180, []
     for line in build.stderr:

@@ -247,11 +247,16 @@ def tiny_qdq(tmp_path):
         ("digits", ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]),
         (
             "minilm",
-            ["calibration.samples=48", "data.eval_samples=32", "quantization.qat.steps=12",
-             "quantization.qat.batch_size=8", "quantization.qat.eval_every=6"],
+            [
+                "calibration.samples=48",
+                "data.eval_samples=32",
+                "quantization.qat.steps=12",
+                "quantization.qat.batch_size=8",
+                "quantization.qat.eval_every=6",
+            ],
         ),
     ],
-)  # fmt: skip
+)
 def test_qat_never_ends_worse_than_its_ptq_start(tmp_path, example: str, overrides: list[str]) -> None:
     """On the demo and on MiniLM (defaults otherwise), the model QAT writes scores no worse than its PTQ start,
     measured by ORT on the held-out evaluation set; the shipped model passes align verify."""
@@ -312,14 +317,21 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
     source = HERE / "tiny_onnx.py"
-    data = {"calibration": f"{source}:calibration", "evaluation": f"{source}:evaluation",
-            "train": f"{source}:calibration"}  # fmt: skip
+    data = {
+        "calibration": f"{source}:calibration",
+        "evaluation": f"{source}:evaluation",
+        "train": f"{source}:calibration",
+    }
     config = resolve_config({"name": "t", "model": {"onnx": model.name}, "data": data}, {}, [], str(tmp_path))
     batches = training_batches(config, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
     assert sum(b.size for b in batches) == 128 and set(batches[0].inputs) == {"x"}
     with pytest.raises(ConfigError, match="data.train and data.evaluation"):
-        resolve_config({"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},
-                       {}, [], str(tmp_path))  # fmt: skip
+        resolve_config(
+            {"name": "t", "model": {"onnx": model.name}, "data": {**data, "train": data["evaluation"]}},
+            {},
+            [],
+            str(tmp_path),
+        )
 
 
 def test_a_failed_auto_run_keeps_ptqs_answer_and_says_why(tmp_path, monkeypatch) -> None:

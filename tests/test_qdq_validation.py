@@ -28,9 +28,12 @@ def _per_channel_dq_at_opset_11(path: Path) -> Path:
         helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul"),
     ]
     graph = helper.make_graph(
-        nodes, "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], inits,
-    )  # fmt: skip
+        nodes,
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(path))

@@ -36,8 +36,15 @@ def _texts(svg: ET.Element) -> list[str]:
 
 
 def _trial(label_of: Candidate, drop: float, speedup: float, step: str = "placement") -> dict:
-    return {"step": step, "label": label_of.label, "settings": label_of.to_json(), "drop": drop,
-            "speedup": speedup, "quantized_nodes": 6, "seconds": 1.0}  # fmt: skip
+    return {
+        "step": step,
+        "label": label_of.label,
+        "settings": label_of.to_json(),
+        "drop": drop,
+        "speedup": speedup,
+        "quantized_nodes": 6,
+        "seconds": 1.0,
+    }
 
 
 INPUTS = Candidate("inputs", "asymmetric", excluded=("a",))
@@ -47,16 +54,29 @@ OUTPUTS = Candidate("outputs", "symmetric", excluded=("a",))
 def _auto_build() -> dict:
     """build.json of an auto search whose first accurate trial is not the one that shipped (the demo's story)."""
     trials = [_trial(INPUTS, 0.0, 7.1), _trial(OUTPUTS, 0.2, 7.8), _trial(OUTPUTS, 0.2, 7.6, "confirm")]
-    return {"auto": {"chosen": OUTPUTS.to_json(), "verdict": "", "latency_batch": 32, "trials": trials},
-            "config": {"gate": {"max_drop": 1.0}, "auto": {"min_gain": 1.02}}, "qat": {"ran": False, "why": "x"},
-            "metrics": {"name": "top1", "higher_is_better": True, "drop_vs": "ort_fp32", "samples": 300,
-                        "ort_fp32": 100.0, "ort_int8": 99.34, "torch_fp32": 100.0}}  # fmt: skip
+    return {
+        "auto": {"chosen": OUTPUTS.to_json(), "verdict": "", "latency_batch": 32, "trials": trials},
+        "config": {"gate": {"max_drop": 1.0}, "auto": {"min_gain": 1.02}},
+        "qat": {"ran": False, "why": "x"},
+        "metrics": {
+            "name": "top1",
+            "higher_is_better": True,
+            "drop_vs": "ort_fp32",
+            "samples": 300,
+            "ort_fp32": 100.0,
+            "ort_int8": 99.34,
+            "torch_fp32": 100.0,
+        },
+    }
 
 
 def test_accuracy_is_shown_as_the_drop_against_the_gate() -> None:
     svg = _svg(build_page._accuracy_latency(_auto_build()))
-    bars = {rect.find(f"{SVG}title").text.split(":")[0]: rect for rect in svg.iter(f"{SVG}rect")
-            if rect.get("class") == "drop"}  # fmt: skip
+    bars = {
+        rect.find(f"{SVG}title").text.split(":")[0]: rect
+        for rect in svg.iter(f"{SVG}rect")
+        if rect.get("class") == "drop"
+    }
     limit = next(line for line in svg.iter(f"{SVG}line") if line.get("class") == "limit")
     zero = float(bars["torch FP32"].get("x"))
     # 100 and 99.34 no longer look the same: the INT8 bar spans 0.66 of the way to max_drop, FP32's is a sliver
@@ -88,8 +108,14 @@ def test_the_max_drop_line_is_inside_the_plot_when_every_drop_is_zero() -> None:
 
 
 def test_the_sqnr_chart_says_how_many_tensors_it_shows() -> None:
-    layers = [{"name": f"/encoder/layer.{i}/attention/self/query/MatMul_output_0", "node": f"n{i}",
-               "quant_sqnr_db": 20.0 + i % 50} for i in range(307)]  # fmt: skip
+    layers = [
+        {
+            "name": f"/encoder/layer.{i}/attention/self/query/MatMul_output_0",
+            "node": f"n{i}",
+            "quant_sqnr_db": 20.0 + i % 50,
+        }
+        for i in range(307)
+    ]
     svg = _svg(build_page.sqnr_chart(layers, {}))
     assert sum(1 for _ in svg.iter(f"{SVG}rect")) == build_page.SQNR_SHOWN
     assert any("40 of 307 quantized tensors" in text for text in _texts(svg))
@@ -158,8 +184,9 @@ def test_the_report_names_what_shipped_from_build_json_settings() -> None:
 def test_a_cosine_build_reports_no_top1_agreement(tiny_model: Path, tmp_path: Path) -> None:
     batches = [Batch(inputs, label) for inputs, label in tiny_onnx.evaluation()]
     samples = fixed_samples(batches, 16, 0)
-    record = compare_backends(tiny_model, tiny_model, samples, tmp_path, config=CompareConfig(), seed=0,
-                              judge_top1=False)  # fmt: skip
+    record = compare_backends(
+        tiny_model, tiny_model, samples, tmp_path, config=CompareConfig(), seed=0, judge_top1=False
+    )
     outputs = [o for b in record["backends"].values() for o in (b.get("outputs") or {}).values()]
     assert outputs and all("top1_agreement" not in o for o in outputs)
     scores = np.random.default_rng(0).normal(size=(8, 4))

@@ -35,9 +35,20 @@ def _chromium() -> str:
 
 def render(page: Path, shot: Path) -> list[str]:
     """Screenshot ``page`` offline; returns the console messages Chromium logged."""
-    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--window-size=1280,900", f"--screenshot={shot}", "--enable-logging=stderr", "--v=0",
-               "--host-resolver-rules=MAP * ~NOTFOUND", "--no-first-run", page.resolve().as_uri()]
+    command = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1280,900",
+        f"--screenshot={shot}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--no-first-run",
+        page.resolve().as_uri(),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 5_000, done.stderr[-2000:]
     return [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
@@ -105,12 +116,23 @@ def test_llm_page_renders_with_both_generations(tmp_path: Path) -> None:
     from deploy_opt.llm.pipeline import run_quantize_llm
 
     folder = tiny_llama.make_tiny_llama(tmp_path / "tiny")
-    config = load_llm_config(None, {
-        "model": {"path": str(folder)}, "quantization": {"method": "rtn", "group_size": 32},
-        "calibration": {"samples": 16, "max_seq_len": 64},
-        "checks": {"eval_tokens": 256, "eval_seq_len": 64, "generations": 2, "max_new_tokens": 16,
-                   "kv_cache": "int8", "session_len": 512},
-        "gate": {"max_ppl_increase": "50%"}})
+    config = load_llm_config(
+        None,
+        {
+            "model": {"path": str(folder)},
+            "quantization": {"method": "rtn", "group_size": 32},
+            "calibration": {"samples": 16, "max_seq_len": 64},
+            "checks": {
+                "eval_tokens": 256,
+                "eval_seq_len": 64,
+                "generations": 2,
+                "max_new_tokens": 16,
+                "kv_cache": "int8",
+                "session_len": 512,
+            },
+            "gate": {"max_ppl_increase": "50%"},
+        },
+    )
     result = run_quantize_llm(config, tmp_path / "reports", progress=False)
     text = check_page(result.out_dir / "report.html", tmp_path)
     assert "FP generation" in text and "quantized generation" in text and "KV cache" in text
@@ -145,16 +167,24 @@ def test_module_paths_from_scopes_names_and_parameters() -> None:
     scoped = helper.make_node("Relu", ["y"], ["z"], name="node_relu")
     scoped.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'encoder', 'encoder.act', 'relu']")
     placeholder = helper.make_node("Relu", ["z"], ["w"], name="node_shape")
-    placeholder.metadata_props.add(key="pkg.torch.onnx.name_scopes",
-                                   value="['', '_empty_nn_module_stack_from_metadata_hook', 'shape']")
+    placeholder.metadata_props.add(
+        key="pkg.torch.onnx.name_scopes", value="['', '_empty_nn_module_stack_from_metadata_hook', 'shape']"
+    )
     torchscript = helper.make_node("Relu", ["w"], ["out"], name="/pooler/dense/Relu")
-    graph = helper.make_graph([fused, scoped, placeholder, torchscript], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])], [weight, bias])
+    graph = helper.make_graph(
+        [fused, scoped, placeholder, torchscript],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
+        [weight, bias],
+    )
     model = helper.make_model(graph)
     found = module_paths(model)
-    assert found == {"Gemm_1": "encoder.layer.0.query", "node_relu": "encoder.act",
-                     "/pooler/dense/Relu": "pooler.dense"}
+    assert found == {
+        "Gemm_1": "encoder.layer.0.query",
+        "node_relu": "encoder.act",
+        "/pooler/dense/Relu": "pooler.dense",
+    }
     record_module_paths(model, {**found, "gone": "x"})  # only nodes the model has are stored
     model.graph.node[1].ClearField("metadata_props")  # as a simplifier leaves it
     assert module_paths(model) == found and MODEL_KEY in {p.key for p in model.metadata_props}

@@ -20,8 +20,9 @@ from dopt_common.ort import create_session
 
 def _config(tmp_path: Path, quantization: str, extra: str = "", max_drop: float = 100.0):
     """The fragile chain in manual mode, weighted nodes' inputs only, plus ``quantization`` settings."""
-    return fragile_config(tmp_path, max_drop, extra,
-                          f"mode: manual, op_types: [MatMul], quantize_outputs: false, {quantization}")  # fmt: skip
+    return fragile_config(
+        tmp_path, max_drop, extra, f"mode: manual, op_types: [MatMul], quantize_outputs: false, {quantization}"
+    )
 
 
 @pytest.mark.slow

@@ -15,8 +15,18 @@ from deploy_opt.train.state_io import optimizer_state_bytes
 from dopt_common.errors import CheckpointError, ConfigError
 
 
-def _oracle(theta: list[torch.Tensor], grads: list[list[torch.Tensor]], estimates: dict[int, list[torch.Tensor]],
-            lr: float, beta1: float, beta2: float, rho: float, wd: float, eps: float, k: int) -> list[torch.Tensor]:
+def _oracle(
+    theta: list[torch.Tensor],
+    grads: list[list[torch.Tensor]],
+    estimates: dict[int, list[torch.Tensor]],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    rho: float,
+    wd: float,
+    eps: float,
+    k: int,
+) -> list[torch.Tensor]:
     """Liu et al. 2023, algorithm 3, one tensor at a time in float64: m, h (EMA every k steps from t = 1), decay,
     clipped step."""
     theta = [t.double().clone() for t in theta]
@@ -41,8 +51,12 @@ def _random_run(k: int, steps: int, seed: int = 0) -> tuple[list[list[torch.Tens
     return grads, estimates
 
 
-def _drive(optimizer: Int8Sophia, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
-           estimates: dict[int, list[torch.Tensor]]) -> list[int]:
+def _drive(
+    optimizer: Int8Sophia,
+    params: list[torch.Tensor],
+    grads: list[list[torch.Tensor]],
+    estimates: dict[int, list[torch.Tensor]],
+) -> list[int]:
     due_at = []
     for t, step_grads in enumerate(grads, start=1):
         if optimizer.hessian_due():
@@ -174,8 +188,15 @@ def test_train_run_with_sophia_learns_the_digits(tmp_path, estimator: str) -> No
 
     config = load_train_config(
         config_path(None, "train_digits"),
-        ["optimizer.type=sophia", "optimizer.lr=0.003", "optimizer.betas=[0.9,0.99]", "epochs=2",
-         f"optimizer.estimator={estimator}", "optimizer.state=int8", "optimizer.min_numel=1024"],
+        [
+            "optimizer.type=sophia",
+            "optimizer.lr=0.003",
+            "optimizer.betas=[0.9,0.99]",
+            "epochs=2",
+            f"optimizer.estimator={estimator}",
+            "optimizer.state=int8",
+            "optimizer.min_numel=1024",
+        ],
     )
     result = train(config, tmp_path / "run", progress=False)
     assert result.completed and result.metrics["eval_accuracy"] > 0.85
@@ -203,9 +224,17 @@ def test_sophia_fine_tunes_the_minilm_pair_slice_with_gnb_on_the_pair_logits(tmp
     data = pair_data(batch_size=8, seed=0)
     batches = data.train(0)
     assert all(b[0][0].shape[0] == 8 for b in batches) and data.logits is pair_logits
-    config = load_train_config(config_path("train_minilm", "train_minilm"),
-                               ["optimizer.type=sophia", "optimizer.lr=5e-5", "steps=3", "batch_size=8",
-                                "optimizer.update_period=2", "optimizer.state=int8"])
+    config = load_train_config(
+        config_path("train_minilm", "train_minilm"),
+        [
+            "optimizer.type=sophia",
+            "optimizer.lr=5e-5",
+            "steps=3",
+            "batch_size=8",
+            "optimizer.update_period=2",
+            "optimizer.state=int8",
+        ],
+    )
     result = train(config, tmp_path / "run", progress=False)
     assert result.completed and math.isfinite(result.metrics["eval_loss"])
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["optimizer"]["state"]

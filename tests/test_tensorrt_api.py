@@ -123,8 +123,9 @@ def test_a_scale_numpy_cannot_hold_is_a_clear_error() -> None:
 # ---------------------------------------------------------------- the engine build, end to end
 
 
-@pytest.mark.parametrize(("version", "fp16", "typed"), [("10.16.1", True, False), ("11.4.0.106", True, True),
-                                                        ("10.16.1", False, True)])
+@pytest.mark.parametrize(
+    ("version", "fp16", "typed"), [("10.16.1", True, False), ("11.4.0.106", True, True), ("10.16.1", False, True)]
+)
 def test_build_engine_runs_to_a_plan_and_reads_the_scales_back(tmp_path, monkeypatch, version, fp16, typed) -> None:
     from exporters.tensorrt.profile import ShapeProfile
 

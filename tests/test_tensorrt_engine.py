@@ -76,8 +76,9 @@ def test_profile_spans_varied_sequence_lengths_and_a_short_last_batch() -> None:
 
 
 def test_a_fixed_onnx_dim_stays_fixed_and_a_mismatch_is_named() -> None:
-    fixed = ShapeProfile.from_shapes([{"x": (4, 128)}, {"x": (2, 128)}], max_batch=8, opt_batch=8,
-                                     declared={"x": (None, 128)})  # fmt: skip
+    fixed = ShapeProfile.from_shapes(
+        [{"x": (4, 128)}, {"x": (2, 128)}], max_batch=8, opt_batch=8, declared={"x": (None, 128)}
+    )
     assert fixed.shapes["x"] == ((1, 128), (8, 128), (8, 128))
     mismatch = r"input 'x' axis 1 is fixed at 128 in the ONNX model but batches have \[64\]"
     with pytest.raises(ExportError, match=mismatch):
@@ -99,8 +100,9 @@ def test_add_profile_sets_every_input_and_a_refused_profile_is_an_error() -> Non
     network = Network()
     network._inputs = [Tensor("input_ids", (-1, -1)), Tensor("attention_mask", (-1, -1))]
     builder, config = Builder(None), IBuilderConfig()
-    profile = ShapeProfile.from_shapes([{"input_ids": s, "attention_mask": s} for s in SEQ_BATCHES], max_batch=32,
-                                       opt_batch=32)  # fmt: skip
+    profile = ShapeProfile.from_shapes(
+        [{"input_ids": s, "attention_mask": s} for s in SEQ_BATCHES], max_batch=32, opt_batch=32
+    )
     add_profile(builder, network, config, profile)
     assert config._profiles[0]._shapes == dict(profile.shapes)
     refused = RefusingConfig()

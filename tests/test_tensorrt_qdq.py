@@ -111,9 +111,12 @@ def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Pat
         helper.make_node("Add", ["x", "b"], ["y"], name="add"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], inits,
-    )  # fmt: skip
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        inits,
+    )
     src = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), src)
     path, folded = to_tensorrt_form(src, tmp_path / "m.trt.onnx")
@@ -140,7 +143,7 @@ def _weight_qdq_model(
         numpy_helper.from_array(np.ones((16, 8), np.int8), "w_quantized"),
         numpy_helper.from_array(np.full(8 if axis == 1 else 16, 0.01, np.float32), "ws"),
         numpy_helper.from_array(np.zeros(8 if axis == 1 else 16, np.int8), "wz"),
-    ]  # fmt: skip
+    ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q", axis=1),
         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq", axis=1),
@@ -148,9 +151,12 @@ def _weight_qdq_model(
         helper.make_node("MatMul", ["xd", "w"], ["y"], name="fc"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits,
-    )  # fmt: skip
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 

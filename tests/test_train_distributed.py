@@ -51,8 +51,10 @@ def make_model() -> nn.Module:
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, 30, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(BATCH, 30, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator))
+        for _ in range(STEPS)
+    ]
 
 
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -91,8 +93,9 @@ def _train_zero(rank: int, state: str) -> tuple[dict[str, torch.Tensor], dict[st
                 for key, value in local[id(param)].items():
                     assert torch.equal(full["state"][index][key], value), (index, key)
     gathered: list[Any] = [None] * WORLD
-    dist.all_gather_object(gathered, {i: {k: v for k, v in local[id(p)].items()} for i, p in enumerate(params)
-                                      if id(p) in local})
+    dist.all_gather_object(
+        gathered, {i: {k: v for k, v in local[id(p)].items()} for i, p in enumerate(params) if id(p) in local}
+    )
     if full is not None:
         for rank_state in gathered:
             for index, param_state in rank_state.items():

@@ -23,8 +23,17 @@ from dopt_common.errors import CheckpointError, ConfigError, OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_FIELDS = {
-    "event", "step", "epoch", "lr", "loss", "grad_norm", "update_norm", "optimizer_state_bytes", "step_time_s",
-    "skipped", "batch_size",
+    "event",
+    "step",
+    "epoch",
+    "lr",
+    "loss",
+    "grad_norm",
+    "update_norm",
+    "optimizer_state_bytes",
+    "step_time_s",
+    "skipped",
+    "batch_size",
 }
 BASE: dict[str, Any] = {
     "model": "deploy_opt.demo.digits_cnn:build_model",

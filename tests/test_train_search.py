@@ -31,8 +31,11 @@ CONFIG = {
     "anomaly_factor": None,
     "seed": 0,
 }
-SPACE = {"stage1": {"optimizers": ["sgd", "adamw"], "lr_decades": [-1, 0], "steps_fraction": 0.5},
-         "stage2": {"rungs": 2, "startup_trials": 1}, "seed": 0}
+SPACE = {
+    "stage1": {"optimizers": ["sgd", "adamw"], "lr_decades": [-1, 0], "steps_fraction": 0.5},
+    "stage2": {"rungs": 2, "startup_trials": 1},
+    "seed": 0,
+}
 
 
 class Killed(BaseException):

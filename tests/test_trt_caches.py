@@ -28,7 +28,9 @@ def test_the_fixtures_hold_both_unpadded_forms() -> None:
     values = [value for name in WHOLE for _, value in _lines(name)]
     assert values.count("0") >= 3 and sum(len(v) == 7 for v in values) >= 3
     assert {(CACHES / n).read_text().splitlines()[0] for n in WHOLE} == {
-        "TRT-8400-EntropyCalibration2", "TRT-100001-EntropyCalibration2"}  # fmt: skip
+        "TRT-8400-EntropyCalibration2",
+        "TRT-100001-EntropyCalibration2",
+    }
 
 
 @pytest.mark.parametrize("name", WHOLE)

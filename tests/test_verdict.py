@@ -47,8 +47,15 @@ def test_resolution_is_one_samples_step_for_a_two_valued_score() -> None:
 
 
 def _build_json(samples: int, ci: list[float] | None = None, speed: dict | None = None) -> dict:
-    metrics = {"name": "top1", "drop": 0.0, "ort_fp32": 90.0, "ort_int8": 90.0, "samples": samples,
-               "drop_ci95": ci or [0.0, 0.0], "resolution": 100.0 / samples}  # fmt: skip
+    metrics = {
+        "name": "top1",
+        "drop": 0.0,
+        "ort_fp32": 90.0,
+        "ort_int8": 90.0,
+        "samples": samples,
+        "drop_ci95": ci or [0.0, 0.0],
+        "resolution": 100.0 / samples,
+    }
     return {"metrics": metrics, "benchmark": {"batches": {"32": speed}} if speed else None, "quantization": {}}
 
 
@@ -57,8 +64,10 @@ def test_one_evaluation_sample_is_not_judged_and_does_not_pass() -> None:
     assert not result.passed and result.verdict == "NOT JUDGED"
     assert result.lines()[0].startswith("SKIP  accuracy not judged: 1 evaluation sample(s)")
     judged = apply_gate(_build_json(200, [-0.5, 1.5]), max_drop=1.0, min_speedup=None)
-    assert judged.passed and "95% CI -0.500 to 1.500" in judged.lines()[0] and "on 200 judged samples" in (
-        judged.lines()[0]
+    assert (
+        judged.passed
+        and "95% CI -0.500 to 1.500" in judged.lines()[0]
+        and "on 200 judged samples" in (judged.lines()[0])
     )
 
 

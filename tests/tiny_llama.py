@@ -80,8 +80,9 @@ def make_tiny_llama_gguf(path: Path, **kwargs) -> Path:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None)
-                              else 10000.0)
+    writer.add_rope_freq_base(
+        config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None) else 10000.0
+    )
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)

@@ -55,8 +55,9 @@ class TinyYolo(nn.Module):
         levels = [self.stem(images)]
         levels.append(self.down(levels[0]))
         b = images.shape[0]
-        outs = [torch.cat([self.box[i](x), self.cls[i](x)], 1).view(b, 4 * BINS + CLASSES, -1)
-                for i, x in enumerate(levels)]  # fmt: skip
+        outs = [
+            torch.cat([self.box[i](x), self.cls[i](x)], 1).view(b, 4 * BINS + CLASSES, -1) for i, x in enumerate(levels)
+        ]
         box, cls = torch.cat(outs, 2).split((4 * BINS, CLASSES), 1)
         lt, rb = self.dfl(box).chunk(2, 1)
         centre = self.anchors + (rb - lt) / 2

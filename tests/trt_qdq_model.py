@@ -14,25 +14,47 @@ def ort_style_qdq_model(path: Path) -> Path:
     rng = np.random.default_rng(3)
     w_q = rng.integers(-127, 128, (4, 3), dtype=np.int8)
     inits = {
-        "x_scale": np.float32(0.02), "x_zero_point": np.int8(0),
-        "W_quantized": w_q, "W_scale": np.array([0.011, 0.013, 0.017], np.float32),
+        "x_scale": np.float32(0.02),
+        "x_zero_point": np.int8(0),
+        "W_quantized": w_q,
+        "W_scale": np.array([0.011, 0.013, 0.017], np.float32),
         "W_zero_point": np.zeros(3, np.int8),
-        "mm_scale": np.float32(0.05), "mm_zero_point": np.int8(0),
-    }  # fmt: skip
+        "mm_scale": np.float32(0.05),
+        "mm_zero_point": np.int8(0),
+    }
     nodes = [
-        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_QuantizeLinear_Output"],
-                         name="x_QuantizeLinear"),
-        helper.make_node("DequantizeLinear", ["x_QuantizeLinear_Output", "x_scale", "x_zero_point"],
-                         ["x_DequantizeLinear_Output"], name="x_DequantizeLinear"),
-        helper.make_node("DequantizeLinear", ["W_quantized", "W_scale", "W_zero_point"],
-                         ["W_DequantizeLinear_Output"], name="W_DequantizeLinear", axis=1),
-        helper.make_node("MatMul", ["x_DequantizeLinear_Output", "W_DequantizeLinear_Output"],
-                         ["mm_QuantizeLinear_Input"], name="mm"),
-        helper.make_node("QuantizeLinear", ["mm_QuantizeLinear_Input", "mm_scale", "mm_zero_point"],
-                         ["mm_QuantizeLinear_Output"], name="mm_QuantizeLinear"),
-        helper.make_node("DequantizeLinear", ["mm_QuantizeLinear_Output", "mm_scale", "mm_zero_point"],
-                         ["y"], name="mm_DequantizeLinear"),
-    ]  # fmt: skip
+        helper.make_node(
+            "QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_QuantizeLinear_Output"], name="x_QuantizeLinear"
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            ["x_QuantizeLinear_Output", "x_scale", "x_zero_point"],
+            ["x_DequantizeLinear_Output"],
+            name="x_DequantizeLinear",
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            ["W_quantized", "W_scale", "W_zero_point"],
+            ["W_DequantizeLinear_Output"],
+            name="W_DequantizeLinear",
+            axis=1,
+        ),
+        helper.make_node(
+            "MatMul", ["x_DequantizeLinear_Output", "W_DequantizeLinear_Output"], ["mm_QuantizeLinear_Input"], name="mm"
+        ),
+        helper.make_node(
+            "QuantizeLinear",
+            ["mm_QuantizeLinear_Input", "mm_scale", "mm_zero_point"],
+            ["mm_QuantizeLinear_Output"],
+            name="mm_QuantizeLinear",
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            ["mm_QuantizeLinear_Output", "mm_scale", "mm_zero_point"],
+            ["y"],
+            name="mm_DequantizeLinear",
+        ),
+    ]
     graph = helper.make_graph(
         nodes,
         "qdq",

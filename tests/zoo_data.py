@@ -12,8 +12,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-ZOO = ("light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2", "light_resnet50",
-       "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512")  # fmt: skip
+ZOO = (
+    "light_bvlc_alexnet",
+    "light_densenet121",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_shufflenet",
+    "light_squeezenet",
+    "light_vgg19",
+    "light_zfnet512",
+)
 
 
 def zoo_path(name: str) -> Path:

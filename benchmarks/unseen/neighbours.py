@@ -45,8 +45,10 @@ def main() -> None:
     fp32, int8 = _embed(args.build / "model.onnx", batches), _embed(args.build / "model.int8.onnx", batches)
     cosine = (fp32 * int8).sum(axis=1)
     agreement = float((_neighbours(fp32) == _neighbours(int8)).mean())
-    print(f"{len(cosine)} sentences: cosine mean {cosine.mean():.4f}, min {cosine.min():.4f}; "
-          f"nearest-neighbour agreement {agreement:.3f}")  # fmt: skip
+    print(
+        f"{len(cosine)} sentences: cosine mean {cosine.mean():.4f}, min {cosine.min():.4f}; "
+        f"nearest-neighbour agreement {agreement:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -66,9 +66,14 @@ def _score(session: ort.InferenceSession, batches: list, metric: Callable, fp32:
 
 def _quantize(model: Path, out: Path, calibration: list, per_channel: bool) -> Path:
     quantize_static(
-        str(model), str(out), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-    )  # fmt: skip
+        str(model),
+        str(out),
+        _Reader(calibration),
+        quant_format=QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     return out
 
 

@@ -81,9 +81,7 @@ def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> 
         start += take
     pixels = np.stack(pages)
     ids = [f"{prefix}-page-{i}" for i in range(count)]
-    return [
-        ({"x": pixels[i : i + batch_size]}, None, ids[i : i + batch_size]) for i in range(0, count, batch_size)
-    ]
+    return [({"x": pixels[i : i + batch_size]}, None, ids[i : i + batch_size]) for i in range(0, count, batch_size)]
 
 
 def calibration_data(batch_size: int = 8) -> list[Item]:

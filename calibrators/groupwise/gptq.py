@@ -82,11 +82,6 @@ class HessianAccumulator:
         return (self._abs_sum / self.count).float()
 
 
-def hessian_accumulator(in_features: int, dtype: torch.dtype = torch.float32) -> HessianAccumulator:
-    """A fresh accumulator for a Linear with ``in_features`` inputs."""
-    return HessianAccumulator(in_features, dtype)
-
-
 def _inverse_cholesky(hessian: torch.Tensor, percdamp: float) -> torch.Tensor:
     """Upper Cholesky factor of (H + damp·I)⁻¹, in float64 for stability, returned as float32."""
     h = hessian.double()

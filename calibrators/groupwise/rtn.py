@@ -92,9 +92,7 @@ def check_bits(bits: int) -> None:
         raise ConfigError(f"bits {bits} is not supported; use 4 (W4A16), or 2 or 8")
 
 
-def compute_qparams(
-    w: torch.Tensor, bits: int, sym: bool, *, style: str = "gptq"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_qparams(w: torch.Tensor, bits: int, sym: bool, *, style: str = "gptq") -> tuple[torch.Tensor, torch.Tensor]:
     """Scale [rows] and integer zero [rows] for each row of ``w`` [rows, cols] (one group per row)."""
     maxq = 2**bits - 1
     w = w.float()
@@ -170,7 +168,7 @@ def rtn_quantize(
 def output_error(weight: torch.Tensor, approx: torch.Tensor, hessian: torch.Tensor) -> float:
     """Relative output MSE ||X(W-Wq)^T||² / ||XW^T||² computed from the Gram matrix H ∝ X^T X."""
     h = hessian.double()
-    delta = (weight.double() - approx.double())
+    delta = weight.double() - approx.double()
     num = torch.einsum("oi,ij,oj->", delta, h, delta)
     den = torch.einsum("oi,ij,oj->", weight.double(), h, weight.double())
     return float(num / den) if float(den) > 0 else 0.0

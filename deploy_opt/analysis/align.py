@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrators.scales.format import ScaleFile, TensorScale, float32_hex, load_scale_file
-from dopt_common.errors import ConfigError, DeployOptError
+from dopt_common.errors import ConfigError
 from exporters.ort.qdq import compare_scales, read_qdq_scales
 
 log = logging.getLogger(__name__)
@@ -203,12 +203,3 @@ def _read_overrides(path: Path) -> Mapping[str, TensorScale]:
 def _overrides_expected(scales: ScaleFile) -> dict[str, TensorScale]:
     """Activations and weights: ORT derives bias scales itself, and TensorRT's form keeps biases float."""
     return {n: t for n, t in scales.tensors.items() if t.role != "bias"}
-
-
-def verify_or_raise(build_dir: str | Path) -> AlignReport:
-    """``verify_alignment``, raising when any artifact disagrees (for callers that must stop)."""
-    report = verify_alignment(build_dir)
-    if not report.ok:
-        lines = "; ".join(c.line() for c in report.checks if c.status == "fail")
-        raise DeployOptError(f"artifacts disagree with scales.json: {lines}")
-    return report

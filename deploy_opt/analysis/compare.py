@@ -240,8 +240,10 @@ def _judge(
         return {"pass": False, "failures": [f"{len(outputs)} outputs, the reference has {len(reference)}"]}
     if len(names) != len(reference):
         names = [str(i) for i in range(len(reference))]
-    metrics = {name: output_metrics(ref, out, class_scores=judge_top1)
-               for name, ref, out in zip(names, reference, outputs, strict=True)}  # fmt: skip
+    metrics = {
+        name: output_metrics(ref, out, class_scores=judge_top1)
+        for name, ref, out in zip(names, reference, outputs, strict=True)
+    }
     min_sqnr = config.fp32_min_sqnr_db if precision == "fp32" else config.int8_min_sqnr_db
     min_cos = config.fp32_min_cosine if precision == "fp32" else config.int8_min_cosine
     failures = []

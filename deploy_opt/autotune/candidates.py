@@ -13,8 +13,24 @@ SCHEMES = ("asymmetric", "symmetric")
 # (QLinearAdd/Mul/Sigmoid/Concat/GlobalAveragePool/LeakyRelu; Relu and Clip fold into the Q; data movement keeps
 # its input's scale), so a CNN's Conv → activation → Conv runs as one integer chain instead of converting back
 # to float at every activation. ORT's own quantize_static quantizes all of these by default.
-CHAIN_OPS = ("Add", "Mul", "Sigmoid", "GlobalAveragePool", "Concat", "LeakyRelu", "Relu", "Clip", "Reshape",
-             "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "AveragePool", "MaxPool")  # fmt: skip
+CHAIN_OPS = (
+    "Add",
+    "Mul",
+    "Sigmoid",
+    "GlobalAveragePool",
+    "Concat",
+    "LeakyRelu",
+    "Relu",
+    "Clip",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Slice",
+    "AveragePool",
+    "MaxPool",
+)
 
 
 @dataclass(frozen=True)

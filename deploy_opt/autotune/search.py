@@ -105,31 +105,53 @@ class _Context:
         value = self.scorer.score(data)
         latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
         nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
-        trial = Trial(step, candidate, value, self.metric.drop(self.baseline, value), predicted, latency, speedup,
-                      nodes, time.perf_counter() - started)  # fmt: skip
+        trial = Trial(
+            step,
+            candidate,
+            value,
+            self.metric.drop(self.baseline, value),
+            predicted,
+            latency,
+            speedup,
+            nodes,
+            time.perf_counter() - started,
+        )
         self.trials.append(trial)
         if self.bar is not None:
             self.bar.update(min(trial.seconds, self.bar.total - self.bar.n))
             self.bar.set_postfix_str(f"trial {len(self.trials)}: {step} {candidate.label} drop {trial.drop:.3f}")
         log.info(
-            "auto %-11s %-24s drop %.3f%s", step, candidate.label, trial.drop,
+            "auto %-11s %-24s drop %.3f%s",
+            step,
+            candidate.label,
+            trial.drop,
             f", {speedup:.2f}x FP32" if speedup is not None else "",
-        )  # fmt: skip
+        )
         return trial
 
 
 def run_search(
-    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, held: list[Batch], metric: Metric,
-    static: tuple[str, ...], work: Path,
-) -> SearchOutcome:  # fmt: skip
+    config: BuildConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    held: list[Batch],
+    metric: Metric,
+    static: tuple[str, ...],
+    work: Path,
+) -> SearchOutcome:
     """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
     started = time.perf_counter()
     ctx = _context(config, fp32_path, held, metric, started, calibration, work)
     from tqdm import tqdm
 
     if sys.stderr.isatty():  # no bar object at all otherwise: a signal landing in its __del__ would be swallowed
-        ctx.bar = tqdm(total=round(config.auto.budget_s), desc="auto search (of its budget)", unit="s",
-                       leave=False, bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}")  # fmt: skip
+        ctx.bar = tqdm(
+            total=round(config.auto.budget_s),
+            desc="auto search (of its budget)",
+            unit="s",
+            leave=False,
+            bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}",
+        )
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
     max_drop = config.gate.max_drop
     # Search on while no candidate both meets max_drop and pays (when timed): an accurate candidate slower than
@@ -154,9 +176,12 @@ def run_search(
         ctx.bar = None  # gone before the verdict is logged
     log.info("auto: %s", verdict)
     search = AutoSearch(
-        chosen.candidate if chosen else None, tuple(ctx.trials), verdict, time.perf_counter() - started,
+        chosen.candidate if chosen else None,
+        tuple(ctx.trials),
+        verdict,
+        time.perf_counter() - started,
         len(next(iter(ctx.probe.feed.values()))) if ctx.probe else None,
-    )  # fmt: skip
+    )
     return SearchOutcome(search, _base_of(chosen, bases) if chosen else None)
 
 
@@ -172,9 +197,14 @@ def _confirmed(ctx: _Context, chosen: Trial | None) -> Trial | None:
 
 
 def _context(
-    config: BuildConfig, fp32_path: Path, held: list[Batch], metric: Metric, started: float,
-    calibration: CalibrationSet, work: Path,
-) -> _Context:  # fmt: skip
+    config: BuildConfig,
+    fp32_path: Path,
+    held: list[Batch],
+    metric: Metric,
+    started: float,
+    calibration: CalibrationSet,
+    work: Path,
+) -> _Context:
     threads = config.benchmark.threads
     fp32 = onnx.load(str(fp32_path))
     session = create_session(fp32_path, threads=threads)
@@ -300,8 +330,11 @@ def _fallback_bases(ctx: _Context, bases: list[Base]) -> list[Base]:
     or when no base pays, the most accurate of all.
     """
     measured = {t.candidate: t for t in ctx.trials}
-    paying = [b for b in bases if measured[b.candidate].speedup is not None
-              and measured[b.candidate].pays(ctx.config.auto.min_gain)]  # fmt: skip
+    paying = [
+        b
+        for b in bases
+        if measured[b.candidate].speedup is not None and measured[b.candidate].pays(ctx.config.auto.min_gain)
+    ]
     if not paying:
         return [_most_accurate(ctx.trials, bases)]
     accurate = _most_accurate(ctx.trials, paying)
@@ -376,8 +409,14 @@ def _variant(
     if candidate.coverage != "chain":
         return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
     folder = ctx.work / f"variant-{len(ctx.trials)}"
-    written = quantize(configured(ctx.config, candidate), base.source, ctx.calibration, folder,
-                       ranges=base.model.ranges, smoothing=base.smoothing)  # fmt: skip
+    written = quantize(
+        configured(ctx.config, candidate),
+        base.source,
+        ctx.calibration,
+        folder,
+        ranges=base.model.ranges,
+        smoothing=base.smoothing,
+    )
     return onnx.load(str(written.path))
 
 

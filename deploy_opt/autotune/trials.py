@@ -12,7 +12,7 @@ from deploy_opt.autotune.candidates import Candidate
 class Trial:
     """A candidate as measured: its metric and drop on the evaluation set, and its latency against FP32."""
 
-    step: str  # placement | smoothquant | fallback | latency
+    step: str  # placement | smoothquant | head | fallback | latency | confirm
     candidate: Candidate
     metric: float
     drop: float

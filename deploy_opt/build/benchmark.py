@@ -59,8 +59,9 @@ def respect_fixed_batch(config: BuildConfig, model_path: Path) -> BuildConfig:
     bench = config.benchmark
     if size is None or bench.batch_sizes == (size,):
         return config
-    log.info("benchmark: the model fixes its batch at %d; timing batch %d only (not %s)", size, size,
-             list(bench.batch_sizes))  # fmt: skip
+    log.info(
+        "benchmark: the model fixes its batch at %d; timing batch %d only (not %s)", size, size, list(bench.batch_sizes)
+    )
     return dataclasses.replace(
         config,
         benchmark=dataclasses.replace(bench, batch_sizes=(size,)),
@@ -128,9 +129,14 @@ def _measured_pairs(
 
 
 def compare(
-    sessions: dict[str, object], batch: Batch, sizes: tuple[int, ...], warmup: int, repeats: int,
-    max_seconds: float | None = None, same: dict[str, str] | None = None,
-) -> dict[str, dict[str, object]]:  # fmt: skip
+    sessions: dict[str, object],
+    batch: Batch,
+    sizes: tuple[int, ...],
+    warmup: int,
+    repeats: int,
+    max_seconds: float | None = None,
+    same: dict[str, str] | None = None,
+) -> dict[str, dict[str, object]]:
     """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians) and its 95%
     interval from bootstrapping the interleaved rounds as pairs (``speedup_ci95``).
 

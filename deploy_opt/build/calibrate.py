@@ -23,7 +23,8 @@ from calibrators.activations.histogram import Histogram, HistogramObserver
 from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
-from deploy_opt.analysis.sensitivity.range_noise import noise_db, pick_methods, propagated_range_noise
+from deploy_opt.analysis.sensitivity.noise import noise_db
+from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.sources import single_rows
 from deploy_opt.config.build import BuildConfig
@@ -151,9 +152,7 @@ def choose_ranges(
             guards[name], methods[name] = reason, "minmax"
             chosen[name] = range_for("minmax", low, high, hist, cal.percentile, symmetric)
     log.info("calibration: %d tensors over %d samples (%s)", len(chosen), stats.samples, cal.method)
-    return ActivationRanges(
-        observed, chosen, methods, signed, absolute, stats.samples, stats.plotted, guards, evidence
-    )
+    return ActivationRanges(observed, chosen, methods, signed, absolute, stats.samples, stats.plotted, guards, evidence)
 
 
 def choose_methods(
@@ -177,14 +176,15 @@ def choose_methods(
     feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     started = time.perf_counter()
-    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds,
-                                   metric=config.data.metric)  # fmt: skip
+    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds, metric=config.data.metric)
     if noise is None:
         return {}, {}
     picked = pick_methods(noise)
     log.info(
         "calibration auto: %s over %d tensors (propagated output error, %d samples, %.1f s)",
-        {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS}, len(picked), len(feeds),
+        {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS},
+        len(picked),
+        len(feeds),
         time.perf_counter() - started,
-    )  # fmt: skip
+    )
     return picked, {n: {m: round(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}

@@ -27,8 +27,10 @@ def detection_f1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     if reference.shape == prediction.shape:
         expected = [_detections(r) for r in _yolo_rows(reference)]
     elif reference.ndim == 3 and reference.shape[0] == prediction.shape[0] and reference.shape[2] == 6:
-        expected = [(r[r[:, 5] > 0, :4], np.ones(int((r[:, 5] > 0).sum())), r[r[:, 5] > 0, 4].astype(np.int64))
-                    for r in reference]  # fmt: skip
+        expected = [
+            (r[r[:, 5] > 0, :4], np.ones(int((r[:, 5] > 0).sum())), r[r[:, 5] > 0, 4].astype(np.int64))
+            for r in reference
+        ]
     else:
         raise InputError(
             f"metric detection_f1: the reference has shape {reference.shape}; expected the model's own output shape "

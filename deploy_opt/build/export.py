@@ -1,4 +1,4 @@
-"""Stage 1: the FP32 ONNX model, exported from torch or brought as a file, simplified and checked."""
+"""Stage: the FP32 ONNX model, exported from torch or brought as a file, simplified and checked."""
 
 from __future__ import annotations
 
@@ -58,9 +58,7 @@ def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
     return tuple(specs)
 
 
-def check_declared_inputs(
-    declared: tuple[InputSpec, ...], actual: tuple[InputSpec, ...], path: Path | str
-) -> None:
+def check_declared_inputs(declared: tuple[InputSpec, ...], actual: tuple[InputSpec, ...], path: Path | str) -> None:
     """Declared model.inputs must name the ONNX inputs with the same dtype and rank."""
     by_name = {s.name: s for s in actual}
     if sorted(by_name) != sorted(s.name for s in declared):

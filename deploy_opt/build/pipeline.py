@@ -14,16 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt.build.benchmark import respect_fixed_batch
-from deploy_opt.build.export import prepare_fp32
-from deploy_opt.build.inputs import load_inputs, training_batches
-from deploy_opt.build.metrics import resolve_metric
-from deploy_opt.build.precision import auto_precision, choose_precision, needs_held_evaluation, quantize_model
-from deploy_opt.build.prune import ORIGINAL_DIR, finish_prune, prune_model
+from deploy_opt.build.export import Fp32Model, prepare_fp32
+from deploy_opt.build.inputs import BuildInputs, load_inputs, training_batches
+from deploy_opt.build.metrics import Metric, resolve_metric
+from deploy_opt.build.precision import (
+    Precision,
+    auto_precision,
+    choose_precision,
+    needs_held_evaluation,
+    quantize_model,
+)
+from deploy_opt.build.prune import ORIGINAL_DIR, PrunedModel, finish_prune, prune_model
 from deploy_opt.build.qat import fine_tune, int8_nodes
 from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
+from deploy_opt.build.sources import Batch
 from deploy_opt.build.splits import split_evaluation
 from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
-from deploy_opt.build.verify import compare_and_align, write_backends
+from deploy_opt.build.verify import Verification, compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.report import record
@@ -62,8 +69,9 @@ def run_build(
         build, gate = _build_into(config, profile, stage, progress)
         diverted.append(not gate.passed and passed_before(out_dir))
     if diverted[0]:
-        log.warning("gate failed: this build is in %s; the last passing build stays in %s", failed_dir(out_dir),
-                    out_dir)  # fmt: skip
+        log.warning(
+            "gate failed: this build is in %s; the last passing build stays in %s", failed_dir(out_dir), out_dir
+        )
         return BuildResult(failed_dir(out_dir), build, gate, kept=out_dir)
     return BuildResult(out_dir, build, gate)
 
@@ -82,37 +90,18 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("load", explain=False):
         inputs = load_inputs(config)
     metric = resolve_metric(config.data.metric, config.base_dir)
-    split = split_evaluation(config.data, inputs.specs, config.base_dir,
-                             inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled),
-                             inputs.calibration, config.seed)  # fmt: skip
+    split = split_evaluation(
+        config.data,
+        inputs.specs,
+        config.base_dir,
+        inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled),
+        inputs.calibration,
+        config.seed,
+    )
     evaluation = list(split.decide)  # what every choice below is made on; the gate judges split.judge
-    pruned = None
-    if config.prune.enabled:
-        with times.stage("prune"):
-            pruned = prune_model(config.prune, str(config.model.factory), inputs.torch_model,
-                                 [s.name for s in inputs.specs], [*inputs.calibration.batches,
-                                 *training_batches(config, inputs.specs)], evaluation, metric, stage, config.seed,
-                                 progress)  # fmt: skip
-        inputs = dataclasses.replace(inputs, torch_model=pruned.model)
-    with times.stage("export"):
-        parity = list(inputs.head[: config.export.parity_batches])
-        fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
-        if pruned is not None:  # the reference the gate judges against, and the latency baseline
-            original = prepare_fp32(config, pruned.original, inputs.calibration.batches[0], parity,
-                                    ensure_writable_dir(stage / ORIGINAL_DIR))  # fmt: skip
+    inputs, fp32, pruned, original = _export_models(config, inputs, evaluation, metric, stage, times, progress)
     config = respect_fixed_batch(config, fp32.path)
-    if config.quantization.mode == "auto":
-        with times.stage("auto_search"):
-            precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
-    else:
-        with times.stage("calibrate_quantize"):
-            quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
-        with times.stage("sensitivity_fallback"):
-            precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
-    if config.quantization.qat.enabled:
-        with times.stage("qat"):
-            precision = fine_tune(config, fp32.path, precision, inputs.calibration, evaluation, metric, stage,
-                                  inputs.specs, progress)  # fmt: skip
+    precision = _quantize(config, fp32, inputs, evaluation, metric, stage, times, progress)
     shipped = precision.shipped
     samples = split.judge if isinstance(split.judge, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
@@ -120,33 +109,31 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("backends"):
         backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage, shapes)
     with times.stage("evaluate"):
-        models = {"ort_fp32": fp32.path, "ort_int8": shipped.path}
-        if precision.mixed:
-            models["ort_int8_no_fallback"] = precision.full.path
-        models |= dict(precision.alternatives)
+        models = _evaluated_models(fp32, precision, original)
         reference = inputs.torch_model if pruned is None else pruned.original
-        if pruned is not None:
-            models = {"ort_fp32_original": original.path} | models
         names = [s.name for s in fp32.inputs]
-        runtimes = evaluate_runtimes(models, names, reference, split.judge, metric, threads, progress,
-                                     decision=split.separate_decision)  # fmt: skip
+        runtimes = evaluate_runtimes(
+            models, names, reference, split.judge, metric, threads, progress, decision=split.separate_decision
+        )
     with times.stage("benchmark"):
         fp32_ships = not int8_nodes(shipped.path, config.quantization.op_types)
         same = {"ort_int8": "ort_fp32"} if fp32_ships else None  # the same graph: timed once
         bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0], same)
     with times.stage("compare_align"):
         verified = compare_and_align(
-            _comparison_setting(config.compare, fp32_ships), (fp32.path, shipped.path), samples, stage, config.seed,
-            inputs.torch_model, threads, judge_top1=metric.name == "top1",
-        )  # fmt: skip
+            _comparison_setting(config.compare, fp32_ships),
+            (fp32.path, shipped.path),
+            samples,
+            stage,
+            config.seed,
+            inputs.torch_model,
+            threads,
+            judge_top1=metric.name == "top1",
+        )
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
     prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
-    gate_cfg = config.gate
-    speedup = gate_cfg.min_speedup if bench else None
-    judged = {"metrics": metrics, "benchmark": bench, "quantization": shipped.info, "targets": config.deploy.targets}
-    gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
-    gate = with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
+    gate = _judge(config, metrics, bench, shipped.info, verified)
     build = record.build_record(
         name=config.name,
         description=config.description,
@@ -170,9 +157,99 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         timings_s=times.seconds,
         versions=record.versions(),
         config=config.to_dict(),
-    )  # fmt: skip
+    )
     record.write_reports(stage, build)
     return build, gate
+
+
+def _export_models(
+    config: BuildConfig,
+    inputs: BuildInputs,
+    evaluation: list[Batch],
+    metric: Metric,
+    stage: Path,
+    times: Timings,
+    progress: bool,
+) -> tuple[BuildInputs, Fp32Model, PrunedModel | None, Fp32Model | None]:
+    """Prune (when asked), then export: (inputs with the pruned torch model, FP32 model, pruned run, original FP32).
+
+    The original FP32 model is exported beside the pruned one: the gate judges against it, and it is the latency
+    baseline. Without pruning the last two are None.
+    """
+    pruned = original = None
+    if config.prune.enabled:
+        with times.stage("prune"):
+            pruned = prune_model(
+                config.prune,
+                str(config.model.factory),
+                inputs.torch_model,
+                [s.name for s in inputs.specs],
+                [*inputs.calibration.batches, *training_batches(config, inputs.specs)],
+                evaluation,
+                metric,
+                stage,
+                config.seed,
+                progress,
+            )
+        inputs = dataclasses.replace(inputs, torch_model=pruned.model)
+    with times.stage("export"):
+        parity = list(inputs.head[: config.export.parity_batches])
+        fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
+        if pruned is not None:  # the reference the gate judges against, and the latency baseline
+            original = prepare_fp32(
+                config,
+                pruned.original,
+                inputs.calibration.batches[0],
+                parity,
+                ensure_writable_dir(stage / ORIGINAL_DIR),
+            )
+    return inputs, fp32, pruned, original
+
+
+def _quantize(
+    config: BuildConfig,
+    fp32: Fp32Model,
+    inputs: BuildInputs,
+    evaluation: list[Batch],
+    metric: Metric,
+    stage: Path,
+    times: Timings,
+    progress: bool,
+) -> Precision:
+    """Calibrate and quantize: the auto search, or the configured ranges with the sensitivity fallback; then QAT
+    when asked. Every choice is made on ``evaluation`` (the decide split)."""
+    if config.quantization.mode == "auto":
+        with times.stage("auto_search"):
+            precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
+    else:
+        with times.stage("calibrate_quantize"):
+            quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
+        with times.stage("sensitivity_fallback"):
+            precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
+    if config.quantization.qat.enabled:
+        with times.stage("qat"):
+            precision = fine_tune(
+                config, fp32.path, precision, inputs.calibration, evaluation, metric, stage, inputs.specs, progress
+            )
+    return precision
+
+
+def _evaluated_models(fp32: Fp32Model, precision: Precision, original: Fp32Model | None) -> dict[str, Path]:
+    """Every ONNX model the judged samples score, by the name build.json gives it."""
+    models = {"ort_fp32": fp32.path, "ort_int8": precision.shipped.path}
+    if precision.mixed:
+        models["ort_int8_no_fallback"] = precision.full.path
+    models |= dict(precision.alternatives)
+    return models if original is None else {"ort_fp32_original": original.path} | models
+
+
+def _judge(config: BuildConfig, metrics: dict, bench: dict | None, info: dict, verified: Verification) -> GateResult:
+    """The gate on the judged samples' metrics, the benchmark and what shipped, plus the alignment criterion."""
+    gate_cfg = config.gate
+    speedup = gate_cfg.min_speedup if bench else None
+    judged = {"metrics": metrics, "benchmark": bench, "quantization": info, "targets": config.deploy.targets}
+    gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
+    return with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
 
 
 def _comparison_setting(compare: CompareConfig, fp32_ships: bool) -> CompareConfig:

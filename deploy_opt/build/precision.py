@@ -73,15 +73,17 @@ class Precision:
 def needs_held_evaluation(config: BuildConfig) -> bool:
     """Sensitivity, auto fallback and the auto search revisit the evaluation set, so it must be held in memory."""
     quant = config.quantization
-    return (
-        config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
-    )
+    return config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
 
 
 def auto_precision(
-    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, evaluation: Iterable[Batch], metric: Metric,
+    config: BuildConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    evaluation: Iterable[Batch],
+    metric: Metric,
     stage: Path,
-) -> Precision:  # fmt: skip
+) -> Precision:
     """``quantization.mode: auto``: search, then write the chosen model (or the FP32 one) as model.int8.onnx."""
     held = list(evaluation)
     static = static_fallback(config, fp32_path)
@@ -90,8 +92,11 @@ def auto_precision(
         outcome = run_search(config, fp32_path, calibration, held, metric, static, work)
         base, chosen = outcome.base, outcome.search.chosen
         if base is None or chosen is None:  # FP32 ships: every quantizable node excluded
-            every = tuple(n.name for n in onnx.load(str(fp32_path), load_external_data=False).graph.node
-                          if n.op_type in config.quantization.op_types)  # fmt: skip
+            every = tuple(
+                n.name
+                for n in onnx.load(str(fp32_path), load_external_data=False).graph.node
+                if n.op_type in config.quantization.op_types
+            )
             setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
             ranges = ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
             source, smoothing = fp32_path, None
@@ -103,8 +108,9 @@ def auto_precision(
         full, full_setup = shipped, setup
         if mixed:
             full_setup = configured(config, base.candidate)
-            full = quantize(full_setup, source, calibration, stage / ".full", ranges=base.model.ranges,
-                            smoothing=smoothing)  # fmt: skip
+            full = quantize(
+                full_setup, source, calibration, stage / ".full", ranges=base.model.ranges, smoothing=smoothing
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record = run_sensitivity(config, source, full.path, held, metric, stage) if config.sensitivity.enabled else None

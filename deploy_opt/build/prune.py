@@ -39,9 +39,17 @@ class PrunedModel:
 
 
 def prune_model(
-    prune: PruneConfig, factory: str, original: Any, names: Sequence[str], batches: Sequence[Batch],
-    evaluation: Sequence[Batch], metric: Metric, stage: Path, seed: int = 0, progress: bool = True,
-) -> PrunedModel:  # fmt: skip
+    prune: PruneConfig,
+    factory: str,
+    original: Any,
+    names: Sequence[str],
+    batches: Sequence[Batch],
+    evaluation: Sequence[Batch],
+    metric: Metric,
+    stage: Path,
+    seed: int = 0,
+    progress: bool = True,
+) -> PrunedModel:
     """Prune a copy of ``original`` as ``prune`` says, distil it from ``original``, save ``stage/pruned.pt``.
 
     ``batches``: the training data (the calibration sample, plus ``data.train``); ``evaluation``: the evaluation
@@ -61,8 +69,7 @@ def prune_model(
     stages["pruned"] = _measure(student, example, scored)
     training = None
     if prune.distill.steps:
-        training = distill_student(student, original, prune.distill, names, batches, evaluation, metric, seed,
-                                   progress)  # fmt: skip
+        training = distill_student(student, original, prune.distill, names, batches, evaluation, metric, seed, progress)
         stages["distilled"] = _measure(student, example, scored)
     cut_rows = [asdict(c) | {"ratio": round(c.ratio, 4)} for c in cuts]
     save_pruned(stage / "pruned.pt", factory, original, student, {"cuts": cut_rows})
@@ -110,13 +117,20 @@ def _removed(cuts: Sequence[Any]) -> dict[str, dict[str, Any]]:
 
 def _log_cuts(cuts: Sequence[Any], stages: dict[str, Any]) -> None:
     for kind, row in _removed(cuts).items():
-        log.info("prune: %s %d → %d (%.1f%% removed over %d layers)", kind, row["before"], row["after"],
-                 100 * row["ratio"], row["layers"])  # fmt: skip
+        log.info(
+            "prune: %s %d → %d (%.1f%% removed over %d layers)",
+            kind,
+            row["before"],
+            row["after"],
+            100 * row["ratio"],
+            row["layers"],
+        )
     log.info("prune: %s", ", ".join(f"{k} {v['params']:,} params, metric {v['metric']}" for k, v in stages.items()))
 
 
-def stage_table(info: dict[str, Any], metrics: dict[str, Any], bench: dict[str, Any] | None,
-                sizes: dict[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+def stage_table(
+    info: dict[str, Any], metrics: dict[str, Any], bench: dict[str, Any] | None, sizes: dict[str, int]
+) -> list[dict[str, Any]]:
     """One row per stage (original, pruned, distilled, INT8): size, parameters, MACs, latency and metric.
 
     Latency and the ORT metric are the benchmark's and the evaluate stage's (the whole evaluation set, against the
@@ -132,22 +146,28 @@ def stage_table(info: dict[str, Any], metrics: dict[str, Any], bench: dict[str, 
         if base is None:
             continue
         key = session.get(name)
-        rows.append({
-            "stage": name,
-            "params": base["params"],
-            "macs": base["macs"],
-            "bytes": sizes.get(key),
-            "metric_torch": None if name == "int8" else base["metric"],
-            "metric_ort": metrics.get(key) if key else None,
-            "latency_ms": {b: row[key]["median_ms"] for b, row in batches.items() if key and key in row},
-        })  # fmt: skip
+        rows.append(
+            {
+                "stage": name,
+                "params": base["params"],
+                "macs": base["macs"],
+                "bytes": sizes.get(key),
+                "metric_torch": None if name == "int8" else base["metric"],
+                "metric_ort": metrics.get(key) if key else None,
+                "latency_ms": {b: row[key]["median_ms"] for b, row in batches.items() if key and key in row},
+            }
+        )
     return rows
 
 
 def finish_prune(
-    pruned: PrunedModel, metrics: dict[str, Any], bench: dict[str, Any] | None, models: dict[str, Path],
-    metric: str, stage: Path,
-) -> dict[str, Any]:  # fmt: skip
+    pruned: PrunedModel,
+    metrics: dict[str, Any],
+    bench: dict[str, Any] | None,
+    models: dict[str, Path],
+    metric: str,
+    stage: Path,
+) -> dict[str, Any]:
     """The build.json ``prune`` record with the stage table; draws ``prune.png``; drops the original's export."""
     from deploy_opt.report.prune_report import plot_prune
 

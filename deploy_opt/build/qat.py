@@ -42,9 +42,16 @@ log = logging.getLogger(__name__)
 
 
 def fine_tune(
-    config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, held: list[Batch],
-    metric: Metric, stage: Path, specs: tuple[InputSpec, ...], progress: bool = True,
-) -> Precision:  # fmt: skip
+    config: BuildConfig,
+    fp32_path: Path,
+    precision: Precision,
+    calibration: CalibrationSet,
+    held: list[Batch],
+    metric: Metric,
+    stage: Path,
+    specs: tuple[InputSpec, ...],
+    progress: bool = True,
+) -> Precision:
     """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record.
 
     ``specs``: the model's input specs (as the load stage resolved them), for ``data.train``'s batches.
@@ -90,9 +97,17 @@ def fine_tune(
     weights = _absmax_weights(setup) if choice == "qat" else setup
     shipped = quantize(weights, source, calibration, stage, ranges=ranges, **made_by)
     return Precision(
-        source, shipped, shipped, FallbackChoice((), ()), precision.sensitivity, precision.auto, setup,
-        precision.smoothing, record, tuple(alternatives),
-    )  # fmt: skip
+        source,
+        shipped,
+        shipped,
+        FallbackChoice((), ()),
+        precision.sensitivity,
+        precision.auto,
+        setup,
+        precision.smoothing,
+        record,
+        tuple(alternatives),
+    )
 
 
 def _skip_reason(
@@ -131,14 +146,18 @@ def auto_search_reason(auto: AutoSearch | None, max_drop: float) -> str | None:
         return f"PTQ met gate.max_drop in the auto search: {auto.chosen.label} ships{drop}; QAT not needed"
     reachable = [t for t in auto.trials if t.quantized_nodes and t.meets(max_drop)]
     if reachable:  # INT8 was accurate enough but slower than FP32: QAT would not make it faster
-        return (f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}), but no INT8 model was "
-                "faster than FP32 by auto.min_gain; FP32 ships and QAT would not make INT8 faster")
+        return (
+            f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}), but no INT8 model was "
+            "faster than FP32 by auto.min_gain; FP32 ships and QAT would not make INT8 faster"
+        )
     quantized = [t for t in auto.trials if t.quantized_nodes]
     closest = min(quantized, key=lambda t: t.drop) if quantized else None
     if closest is not None and closest.drop > QAT_REACH * max(max_drop, 1e-9):
-        return (f"the closest INT8 model of the auto search ({closest.candidate.label}) drops {closest.drop:.3f}, "
-                f"over {QAT_REACH:g}x gate.max_drop {max_drop:g}: a fine-tune within quantization.qat.budget_s does "
-                "not close that much; FP32 ships (quantization.qat.enabled: true trains anyway)")
+        return (
+            f"the closest INT8 model of the auto search ({closest.candidate.label}) drops {closest.drop:.3f}, "
+            f"over {QAT_REACH:g}x gate.max_drop {max_drop:g}: a fine-tune within quantization.qat.budget_s does "
+            "not close that much; FP32 ships (quantization.qat.enabled: true trains anyway)"
+        )
     return None
 
 
@@ -152,15 +171,26 @@ class _Trained:
 
 
 def _train(
-    config: BuildConfig, start: _Start, setup: BuildConfig, smoothing: dict[str, Any] | None,
-    calibration: CalibrationSet, train: list[Batch], held: list[Batch], metric: Metric, work: Path, progress: bool,
-) -> _Trained:  # fmt: skip
+    config: BuildConfig,
+    start: _Start,
+    setup: BuildConfig,
+    smoothing: dict[str, Any] | None,
+    calibration: CalibrationSet,
+    train: list[Batch],
+    held: list[Batch],
+    metric: Metric,
+    work: Path,
+    progress: bool,
+) -> _Trained:
     """Train the student of ``start`` and write its Q/DQ model the way PTQ does (into ``work``)."""
     qat = config.quantization.qat
     student = build_student(
-        onnx.load(str(start.source)), onnx.load(str(start.model.path)), start.model.scales,
-        weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0], qat.learn_scales,
-    )  # fmt: skip
+        onnx.load(str(start.source)),
+        onnx.load(str(start.model.path)),
+        start.model.scales,
+        weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0],
+        qat.learn_scales,
+    )
     run = train_student(student, qat, train, held, metric, config.seed, progress)
     graph = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
@@ -207,9 +237,16 @@ def _with_learned(ranges: ActivationRanges, learned: dict[str, tuple[float, floa
 
 def _provenance(qat: Any, run: TrainingRun) -> dict[str, Any]:
     """What scales.json says about where its QAT scales came from."""
-    return {"steps": run.steps, "best_step": run.best_step, "optimizer": run.optimizer, "loss": run.loss,
-            "lr": qat.lr, "scale_lr": qat.scale_lr, "batch_size": qat.batch_size,
-            "validation_loss": [[s, round(v, 6)] for s, v in run.validation_loss]}  # fmt: skip
+    return {
+        "steps": run.steps,
+        "best_step": run.best_step,
+        "optimizer": run.optimizer,
+        "loss": run.loss,
+        "lr": qat.lr,
+        "scale_lr": qat.scale_lr,
+        "batch_size": qat.batch_size,
+        "validation_loss": [[s, round(v, 6)] for s, v in run.validation_loss],
+    }
 
 
 _PREFERENCE = ("ptq", "ptq_all_int8", "qat")  # on an exact tie, the model that changed least ships
@@ -255,9 +292,15 @@ def _record(
         f"drop {ptq_row['drop']:.3f} with {ptq_nodes}"
     )
     return {
-        "ran": True, "shipped": choice, "why": why, "fp32": fp32, "rows": rows,
-        "improved_on_start": rows["qat"]["drop"] < start_drop, "training": run.to_json(), "plot": "qat.png",
-    }  # fmt: skip
+        "ran": True,
+        "shipped": choice,
+        "why": why,
+        "fp32": fp32,
+        "rows": rows,
+        "improved_on_start": rows["qat"]["drop"] < start_drop,
+        "training": run.to_json(),
+        "plot": "qat.png",
+    }
 
 
 def _keep_copy(path: Path, copy: Path) -> Path:

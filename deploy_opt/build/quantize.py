@@ -1,4 +1,4 @@
-"""Stage 2: calibrate, write scales.json, write the ORT Q/DQ model from it, and prove they agree."""
+"""Stage: calibrate, write scales.json, write the ORT Q/DQ model from it, and prove they agree."""
 
 from __future__ import annotations
 
@@ -97,10 +97,11 @@ def quantize(
         tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
     tensors |= constant_scales(model, quant.op_types, set(tensors), quant.activations)
     candidate = ScaleFile(
-        quant.activations, tensors,
+        quant.activations,
+        tensors,
         _provenance(config, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat),
         tuple(quant.exclude_nodes),
-    )  # fmt: skip
+    )
     int8_path = write_ort_qdq(
         fp32_path,
         candidate,
@@ -124,8 +125,10 @@ def quantize(
     nodes = len(quantized_nodes(written))
     quantizable = sum(n.op_type in quant.op_types for n in model.graph.node)
     info = _info(config, ranges, scales, weights) | {
-        "weight_range": why, "quantized_nodes": nodes, "quantizable_nodes": quantizable,
-    }  # fmt: skip
+        "weight_range": why,
+        "quantized_nodes": nodes,
+        "quantizable_nodes": quantizable,
+    }
     return QuantizedModel(int8_path, scales_path, scales, info, ranges)
 
 

@@ -80,8 +80,11 @@ def resolve_callable(ref: str, base_dir: str | Path = ".", what: str = "referenc
             f"{what} '{ref}': cannot import '{module_name}' ({exc}); fix: install the package or check the name"
         ) from exc
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the module is broken, or exits at import
-        kind = "called sys.exit() (argv parsing at import?)" if isinstance(exc, SystemExit) else (
-            f"failed ({type(exc).__name__}: {shown(one_line(exc))})")
+        kind = (
+            "called sys.exit() (argv parsing at import?)"
+            if isinstance(exc, SystemExit)
+            else (f"failed ({type(exc).__name__}: {shown(one_line(exc))})")
+        )
         raise SourceError(
             f"{what} '{ref}': importing '{module_name}' {kind}; fix that module (run its script code only under "
             "`if __name__ == '__main__':`)"

@@ -38,9 +38,13 @@ class EvaluationSplit:
 
 
 def split_evaluation(
-    data: DataConfig, specs: tuple[InputSpec, ...], base_dir: str, evaluation: list[Batch] | Iterator[Batch],
-    calibration: CalibrationSet, seed: int,
-) -> EvaluationSplit:  # fmt: skip
+    data: DataConfig,
+    specs: tuple[InputSpec, ...],
+    base_dir: str,
+    evaluation: list[Batch] | Iterator[Batch],
+    calibration: CalibrationSet,
+    seed: int,
+) -> EvaluationSplit:
     """``data.validation`` decides when given; else a held evaluation set is halved by ``seed``; a streamed one
     (nothing decides) is judged whole."""
     if data.validation is not None:
@@ -50,16 +54,21 @@ def split_evaluation(
         refuse_overlap(calibration, [i for b in decide for i in sample_ids(b)])
         judge = evaluation if isinstance(evaluation, list) else list(evaluation)
         _refuse_shared(decide, judge, data.validation)
-        return EvaluationSplit(decide, judge, f"decided on data.validation ({_count(decide)} samples), judged on "
-                                              f"data.evaluation ({_count(judge)} samples)")  # fmt: skip
+        return EvaluationSplit(
+            decide,
+            judge,
+            f"decided on data.validation ({_count(decide)} samples), judged on "
+            f"data.evaluation ({_count(judge)} samples)",
+        )
     if not isinstance(evaluation, list):
         return EvaluationSplit((), evaluation, "judged on data.evaluation (nothing in this build decides on it)")
     total = _count(evaluation)
     chosen, judged = split_indices(total, seed)
     if not chosen:
         log.warning("data.evaluation has %d sample(s): too few to split; the search decides on what is judged", total)
-        return EvaluationSplit(tuple(evaluation), evaluation, f"decided and judged on the same {total} sample(s)",
-                               shared=True)
+        return EvaluationSplit(
+            tuple(evaluation), evaluation, f"decided and judged on the same {total} sample(s)", shared=True
+        )
     decide, judge = tuple(select_rows(evaluation, chosen)), select_rows(evaluation, judged)
     how = (
         f"data.evaluation split by seed {seed}: {len(chosen)} samples decide (search, fallback, QAT), "

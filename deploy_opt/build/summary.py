@@ -45,9 +45,11 @@ def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: Eva
     decided = runtimes.decision
     if decided is not None:
         record["decision"] = {
-            "samples": decided.samples, **{k: decided.values[k] for k in (base, "ort_int8")},
-            "drop": metric.drop(decided.values[base], decided.values["ort_int8"]), **_uncertainty(decided, base),
-        }  # fmt: skip
+            "samples": decided.samples,
+            **{k: decided.values[k] for k in (base, "ort_int8")},
+            "drop": metric.drop(decided.values[base], decided.values["ort_int8"]),
+            **_uncertainty(decided, base),
+        }
     return record
 
 

@@ -28,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = make_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # Module paths are for debugging: a user reads "INFO calibration: ...", -v adds where it came from.
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(levelname)s %(message)s"
+    )
     for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING) if args.verbose else logging.ERROR)
     if args.command is None:
@@ -70,8 +73,11 @@ def resource_fault(exc: BaseException, output_dir: object) -> str | None:
     A library that writes a file and reads it back may see the full disk only as a corrupt file ("DecodeError:
     Wire format was corrupt"), so any failure while the output folder has under 64 MiB free counts as one.
     """
-    faults = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-              errno.EMFILE: "too many open files"}  # fmt: skip
+    faults = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EMFILE: "too many open files",
+    }
     chain = [exc, exc.__cause__, exc.__context__]
     code = next((e.errno for e in chain if isinstance(e, OSError) and e.errno in faults), None)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None) or output_dir or "."
@@ -106,8 +112,11 @@ def _run(args: object, commands: dict[str, Callable]) -> int:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         name = signal.Signals(signum).name
         published = getattr(exc, "published", None)
-        outcome = (f"after publishing '{published}', which is the new, complete build" if published
-                   else "staging removed, no partial report left")  # fmt: skip
+        outcome = (
+            f"after publishing '{published}', which is the new, complete build"
+            if published
+            else "staging removed, no partial report left"
+        )
         print(f"deploy_opt {command}: interrupted ({name}); {outcome}", file=sys.stderr)
         return 128 + int(signum)
     except DeployOptError as exc:

@@ -42,8 +42,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     for line in result.gate.lines():
         print(f"  {line}")
     if result.kept is not None:
-        print(f"  this build failed its gate: it is in {result.out_dir}/; the last passing build is kept in "
-              f"{result.kept}/")  # fmt: skip
+        print(
+            f"  this build failed its gate: it is in {result.out_dir}/; the last passing build is kept in "
+            f"{result.kept}/"
+        )
     return 0 if result.gate.passed else 1
 
 

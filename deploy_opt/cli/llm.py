@@ -42,8 +42,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deploy_opt.llm.serve import check_host, launch, serve_command
 
     if not Path(args.checkpoint).is_dir():
-        raise InputError(f"checkpoint '{args.checkpoint}' does not exist or is not a folder; pass quantize-llm's "
-                         "checkpoint/ folder")  # fmt: skip
+        raise InputError(
+            f"checkpoint '{args.checkpoint}' does not exist or is not a folder; pass quantize-llm's checkpoint/ folder"
+        )
     section = (load_profile(args.profile).sections.get("serve") or {}) if args.profile else {}
     serve = build_dataclass(ServeConfig, section, "serve")
     keys = ("port", "tp", "backend", "session_len", "kv_cache")

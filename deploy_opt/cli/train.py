@@ -30,8 +30,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         if not args.verbose:  # the printed lines carry the reasons; the log copy is for training runs
             logging.getLogger("deploy_opt.train.recommend").setLevel(logging.WARNING)
-        rec = recommend(args.model_type, parse_count(args.params), parse_count(args.samples), args.memory_gb,
-                        seq_len=args.seq_len)
+        rec = recommend(
+            args.model_type, parse_count(args.params), parse_count(args.samples), args.memory_gb, seq_len=args.seq_len
+        )
         print(json.dumps(rec.to_json(), indent=1) if args.json else format_recommendation(rec))
         return 0
     if args.train_command == "search":
@@ -62,16 +63,27 @@ def _search(args: argparse.Namespace) -> int:
 
     given = args.config or args.config_flag
     path = Path(config_path(given, "train_digits"))
-    request = SearchRequest(path, tuple(args.overrides), load_space(args.space), args.trials, args.parallel,
-                            args.address, args.gpus_per_trial, args.output_dir, args.name or path.stem)
+    request = SearchRequest(
+        path,
+        tuple(args.overrides),
+        load_space(args.space),
+        args.trials,
+        args.parallel,
+        args.address,
+        args.gpus_per_trial,
+        args.output_dir,
+        args.name or path.stem,
+    )
     result = run_search(request)
     best, default = result.best, result.default
     if best is None:
         print(f"search: no full-length trial completed; see {result.paths['html']}")
         return 1
     default_loss = "n/a" if default is None or default["eval_loss"] is None else f"{default['eval_loss']:.4g}"
-    print(f"search: {result.trials} trials ({result.reused} reused from an earlier run) in {result.seconds:.0f} s;"
-          f" best trial {best['number']} ({best['label']}) eval_loss {best['eval_loss']:.4g}, default "
-          f"{default_loss}")
+    print(
+        f"search: {result.trials} trials ({result.reused} reused from an earlier run) in {result.seconds:.0f} s;"
+        f" best trial {best['number']} ({best['label']}) eval_loss {best['eval_loss']:.4g}, default "
+        f"{default_loss}"
+    )
     print(f"  report: {result.paths['html']}; best config: {result.paths.get('best')}")
     return 0

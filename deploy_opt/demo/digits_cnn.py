@@ -78,7 +78,11 @@ def digits_data(batch_size: int = 32, seed: int = 0) -> TrainData:
 
     evaluation = [(ex[i : i + 256], ey[i : i + 256]) for i in range(0, len(ex), 256)]
     return TrainData(
-        train=train, evaluation=evaluation, loss=F.cross_entropy, metric=accuracy, metric_name="accuracy",
+        train=train,
+        evaluation=evaluation,
+        loss=F.cross_entropy,
+        metric=accuracy,
+        metric_name="accuracy",
         logits=_identity,
     )
 

@@ -30,8 +30,9 @@ class PairEncoder(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, ids_a: torch.Tensor, mask_a: torch.Tensor, ids_b: torch.Tensor,
-                mask_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids_a: torch.Tensor, mask_a: torch.Tensor, ids_b: torch.Tensor, mask_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(ids_a, mask_a), self.encoder(ids_b, mask_b)
 
 
@@ -59,8 +60,10 @@ def _encode(sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     from deploy_opt.demo.minilm import tokenize
 
     tokens = tokenize(sentences)
-    return (torch.from_numpy(tokens["input_ids"][:, :MAX_TOKENS]),
-            torch.from_numpy(tokens["attention_mask"][:, :MAX_TOKENS]))
+    return (
+        torch.from_numpy(tokens["input_ids"][:, :MAX_TOKENS]),
+        torch.from_numpy(tokens["attention_mask"][:, :MAX_TOKENS]),
+    )
 
 
 def _batch(pairs: list[tuple[str, str]]) -> Batch:
@@ -85,11 +88,17 @@ def pair_data(batch_size: int = 16, seed: int = 0) -> TrainData:
             chosen = [train_pairs[int(i)] for i in order]
             # Whole batches only: the loss depends on the number of in-batch negatives.
             cache.clear()
-            cache[epoch] = [_batch(chosen[i : i + batch_size])
-                            for i in range(0, len(chosen) - batch_size + 1, batch_size)]
+            cache[epoch] = [
+                _batch(chosen[i : i + batch_size]) for i in range(0, len(chosen) - batch_size + 1, batch_size)
+            ]
         return cache[epoch]
 
     evaluation = [_batch(held_out[i : i + batch_size]) for i in range(0, len(held_out) - batch_size + 1, batch_size)]
-    log.info("MiniLM pairs: %d training pairs, %d held out (%d evaluation batches of %d)", len(train_pairs),
-             len(held_out), len(evaluation), batch_size)
+    log.info(
+        "MiniLM pairs: %d training pairs, %d held out (%d evaluation batches of %d)",
+        len(train_pairs),
+        len(held_out),
+        len(evaluation),
+        batch_size,
+    )
     return TrainData(train=train, evaluation=evaluation, loss=contrastive_loss, logits=pair_logits)

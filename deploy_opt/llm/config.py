@@ -53,8 +53,7 @@ class LLMQuantConfig:
         group = self.group_size
         if group != "auto" and group != -1 and (group < 8 or group & (group - 1)):
             raise ConfigError(f"quantization.group_size {group}: use auto, a power of two >= 8, or -1")
-        if self.format == "gguf" and (self.method.startswith("torchao") or self.desc_act
-                                      or group not in ("auto", 32)):
+        if self.format == "gguf" and (self.method.startswith("torchao") or self.desc_act or group not in ("auto", 32)):
             raise ConfigError(
                 "quantization.format gguf stores blocks of 32 consecutive weights: use method auto, gptq, awq or "
                 f"rtn with group_size 32 (or auto) and no act-order, got {self.method}, group {group}, desc_act "

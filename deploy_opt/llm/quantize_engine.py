@@ -254,8 +254,14 @@ def _quantize_awq_layer(
             modules[consumer].weight.mul_(s[None, :])
             if consumer in hessians:
                 hessians[consumer] = hessians[consumer] / s[:, None] / s[None, :]
-        log.debug("awq %s: ratio %.2f duo %s loss %.4g (rtn %.4g)", producer, found.ratio, found.duo,
-                  found.loss, found.base_loss)
+        log.debug(
+            "awq %s: ratio %.2f duo %s loss %.4g (rtn %.4g)",
+            producer,
+            found.ratio,
+            found.duo,
+            found.loss,
+            found.base_loss,
+        )
 
     results = {}
     for local in names:
@@ -272,6 +278,62 @@ def _quantize_awq_layer(
 
 
 @torch.no_grad()
+@dataclass(frozen=True)
+class Rounding:
+    """How GPTQ or RTN rounds one Linear's weight."""
+
+    method: str  # "gptq" | "rtn"
+    bits: int
+    group_size: int
+    sym: bool
+    desc_act: bool
+    percdamp: float
+    static_groups: bool
+
+
+def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: Rounding) -> tuple:
+    """(float reference, codes, Hessian, seconds) of one Linear rounded by GPTQ or RTN."""
+    start = time.perf_counter()
+    reference = layer.get_submodule(local).weight.detach().float().clone()
+    hessian = stats.hessian()
+    if rounding.method == "gptq":
+        codes = gptq_quantize(
+            reference,
+            hessian,
+            bits=rounding.bits,
+            group_size=rounding.group_size,
+            sym=rounding.sym,
+            desc_act=rounding.desc_act,
+            percdamp=rounding.percdamp,
+            static_groups=rounding.static_groups,
+        )
+    else:
+        codes = rtn_quantize(reference, rounding.bits, rounding.group_size, rounding.sym)
+    return reference, codes, hessian, time.perf_counter() - start
+
+
+def _apply_codes(
+    layer: torch.nn.Module, names: dict[str, str], done: dict[str, tuple], weights: dict, method: str
+) -> list[LinearRecord]:
+    """Write each Linear's dequantized weight back, keep its codes in ``weights``, and record its errors."""
+    records = []
+    for local, (reference, codes, hessian, seconds) in done.items():
+        approx = codes.dequantize()
+        layer.get_submodule(local).weight.copy_(approx)
+        weights[names[local]] = codes
+        records.append(
+            LinearRecord(
+                name=names[local],
+                shape=tuple(reference.shape),
+                method=method,
+                weight_error=weight_error(reference, approx),
+                output_error=output_error(reference, approx, hessian),
+                seconds=seconds,
+            )
+        )
+    return records
+
+
 def quantize_model(
     model: torch.nn.Module,
     samples: Sequence[torch.Tensor],
@@ -313,36 +375,19 @@ def quantize_model(
     records: list[LinearRecord] = []
     weights: dict[str, QuantizedWeight] = {}
     for index, layer in enumerate(tqdm(layers, desc=f"{method} layers", disable=not progress)):
-        names = {local: f"{prefix}.{index}.{local}" for local, _ in layer.named_modules()
-                 if f"{prefix}.{index}.{local}" in targets}
+        names = {
+            local: f"{prefix}.{index}.{local}"
+            for local, _ in layer.named_modules()
+            if f"{prefix}.{index}.{local}" in targets
+        }
         if names:
             stats, leader = _collect_stats(layer, names, inputs)
             if method == "awq":
                 done = _quantize_awq_layer(layer, names, stats, leader, bits=bits, group_size=group_size, sym=sym)
             else:
-                done = {}
-                for local in names:
-                    start = time.perf_counter()
-                    reference = layer.get_submodule(local).weight.detach().float().clone()
-                    hessian = stats[leader[local]].hessian()
-                    if method == "gptq":
-                        codes = gptq_quantize(reference, hessian, bits=bits, group_size=group_size, sym=sym,
-                                              desc_act=desc_act, percdamp=percdamp, static_groups=static_groups)
-                    else:
-                        codes = rtn_quantize(reference, bits, group_size, sym)
-                    done[local] = (reference, codes, hessian, time.perf_counter() - start)
-            for local, (reference, codes, hessian, seconds) in done.items():
-                approx = codes.dequantize()
-                layer.get_submodule(local).weight.copy_(approx)
-                weights[names[local]] = codes
-                records.append(LinearRecord(
-                    name=names[local],
-                    shape=tuple(reference.shape),
-                    method=method,
-                    weight_error=weight_error(reference, approx),
-                    output_error=output_error(reference, approx, hessian),
-                    seconds=seconds,
-                ))
+                rounding = Rounding(method, bits, group_size, sym, desc_act, percdamp, static_groups)
+                done = {local: _round_linear(layer, local, stats[leader[local]], rounding) for local in names}
+            records += _apply_codes(layer, names, done, weights, method)
         if index + 1 < len(layers):
             inputs = [(out, kwargs) for out, (_, kwargs) in zip(_run_layer(layer, inputs), inputs, strict=True)]
     seconds = time.perf_counter() - started

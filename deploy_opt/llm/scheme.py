@@ -123,8 +123,10 @@ def _gguf_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int], requeste
     """GGUF: group 32 always (ggml's block); auto is symmetric GPTQ (Q4_0), AWQ's codes become Q4_1."""
     blocker = _blocker(in_features, GGUF_GROUP_SIZE)
     if blocker is not None:
-        raise ConfigError(f"--format gguf: ggml's blocks of 32 do not divide {blocker[0]} (in_features "
-                          f"{blocker[1]}); fix: use the lmdeploy format")
+        raise ConfigError(
+            f"--format gguf: ggml's blocks of 32 do not divide {blocker[0]} (in_features "
+            f"{blocker[1]}); fix: use the lmdeploy format"
+        )
     if quant.method == "auto":
         method, symmetric = "gptq", quant.symmetric
         how = "method auto: gptq, no act-order"

@@ -71,8 +71,10 @@ def choose_backend(checkpoint: Path, backend: str) -> str:
                 f"PyTorch engine: {pytorch}); {requantize_advice(quant, architecture)}"
             )
         if serving[0] != "turbomind":
-            log.info("TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine",
-                     "; ".join(problems["turbomind"]))
+            log.info(
+                "TurboMind would refuse this checkpoint (%s): using lmdeploy's PyTorch engine",
+                "; ".join(problems["turbomind"]),
+            )
         return serving[0]
     if problems[backend]:
         other = next(engine for engine in ENGINES if engine != backend)

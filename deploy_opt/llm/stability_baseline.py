@@ -24,12 +24,21 @@ def judge_against_baseline(baseline: dict[str, Any], quantized: dict[str, Any]) 
     for fp, q in zip(baseline["runs"], quantized["runs"], strict=True):
         new = [f for f in q["flags"] if f in ALWAYS_FLAGGED or f not in fp["flags"]]
         excused = [f for f in q["flags"] if f not in new]
-        runs.append({**q, "new_flags": new, "excused_flags": excused, "fp_text": fp["text"],
-                     "fp_flags": fp["flags"], "fp_repeated_4gram_share": fp["repeated_4gram_share"],
-                     "fp_top_token_share": fp["top_token_share"]})
+        runs.append(
+            {
+                **q,
+                "new_flags": new,
+                "excused_flags": excused,
+                "fp_text": fp["text"],
+                "fp_flags": fp["flags"],
+                "fp_repeated_4gram_share": fp["repeated_4gram_share"],
+                "fp_top_token_share": fp["top_token_share"],
+            }
+        )
         if excused:
-            log.info("stability run %d: %s also in the FP model's generation, not counted", len(runs) - 1,
-                     ", ".join(excused))
+            log.info(
+                "stability run %d: %s also in the FP model's generation, not counted", len(runs) - 1, ", ".join(excused)
+            )
     flagged = sum(bool(r["new_flags"]) for r in runs)
     return {
         **{k: v for k, v in quantized.items() if k != "runs"},

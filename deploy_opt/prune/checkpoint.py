@@ -15,9 +15,22 @@ from dopt_common.errors import CheckpointError
 
 FORMAT = "deploy_opt.pruned/1"
 SIZE_ATTRIBUTES = (
-    "in_features", "out_features", "in_channels", "out_channels", "groups", "num_features", "normalized_shape",
-    "num_attention_heads", "num_heads", "n_heads", "n_head", "heads", "all_head_size", "inner_dim", "embed_dim",
-)  # fmt: skip
+    "in_features",
+    "out_features",
+    "in_channels",
+    "out_channels",
+    "groups",
+    "num_features",
+    "normalized_shape",
+    "num_attention_heads",
+    "num_heads",
+    "n_heads",
+    "n_head",
+    "heads",
+    "all_head_size",
+    "inner_dim",
+    "embed_dim",
+)
 
 
 def changed_sizes(original: Any, pruned: Any) -> dict[str, dict[str, Any]]:

@@ -112,9 +112,17 @@ class _Hidden:
 
 
 def distill_student(
-    student: Any, teacher: Any, distill: PruneDistillConfig, names: Sequence[str], batches: Sequence[Batch],
-    evaluation: Sequence[Batch], metric: Metric, seed: int, progress: bool, fresh: bool = False,
-) -> TrainingRun:  # fmt: skip
+    student: Any,
+    teacher: Any,
+    distill: PruneDistillConfig,
+    names: Sequence[str],
+    batches: Sequence[Batch],
+    evaluation: Sequence[Batch],
+    metric: Metric,
+    seed: int,
+    progress: bool,
+    fresh: bool = False,
+) -> TrainingRun:
     """Train ``student`` in place towards ``teacher``; it ends holding its best checkpoint.
 
     The student trains in eval mode (no dropout; batch-norm statistics stay the trained ones), except a ``fresh``
@@ -142,12 +150,27 @@ def distill_student(
         with torch.no_grad():
             return run_model(teacher, inputs, names)
 
-    trainee = Trainee(lambda inputs: run_model(student, inputs, names), teacher_output, groups, snapshot,
-                      student.load_state_dict, extra)  # fmt: skip
+    trainee = Trainee(
+        lambda inputs: run_model(student, inputs, names),
+        teacher_output,
+        groups,
+        snapshot,
+        student.load_state_dict,
+        extra,
+    )
     lr = distill.lr if distill.lr != "auto" else (1e-4 if _has_layer_norm(student) else 1e-3)
-    settings = LoopSettings("prune.distill", distill.steps, lr, distill.batch_size, distill.optimizer,
-                            distill.loss, distill.temperature, distill.budget_s, distill.evaluation_interval,
-                            distill.validation)  # fmt: skip
+    settings = LoopSettings(
+        "prune.distill",
+        distill.steps,
+        lr,
+        distill.batch_size,
+        distill.optimizer,
+        distill.loss,
+        distill.temperature,
+        distill.budget_s,
+        distill.evaluation_interval,
+        distill.validation,
+    )
     try:
         return run_distillation(trainee, settings, batches, evaluation, metric, seed, progress)
     finally:

@@ -148,14 +148,22 @@ def prune_structure(
     before = _widths(model, kinds)
     head_dims = [a.qkv[0].out_features // a.heads for a in attention]
     pruner = _pruner_class(tp)(
-        model, tuple(example), importance, global_pruning=config.per_layer == "auto", pruning_ratio=config.ratio,
-        max_pruning_ratio=config.max_layer_ratio, ignored_layers=ignored, round_to=config.round_to,
+        model,
+        tuple(example),
+        importance,
+        global_pruning=config.per_layer == "auto",
+        pruning_ratio=config.ratio,
+        max_pruning_ratio=config.max_layer_ratio,
+        ignored_layers=ignored,
+        round_to=config.round_to,
         # torch-pruning visits a group's heads only when its channel ratio is positive; the heads' own ratio is
         # head_pruning_ratio (prune_head_dims=False: no channel inside a head is cut).
         pruning_ratio_dict={a.qkv: config.heads for a in attention} or None,
-        num_heads={layer: a.heads for a in attention for layer in a.qkv}, prune_num_heads=bool(attention),
-        prune_head_dims=False, head_pruning_ratio=config.heads if attention else 0.0,
-    )  # fmt: skip
+        num_heads={layer: a.heads for a in attention for layer in a.qkv},
+        prune_num_heads=bool(attention),
+        prune_head_dims=False,
+        head_pruning_ratio=config.heads if attention else 0.0,
+    )
     with torch.no_grad():
         for group in pruner.step(interactive=True):
             group.prune()

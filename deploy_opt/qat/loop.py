@@ -77,13 +77,17 @@ class TrainingRun:
     def to_json(self) -> dict[str, Any]:
         """The build.json ``training`` section."""
         return {
-            "loss": self.loss, "optimizer": self.optimizer, "steps": self.steps, "best_step": self.best_step,
-            "stopped": self.stopped, "seconds": round(self.seconds, 1),
+            "loss": self.loss,
+            "optimizer": self.optimizer,
+            "steps": self.steps,
+            "best_step": self.best_step,
+            "stopped": self.stopped,
+            "seconds": round(self.seconds, 1),
             "train_loss": [[s, round(v, 6)] for s, v in self.train_loss],
             "validation_loss": [[s, round(v, 6)] for s, v in self.validation_loss],
             "validation_metric": [[s, round(v, 4)] for s, v in self.validation_metric],
             "metric": [[s, round(v, 4)] for s, v in self.metric],
-        }  # fmt: skip
+        }
 
 
 def split_minibatches(batches: Sequence[Batch], size: int, validation: float, seed: int) -> tuple[list, list]:
@@ -116,9 +120,14 @@ class _Teacher:
 
 
 def run_distillation(
-    trainee: Trainee, settings: LoopSettings, batches: Sequence[Batch], evaluation: Sequence[Batch],
-    metric: Metric, seed: int = 0, progress: bool = True,
-) -> TrainingRun:  # fmt: skip
+    trainee: Trainee,
+    settings: LoopSettings,
+    batches: Sequence[Batch],
+    evaluation: Sequence[Batch],
+    metric: Metric,
+    seed: int = 0,
+    progress: bool = True,
+) -> TrainingRun:
     """Train ``trainee`` in place; it ends holding its best checkpoint."""
     import torch
     from tqdm import tqdm
@@ -129,15 +138,17 @@ def run_distillation(
     kind = choose_loss(settings.loss, metric.name, teacher(train[0]))
     optimizer, name = _optimizer(trainee.groups, settings)
     decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / settings.steps)))
-    history: dict[str, list[tuple[int, float]]] = {k: [] for k in ("train", "validation", "validation_metric",
-                                                                  "metric")}  # fmt: skip
+    history: dict[str, list[tuple[int, float]]] = {
+        k: [] for k in ("train", "validation", "validation_metric", "metric")
+    }
     judge = _Judge(trainee, validation, teacher, kind, settings, metric)
     curve = curve_batches(evaluation)
     best = (judge(history, 0), 0, trainee.snapshot())
     _score_curve(trainee, curve, teacher, metric, history["metric"], 0)
     start, stopped, step, order = time.perf_counter(), "steps", 0, []
-    bar = tqdm(total=settings.steps, desc=settings.section, unit="step", disable=None if progress else True,
-               leave=False)  # fmt: skip
+    bar = tqdm(
+        total=settings.steps, desc=settings.section, unit="step", disable=None if progress else True, leave=False
+    )
     rng = np.random.default_rng(seed + 1)
     for step in range(1, settings.steps + 1):
         order = order or list(rng.permutation(len(train)))
@@ -153,21 +164,41 @@ def run_distillation(
         over = time.perf_counter() - start > settings.budget_s
         if step % settings.interval == 0 or step == settings.steps or over:
             value = judge(history, step)
-            log.info("%s step %d/%d: validation %s %.4g, loss %.4g", settings.section, step, settings.steps,
-                     metric.name, history["validation_metric"][-1][1], value[1])  # fmt: skip
+            log.info(
+                "%s step %d/%d: validation %s %.4g, loss %.4g",
+                settings.section,
+                step,
+                settings.steps,
+                metric.name,
+                history["validation_metric"][-1][1],
+                value[1],
+            )
             if value < best[0]:
                 best = (value, step, trainee.snapshot())
             _score_curve(trainee, curve, teacher, metric, history["metric"], step)
         if over:
             stopped = "budget"
-            log.warning("%s stopped at step %d of %d: over %s.budget_s=%gs", settings.section, step,
-                        settings.steps, settings.section, settings.budget_s)  # fmt: skip
+            log.warning(
+                "%s stopped at step %d of %d: over %s.budget_s=%gs",
+                settings.section,
+                step,
+                settings.steps,
+                settings.section,
+                settings.budget_s,
+            )
             break
     bar.close()
     trainee.restore(best[2])
     log.info("%s: %d steps, best checkpoint at step %d (%s, %s)", settings.section, step, best[1], kind, name)
-    return TrainingRun(kind, name, step, best[1], stopped, time.perf_counter() - start, *(
-        tuple(history[k]) for k in ("train", "validation", "validation_metric", "metric")))  # fmt: skip
+    return TrainingRun(
+        kind,
+        name,
+        step,
+        best[1],
+        stopped,
+        time.perf_counter() - start,
+        *(tuple(history[k]) for k in ("train", "validation", "validation_metric", "metric")),
+    )
 
 
 def _loss(trainee: Trainee, batch: Batch, reference: Any, kind: str, settings: LoopSettings) -> Any:

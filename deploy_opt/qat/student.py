@@ -31,10 +31,16 @@ log = logging.getLogger(__name__)
 
 # Per op type, the input positions that hold a trainable parameter when they are float constants.
 _PARAMETER_INPUTS = {
-    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1),
-    "BatchNormalization": (1, 2), "LayerNormalization": (1, 2), "InstanceNormalization": (1, 2),
-    "GroupNormalization": (1, 2), "PRelu": (1,),
-}  # fmt: skip
+    "Conv": (1, 2),
+    "ConvTranspose": (1, 2),
+    "Gemm": (1, 2),
+    "MatMul": (0, 1),
+    "BatchNormalization": (1, 2),
+    "LayerNormalization": (1, 2),
+    "InstanceNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+    "PRelu": (1,),
+}
 _BIAS_PRODUCERS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
 
@@ -124,8 +130,10 @@ def build_student(
     }
     log.info(
         "QAT student: %d weight tensors, %d activation scales, %d quantized node inputs",
-        len(weights), len(log_scales), sum(len(v) for v in inputs.values()),
-    )  # fmt: skip
+        len(weights),
+        len(log_scales),
+        sum(len(v) for v in inputs.values()),
+    )
     return Student(fp32, constants, weights, log_scales, roots, inputs, outputs, axes, levels)
 
 

@@ -28,14 +28,29 @@ AUTO_BUDGET_S = 90.0
 def qat_settings(qat: QATConfig) -> LoopSettings:
     """The loop's settings from the ``quantization.qat`` section."""
     budget = min(qat.budget_s, AUTO_BUDGET_S) if qat.enabled == "auto" else qat.budget_s
-    return LoopSettings("quantization.qat", qat.steps, qat.lr, qat.batch_size, qat.optimizer, qat.distill.loss,
-                        qat.distill.temperature, budget, qat.evaluation_interval, qat.validation)  # fmt: skip
+    return LoopSettings(
+        "quantization.qat",
+        qat.steps,
+        qat.lr,
+        qat.batch_size,
+        qat.optimizer,
+        qat.distill.loss,
+        qat.distill.temperature,
+        budget,
+        qat.evaluation_interval,
+        qat.validation,
+    )
 
 
 def train_student(
-    student: Student, qat: QATConfig, batches: Sequence[Batch], evaluation: Sequence[Batch], metric: Metric,
-    seed: int = 0, progress: bool = True,
-) -> TrainingRun:  # fmt: skip
+    student: Student,
+    qat: QATConfig,
+    batches: Sequence[Batch],
+    evaluation: Sequence[Batch],
+    metric: Metric,
+    seed: int = 0,
+    progress: bool = True,
+) -> TrainingRun:
     """Fine-tune ``student`` in place; it ends holding its best checkpoint."""
     constants = initializer_tensors(student.model)
     first_output = student.model.graph.output[0].name
@@ -47,6 +62,7 @@ def train_student(
     scales = [p for p in student.log_scales.values() if p.requires_grad]
     if scales:
         groups.append({"params": scales, "lr": qat.scale_lr})
-    trainee = Trainee(lambda inputs: run_student(student, inputs)[0], teacher, groups, student.snapshot,
-                      student.restore)  # fmt: skip
+    trainee = Trainee(
+        lambda inputs: run_student(student, inputs)[0], teacher, groups, student.snapshot, student.restore
+    )
     return run_distillation(trainee, qat_settings(qat), batches, evaluation, metric, seed, progress)

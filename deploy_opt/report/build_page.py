@@ -33,9 +33,11 @@ def _gate(build: dict[str, Any]) -> str:
     metrics = build.get("metrics") or {}
     batches = (build.get("benchmark") or {}).get("batches") or {}
     speed = ", ".join(f"{b}: {v.get('speedup', 0):.2f}x" for b, v in batches.items() if v.get("speedup"))
-    headline = (f"{metrics.get('name', 'metric')} FP32 {page.fmt(metrics.get('ort_fp32'))} → INT8 "
-                f"{page.fmt(metrics.get('ort_int8'))} (drop {page.fmt(metrics.get('drop'), '.3g')} points); "
-                f"INT8 speedup by batch {speed or 'not measured'}")
+    headline = (
+        f"{metrics.get('name', 'metric')} FP32 {page.fmt(metrics.get('ort_fp32'))} → INT8 "
+        f"{page.fmt(metrics.get('ort_int8'))} (drop {page.fmt(metrics.get('drop'), '.3g')} points); "
+        f"INT8 speedup by batch {speed or 'not measured'}"
+    )
     reasons = "; ".join(c.get("text", "") for c in criteria)
     box = page.verdict(gate.get("passed") if criteria else None, f"{headline}. {reasons}" if reasons else headline)
     auto = (build.get("auto") or {}).get("verdict")
@@ -43,8 +45,12 @@ def _gate(build: dict[str, Any]) -> str:
     qat_line = None
     if qat.get("why"):
         qat_line = f"{qat.get('shipped')} ships; {qat['why']}" if qat.get("ran") else f"not run: {qat['why']}"
-    notes = [("shipped", shipped_model(build)), ("auto mode", auto), ("QAT", qat_line), ("targets", "; ".join(
-        f"{k}: {v}" for k, v in (build.get("targets") or {}).items()))]
+    notes = [
+        ("shipped", shipped_model(build)),
+        ("auto mode", auto),
+        ("QAT", qat_line),
+        ("targets", "; ".join(f"{k}: {v}" for k, v in (build.get("targets") or {}).items())),
+    ]
     return box + page.key_values(notes)
 
 
@@ -70,10 +76,17 @@ def shipped_model(build: dict[str, Any]) -> str | None:
     return f"{label} (auto search)" if label else "FP32: no INT8 candidate both met max_drop and paid"
 
 
-_RUNTIMES = {"torch_fp32": "torch FP32", "ort_fp32_original": "ORT FP32 before pruning", "ort_fp32": "ORT FP32",
-             "ort_int8": "ORT INT8 (shipped)", "ort_int8_no_fallback": "ORT INT8 without fallback",
-             "ort_int8_qat": "ORT INT8, QAT", "ort_int8_ptq": "ORT INT8, PTQ",
-             "ort_int8_ptq_all_int8": "ORT INT8, PTQ all-INT8", "tensorrt": "TensorRT"}  # fmt: skip
+_RUNTIMES = {
+    "torch_fp32": "torch FP32",
+    "ort_fp32_original": "ORT FP32 before pruning",
+    "ort_fp32": "ORT FP32",
+    "ort_int8": "ORT INT8 (shipped)",
+    "ort_int8_no_fallback": "ORT INT8 without fallback",
+    "ort_int8_qat": "ORT INT8, QAT",
+    "ort_int8_ptq": "ORT INT8, PTQ",
+    "ort_int8_ptq_all_int8": "ORT INT8, PTQ all-INT8",
+    "tensorrt": "TensorRT",
+}
 
 
 def _runtime(key: str) -> str:
@@ -92,20 +105,28 @@ def _accuracy(build: dict[str, Any]) -> str:
     if not _number(reference):
         return ""
     sign = 1.0 if metrics.get("higher_is_better", True) else -1.0
-    rows = [(f"{_runtime(key)}: {page.fmt(value)}", sign * (reference - value)) for key, value in metrics.items()
-            if key.startswith(("torch_", "ort_", "tensorrt")) and key != base and _number(value)]  # fmt: skip
+    rows = [
+        (f"{_runtime(key)}: {page.fmt(value)}", sign * (reference - value))
+        for key, value in metrics.items()
+        if key.startswith(("torch_", "ort_", "tensorrt")) and key != base and _number(value)
+    ]
     max_drop = ((build.get("config") or {}).get("gate") or {}).get("max_drop")
-    title = (f"{metrics.get('name', 'metric')} drop against {_runtime(base)} ({page.fmt(reference)}), "
-             f"on {metrics.get('samples', '?')} judged samples")
+    title = (
+        f"{metrics.get('name', 'metric')} drop against {_runtime(base)} ({page.fmt(reference)}), "
+        f"on {metrics.get('samples', '?')} judged samples"
+    )
     return charts.drop_chart(title, rows, max_drop if _number(max_drop) else None)
 
 
 def _accuracy_latency(build: dict[str, Any]) -> str:
     batches = (build.get("benchmark") or {}).get("batches") or {}
     names = sorted({k for v in batches.values() for k, r in v.items() if isinstance(r, dict) and "median_ms" in r})
-    latency = charts.bar_chart("median latency per batch (ms, lower is better)", [f"batch {b}" for b in batches],
-                               {_runtime(n): [(batches[b].get(n) or {}).get("median_ms") for b in batches]
-                                for n in names}, "ms")  # fmt: skip
+    latency = charts.bar_chart(
+        "median latency per batch (ms, lower is better)",
+        [f"batch {b}" for b in batches],
+        {_runtime(n): [(batches[b].get(n) or {}).get("median_ms") for b in batches] for n in names},
+        "ms",
+    )
     return f'<div class="grid"><div>{_accuracy(build)}</div><div>{latency}</div></div>'
 
 
@@ -115,8 +136,15 @@ def _auto_search(build: dict[str, Any]) -> str:
     config = build.get("config") or {}
     chosen = shipped_label(auto)
     shipped = max((i for i, t in enumerate(trials) if t.get("label") == chosen), default=None)
-    points = [charts.Point(float(t.get("speedup") or float("nan")), float(t["drop"]) if t.get("drop") is not None
-                           else float("nan"), t.get("label", "?"), i == shipped) for i, t in enumerate(trials)]
+    points = [
+        charts.Point(
+            float(t.get("speedup") or float("nan")),
+            float(t["drop"]) if t.get("drop") is not None else float("nan"),
+            t.get("label", "?"),
+            i == shipped,
+        )
+        for i, t in enumerate(trials)
+    ]
     limits = []
     max_drop = (config.get("gate") or {}).get("max_drop")
     if _number(max_drop):
@@ -124,13 +152,31 @@ def _auto_search(build: dict[str, Any]) -> str:
     min_gain = (config.get("auto") or {}).get("min_gain")
     if _number(min_gain):
         limits.append(charts.Limit("x", float(min_gain), f"min_gain {page.fmt(min_gain)}x"))
-    chart = charts.scatter_chart("auto-mode trials: metric drop against INT8 speedup", points,
-                                 f"speedup at batch {auto.get('latency_batch', '?')} (x FP32)", "drop (points)",
-                                 limits)  # fmt: skip
-    rows = [(t.get("label"), t.get("step"), t.get("drop"), t.get("predicted_drop"), t.get("speedup"),
-             t.get("quantized_nodes"), t.get("seconds")) for t in trials]
-    table = page.table(("trial", "step", "drop", "predicted drop", "speedup", "INT8 nodes", "seconds"), rows,
-                       text_columns=(0, 1), highlight=() if shipped is None else (shipped,))
+    chart = charts.scatter_chart(
+        "auto-mode trials: metric drop against INT8 speedup",
+        points,
+        f"speedup at batch {auto.get('latency_batch', '?')} (x FP32)",
+        "drop (points)",
+        limits,
+    )
+    rows = [
+        (
+            t.get("label"),
+            t.get("step"),
+            t.get("drop"),
+            t.get("predicted_drop"),
+            t.get("speedup"),
+            t.get("quantized_nodes"),
+            t.get("seconds"),
+        )
+        for t in trials
+    ]
+    table = page.table(
+        ("trial", "step", "drop", "predicted drop", "speedup", "INT8 nodes", "seconds"),
+        rows,
+        text_columns=(0, 1),
+        highlight=() if shipped is None else (shipped,),
+    )
     return chart + table
 
 
@@ -140,10 +186,22 @@ def _calibration(build: dict[str, Any], folder: Path) -> str:
     for name, tensor in (quant.get("tensors") or {}).items():
         observed = tensor.get("observed") or [None, None]
         chosen = tensor.get("range") or [None, None]
-        rows.append((name, tensor.get("method"), observed[0], observed[1], chosen[0], chosen[1],
-                     tensor.get("guard") or tensor.get("decision") or ""))
-    table = page.table(("tensor", "method", "observed min", "observed max", "range min", "range max", "guard"),
-                       rows, text_columns=(0, 1, 6))
+        rows.append(
+            (
+                name,
+                tensor.get("method"),
+                observed[0],
+                observed[1],
+                chosen[0],
+                chosen[1],
+                tensor.get("guard") or tensor.get("decision") or "",
+            )
+        )
+    table = page.table(
+        ("tensor", "method", "observed min", "observed max", "range min", "range max", "guard"),
+        rows,
+        text_columns=(0, 1, 6),
+    )
     return page.image(folder / "calibration.png", "calibration histograms") + table
 
 
@@ -158,14 +216,28 @@ def _compat(folder: Path, build: dict[str, Any]) -> str:
         deployed = set(data.get("targets") or configured)
         summary = data.get("summary") or {}
         order = sorted(summary, key=lambda target: target not in deployed)
-        rows = [(target, "deployed" if target in deployed else "informational: not deployed to",
-                 summary[target].get("ok"), summary[target].get("fallback"), summary[target].get("fail"))
-                for target in order]
-        flagged = [(f.get("name") or f.get("node"), f.get("op_type"), f.get("target"), f.get("why") or f.get("reason"))
-                   if isinstance(f, dict) else (str(f), "", "", "") for f in (data.get("flagged") or [])][:50]
-        parts.append(f"<h3>{page.esc(name)}</h3>" + _compat_verdict(summary, deployed) +
-                     page.table(("target", "role", "ok", "fallback", "fail"), rows, text_columns=(0, 1)) +
-                     page.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3)))
+        rows = [
+            (
+                target,
+                "deployed" if target in deployed else "informational: not deployed to",
+                summary[target].get("ok"),
+                summary[target].get("fallback"),
+                summary[target].get("fail"),
+            )
+            for target in order
+        ]
+        flagged = [
+            (f.get("name") or f.get("node"), f.get("op_type"), f.get("target"), f.get("why") or f.get("reason"))
+            if isinstance(f, dict)
+            else (str(f), "", "", "")
+            for f in (data.get("flagged") or [])
+        ][:50]
+        parts.append(
+            f"<h3>{page.esc(name)}</h3>"
+            + _compat_verdict(summary, deployed)
+            + page.table(("target", "role", "ok", "fallback", "fail"), rows, text_columns=(0, 1))
+            + page.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3))
+        )
     return "".join(parts)
 
 
@@ -176,8 +248,11 @@ def _compat_verdict(summary: dict[str, Any], deployed: set[str]) -> str:
         return page.verdict(False, "; ".join(failing))
     others = [t for t, c in summary.items() if t not in deployed and (c.get("fail") or c.get("fallback"))]
     if others:
-        return page.verdict(None, f"{', '.join(others)}: not deployed to by this build (deploy.targets: "
-                                  f"{', '.join(sorted(deployed)) or 'none'}); their counts are for information")
+        return page.verdict(
+            None,
+            f"{', '.join(others)}: not deployed to by this build (deploy.targets: "
+            f"{', '.join(sorted(deployed)) or 'none'}); their counts are for information",
+        )
     return ""
 
 
@@ -192,11 +267,18 @@ def sqnr_chart(layers: list[dict[str, Any]], modules: dict[str, str]) -> str:
     if len(measured) > SQNR_SHOWN:
         lowest = {id(layer) for layer in sorted(measured, key=lambda layer: layer["quant_sqnr_db"])[:SQNR_SHOWN]}
         shown = [layer for layer in measured if id(layer) in lowest]
-        what = (f"{SQNR_SHOWN} of {len(measured)} quantized tensors: the {SQNR_SHOWN} lowest, in graph order "
-                "(compare.json holds every one)")
+        what = (
+            f"{SQNR_SHOWN} of {len(measured)} quantized tensors: the {SQNR_SHOWN} lowest, in graph order "
+            "(compare.json holds every one)"
+        )
     names = [f"{modules.get(str(layer.get('node')), layer.get('node'))}: {layer.get('name')}" for layer in shown]
-    return charts.bar_chart("quantization SQNR per tensor, INT8 against FP32 (dB, higher is better)", names,
-                            {"SQNR": [layer.get("quant_sqnr_db") for layer in shown]}, "dB", note=what)
+    return charts.bar_chart(
+        "quantization SQNR per tensor, INT8 against FP32 (dB, higher is better)",
+        names,
+        {"SQNR": [layer.get("quant_sqnr_db") for layer in shown]},
+        "dB",
+        note=what,
+    )
 
 
 def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> str:
@@ -206,8 +288,17 @@ def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> st
     rows = []
     for backend, record in (data.get("backends") or {}).items():
         for output, numbers in (record.get("outputs") or {}).items():
-            rows.append([backend, output, numbers.get("cosine"), numbers.get("sqnr_db"), numbers.get("max_abs"),
-                         numbers.get("top1_agreement"), "pass" if record.get("pass") else "fail"])
+            rows.append(
+                [
+                    backend,
+                    output,
+                    numbers.get("cosine"),
+                    numbers.get("sqnr_db"),
+                    numbers.get("max_abs"),
+                    numbers.get("top1_agreement"),
+                    "pass" if record.get("pass") else "fail",
+                ]
+            )
         if not record.get("outputs"):
             rows.append([backend, "", None, None, None, None, record.get("status", "")])
     headers = ["backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"]
@@ -230,18 +321,30 @@ def divergence_text(first: dict[str, Any] | None) -> str:
         return "none"
     where = f"tensor '{first.get('tensor')}' ({first.get('op')}, node '{first.get('node')}')"
     if first.get("reason") == "drop":
-        return (f"{where}: output {page.fmt(first.get('drop_db'), '.1f')} dB worse than its inputs' noise predicts "
-                f"(limit {page.fmt(first.get('threshold'))} dB)")
-    return (f"{where}: its own quantization SQNR is {page.fmt(first.get('sqnr_db'), '.1f')} dB, below "
-            f"{page.fmt(first.get('threshold'))} dB")
+        return (
+            f"{where}: output {page.fmt(first.get('drop_db'), '.1f')} dB worse than its inputs' noise predicts "
+            f"(limit {page.fmt(first.get('threshold'))} dB)"
+        )
+    return (
+        f"{where}: its own quantization SQNR is {page.fmt(first.get('sqnr_db'), '.1f')} dB, below "
+        f"{page.fmt(first.get('threshold'))} dB"
+    )
 
 
 def _snapshot(build: dict[str, Any]) -> str:
     versions = page.key_values(list((build.get("versions") or {}).items()))
     config = json.dumps(build.get("config") or {}, indent=1)
-    return (page.key_values([("seed", build.get("seed")), ("created", build.get("created")),
-                             ("profile", (build.get("profile") or {}).get("name"))])
-            + versions + f"<pre>{page.esc(config)}</pre>")
+    return (
+        page.key_values(
+            [
+                ("seed", build.get("seed")),
+                ("created", build.get("created")),
+                ("profile", (build.get("profile") or {}).get("name")),
+            ]
+        )
+        + versions
+        + f"<pre>{page.esc(config)}</pre>"
+    )
 
 
 def write_build_page(folder: Path) -> Path:
@@ -250,22 +353,42 @@ def write_build_page(folder: Path) -> Path:
     if build is None:
         raise FileNotFoundError(folder / "build.json")
     sensitivity = folder / "sensitivity.html"
-    body = "".join([
-        f"<h1>{page.esc(build.get('name', folder.name))}: build report</h1>",
-        f'<p class="muted">{page.esc(build.get("description", ""))}</p>',
-        _gate(build),
-        page.section("Accuracy and latency: FP32 against INT8", _accuracy_latency(build)),
-        page.section("Auto-mode search", _auto_search(build), "each trial's measured drop and speedup"),
-        page.section("Per layer", layer_rows(folder, build),
-                     "module paths come from the exporter's name scopes; bytes are the weight's, before and after"),
-        page.section("Sensitivity", page.image(folder / "sensitivity.png", "sensitivity heatmap") + (
-            f'<p><a href="{sensitivity.name}">sortable per-node sensitivity table</a></p>'
-            if sensitivity.is_file() else "")),
-        page.section("Calibration", _calibration(build, folder)),
-        page.section("Compatibility per target", _compat(folder, build),
-                     "deployed targets are judged; the others are shown for information"),
-        page.section("Cross-backend comparison", _comparison(
-            folder, (build.get("export") or {}).get("module_names") or {}, (build.get("metrics") or {}).get("name"))),
-        page.section("Run snapshot: seed, versions, config", _snapshot(build)),
-    ])
+    body = "".join(
+        [
+            f"<h1>{page.esc(build.get('name', folder.name))}: build report</h1>",
+            f'<p class="muted">{page.esc(build.get("description", ""))}</p>',
+            _gate(build),
+            page.section("Accuracy and latency: FP32 against INT8", _accuracy_latency(build)),
+            page.section("Auto-mode search", _auto_search(build), "each trial's measured drop and speedup"),
+            page.section(
+                "Per layer",
+                layer_rows(folder, build),
+                "module paths come from the exporter's name scopes; bytes are the weight's, before and after",
+            ),
+            page.section(
+                "Sensitivity",
+                page.image(folder / "sensitivity.png", "sensitivity heatmap")
+                + (
+                    f'<p><a href="{sensitivity.name}">sortable per-node sensitivity table</a></p>'
+                    if sensitivity.is_file()
+                    else ""
+                ),
+            ),
+            page.section("Calibration", _calibration(build, folder)),
+            page.section(
+                "Compatibility per target",
+                _compat(folder, build),
+                "deployed targets are judged; the others are shown for information",
+            ),
+            page.section(
+                "Cross-backend comparison",
+                _comparison(
+                    folder,
+                    (build.get("export") or {}).get("module_names") or {},
+                    (build.get("metrics") or {}).get("name"),
+                ),
+            ),
+            page.section("Run snapshot: seed, versions, config", _snapshot(build)),
+        ]
+    )
     return page.write_page(folder / REPORT_NAME, f"{build.get('name', folder.name)} build report", body)

@@ -40,9 +40,11 @@ def tensor_summary(
 
 
 def histogram_figure(
-    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str],
+    hists: Mapping[str, Histogram],
+    chosen: Mapping[str, tuple[float, float]],
+    methods: Mapping[str, str],
     quantized: Collection[str],
-) -> Any:  # fmt: skip
+) -> Any:
     """The widest quantized activations' |x| histograms (log counts), the chosen threshold and the observed maximum."""
     matplotlib = require("matplotlib", purpose="the calibration plot")
     matplotlib.use("Agg")
@@ -55,8 +57,9 @@ def histogram_figure(
     for ax, name in zip(axes.flat, names, strict=False):
         hist = hists[name]
         centers = (hist.edges[:-1] + hist.edges[1:]) / 2
-        ax.fill_between(centers, np.maximum(hist.counts, 0.8), 0.8, step="mid", color="#4c72b0", alpha=0.8,
-                        label="calibration |x|")  # fmt: skip
+        ax.fill_between(
+            centers, np.maximum(hist.counts, 0.8), 0.8, step="mid", color="#4c72b0", alpha=0.8, label="calibration |x|"
+        )
         ax.set_yscale("log")
         threshold = max(abs(chosen[name][0]), abs(chosen[name][1]))
         observed = max(abs(hist.low), abs(hist.high))
@@ -71,16 +74,20 @@ def histogram_figure(
         ax.axis("off")
     if not names:
         axes.flat[0].text(0.5, 0.5, "no quantized activation to show", ha="center", va="center")
-    fig.suptitle(f"Calibration: the {len(names)} widest quantized activations, |x| histograms and chosen thresholds",
-                 fontsize=11)  # fmt: skip
+    fig.suptitle(
+        f"Calibration: the {len(names)} widest quantized activations, |x| histograms and chosen thresholds", fontsize=11
+    )
     fig.tight_layout()
     return fig
 
 
 def plot_histograms(
-    hists: Mapping[str, Histogram], chosen: Mapping[str, tuple[float, float]], methods: Mapping[str, str],
-    quantized: Collection[str], path: Path,
-) -> Path:  # fmt: skip
+    hists: Mapping[str, Histogram],
+    chosen: Mapping[str, tuple[float, float]],
+    methods: Mapping[str, str],
+    quantized: Collection[str],
+    path: Path,
+) -> Path:
     """``calibration.png``: :func:`histogram_figure`, written atomically."""
     fig = histogram_figure(hists, chosen, methods, quantized)  # raises MissingDependency without matplotlib
     import matplotlib.pyplot as plt

@@ -65,8 +65,10 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def _svg(width: float, height: float, parts: Sequence[str]) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img">{"".join(parts)}</svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img">{"".join(parts)}</svg>'
+    )
 
 
 TITLE_CHAR_PX = 7.8  # one bold character at font-size 13
@@ -84,12 +86,21 @@ def _fit_width(width: float, title: str, note: str = "") -> float:
 
 
 def _row_label(text: str, x: float, y: float, max_px: float) -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="11" text-anchor="end">{esc(fit(text, max_px))}'
-            f"<title>{esc(text)}</title></text>")
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="11" text-anchor="end">{esc(fit(text, max_px))}'
+        f"<title>{esc(text)}</title></text>"
+    )
 
 
-def bar_chart(title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], unit: str,
-              plot_width: int = 400, bar_height: int = 16, note: str = "") -> str:
+def bar_chart(
+    title: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    unit: str,
+    plot_width: int = 400,
+    bar_height: int = 16,
+    note: str = "",
+) -> str:
     """Horizontal grouped bars from 0 (for quantities, not scores): one group per label, one bar per series.
 
     A legend names the series when there are several; a single series is named by the title.
@@ -114,20 +125,30 @@ def bar_chart(title: str, groups: Sequence[str], series: dict[str, Sequence[floa
                 continue
             y = y0 + s * (bar_height + 2)
             w = max(1.0, plot_width * max(value, 0.0) / top)
-            parts.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_height}" '
-                         f'fill="{PALETTE[s % len(PALETTE)]}"><title>{esc(name)}: {fmt(value)} {esc(unit)}</title>'
-                         f'</rect><text x="{label_w + w + 4:.1f}" y="{y + bar_height - 4}" font-size="10">'
-                         f"{esc(fmt(value))} {esc(unit)}</text>")
+            parts.append(
+                f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_height}" '
+                f'fill="{PALETTE[s % len(PALETTE)]}"><title>{esc(name)}: {fmt(value)} {esc(unit)}</title>'
+                f'</rect><text x="{label_w + w + 4:.1f}" y="{y + bar_height - 4}" font-size="10">'
+                f"{esc(fmt(value))} {esc(unit)}</text>"
+            )
     legend_y = head + len(groups) * group_h + 8
     for s, name in enumerate(series if legend_rows else ()):
         x, y = 8 + (s % 3) * 200, legend_y + 16 * (s // 3)
-        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>'
-                     f'<text x="{x + 14}" y="{y + 9}" font-size="10">{esc(name)}</text>')
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>'
+            f'<text x="{x + 14}" y="{y + 9}" font-size="10">{esc(name)}</text>'
+        )
     return _svg(width, height, parts)
 
 
-def drop_chart(title: str, rows: Sequence[tuple[str, float | None]], limit: float | None, unit: str = "points",
-               plot_width: int = 420, bar_height: int = 16) -> str:
+def drop_chart(
+    title: str,
+    rows: Sequence[tuple[str, float | None]],
+    limit: float | None,
+    unit: str = "points",
+    plot_width: int = 420,
+    bar_height: int = 16,
+) -> str:
     """Each row's drop against the reference as a bar from 0 (left: better), with the gate's limit dashed.
 
     The axis spans the drops and the limit, so a drop of 0.66 against a limit of 1 is two thirds of the way.
@@ -150,25 +171,33 @@ def drop_chart(title: str, rows: Sequence[tuple[str, float | None]], limit: floa
 
     parts = [_title(title)]
     for tick in nice_ticks(low, high):
-        parts.append(f'<line x1="{px(tick):.1f}" y1="{top}" x2="{px(tick):.1f}" y2="{bottom}" stroke="{GRID_COLOR}"/>'
-                     f'<text x="{px(tick):.1f}" y="{bottom + 13}" font-size="10" text-anchor="middle">'
-                     f"{fmt(tick, '.3g')}</text>")
+        parts.append(
+            f'<line x1="{px(tick):.1f}" y1="{top}" x2="{px(tick):.1f}" y2="{bottom}" stroke="{GRID_COLOR}"/>'
+            f'<text x="{px(tick):.1f}" y="{bottom + 13}" font-size="10" text-anchor="middle">'
+            f"{fmt(tick, '.3g')}</text>"
+        )
     for i, (label, value) in enumerate(shown):
         y = top + i * (bar_height + 6)
         x0, x1 = sorted((px(0.0), px(value)))
         parts.append(_row_label(label, left - 8, y + bar_height - 4, label_w - 16))
         fill = LIMIT_COLOR if limit is not None and value > limit else PALETTE[0]
-        parts.append(f'<rect class="drop" x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1.0):.1f}" '
-                     f'height="{bar_height}" fill="{fill}"><title>{esc(label)}: drop {fmt(value)} {esc(unit)}</title>'
-                     f'</rect><text x="{x1 + 4:.1f}" y="{y + bar_height - 4}" font-size="10">'
-                     f"{esc(fmt(value, '.3g'))}</text>")
+        parts.append(
+            f'<rect class="drop" x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1.0):.1f}" '
+            f'height="{bar_height}" fill="{fill}"><title>{esc(label)}: drop {fmt(value)} {esc(unit)}</title>'
+            f'</rect><text x="{x1 + 4:.1f}" y="{y + bar_height - 4}" font-size="10">'
+            f"{esc(fmt(value, '.3g'))}</text>"
+        )
     parts.append(f'<line x1="{px(0.0):.1f}" y1="{top - 4}" x2="{px(0.0):.1f}" y2="{bottom}" stroke="#555"/>')
     if limit is not None:
-        parts.append(f'<line class="limit" x1="{px(limit):.1f}" y1="{top - 4}" x2="{px(limit):.1f}" y2="{bottom}" '
-                     f'stroke="{LIMIT_COLOR}" stroke-dasharray="5,3"/><text x="{px(limit):.1f}" y="{top - 6}" '
-                     f'font-size="10" fill="{LIMIT_COLOR}" text-anchor="middle">max_drop {fmt(limit)}</text>')
-    parts.append(f'<text x="{left + plot_width / 2:.1f}" y="{height - 6}" font-size="11" text-anchor="middle">'
-                 f"drop ({esc(unit)}; left of 0: better than the reference)</text>")
+        parts.append(
+            f'<line class="limit" x1="{px(limit):.1f}" y1="{top - 4}" x2="{px(limit):.1f}" y2="{bottom}" '
+            f'stroke="{LIMIT_COLOR}" stroke-dasharray="5,3"/><text x="{px(limit):.1f}" y="{top - 6}" '
+            f'font-size="10" fill="{LIMIT_COLOR}" text-anchor="middle">max_drop {fmt(limit)}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_width / 2:.1f}" y="{height - 6}" font-size="11" text-anchor="middle">'
+        f"drop ({esc(unit)}; left of 0: better than the reference)</text>"
+    )
     return _svg(width, height, parts)
 
 
@@ -179,8 +208,15 @@ def _span(values: list[float]) -> tuple[float, float]:
     return low - pad, high + pad
 
 
-def scatter_chart(title: str, points: Sequence[Point], x_label: str, y_label: str, limits: Sequence[Limit] = (),
-                  width: int = 680, height: int = 360) -> str:
+def scatter_chart(
+    title: str,
+    points: Sequence[Point],
+    x_label: str,
+    y_label: str,
+    limits: Sequence[Limit] = (),
+    width: int = 680,
+    height: int = 360,
+) -> str:
     """Points with gridlines and dashed limits; marked points are drawn larger in red, with their label."""
     finite = [p for p in points if math.isfinite(p.x) and math.isfinite(p.y)]
     if not finite:
@@ -197,22 +233,27 @@ def scatter_chart(title: str, points: Sequence[Point], x_label: str, y_label: st
         return bottom - (y - y0) / (y1 - y0) * (bottom - top)
 
     parts = [_title(title)] + _grid(nice_ticks(x0, x1), nice_ticks(y0, y1), px, py, (left, right, top, bottom))
-    parts += [f'<text x="{(left + right) / 2}" y="{bottom + 30}" font-size="11" text-anchor="middle">'
-              f"{esc(x_label)}</text>",
-              f'<text x="14" y="{(top + bottom) / 2}" font-size="11" transform="rotate(-90 14 {(top + bottom) / 2})" '
-              f'text-anchor="middle">{esc(y_label)}</text>']
+    parts += [
+        f'<text x="{(left + right) / 2}" y="{bottom + 30}" font-size="11" text-anchor="middle">{esc(x_label)}</text>',
+        f'<text x="14" y="{(top + bottom) / 2}" font-size="11" transform="rotate(-90 14 {(top + bottom) / 2})" '
+        f'text-anchor="middle">{esc(y_label)}</text>',
+    ]
     for lim in limits:
         parts.append(_limit_line(lim, px, py, (left, right, top, bottom)))
     for p in sorted(finite, key=lambda p: p.marked):
         r, color = (7, LIMIT_COLOR) if p.marked else (4, PALETTE[0])
         css = ' class="marked"' if p.marked else ""
-        parts.append(f'<circle{css} cx="{px(p.x):.1f}" cy="{py(p.y):.1f}" r="{r}" fill="{color}" fill-opacity="0.8">'
-                     f"<title>{esc(p.label)}: {fmt(p.x, '.3g')}, {fmt(p.y, '.3g')}</title></circle>")
+        parts.append(
+            f'<circle{css} cx="{px(p.x):.1f}" cy="{py(p.y):.1f}" r="{r}" fill="{color}" fill-opacity="0.8">'
+            f"<title>{esc(p.label)}: {fmt(p.x, '.3g')}, {fmt(p.y, '.3g')}</title></circle>"
+        )
         if p.marked:  # the label goes on the side with room, so it is never cut off at the frame
             east = px(p.x) < (left + right) / 2
             anchor, dx = ("start", 10) if east else ("end", -10)
-            parts.append(f'<text x="{px(p.x) + dx:.1f}" y="{py(p.y) - 8:.1f}" font-size="10" '
-                         f'text-anchor="{anchor}">{esc(p.label)}</text>')
+            parts.append(
+                f'<text x="{px(p.x) + dx:.1f}" y="{py(p.y) - 8:.1f}" font-size="10" '
+                f'text-anchor="{anchor}">{esc(p.label)}</text>'
+            )
     parts.append(_scatter_legend(bottom + 46, any(p.marked for p in finite), bool(limits)))
     return _svg(width, height, parts)
 
@@ -222,15 +263,21 @@ def _grid(xs: list[float], ys: list[float], px: Scale, py: Scale, frame: Frame) 
     left, right, top, bottom = frame
     parts = []
     for x in xs:
-        parts.append(f'<line x1="{px(x):.1f}" y1="{top}" x2="{px(x):.1f}" y2="{bottom}" stroke="{GRID_COLOR}"/>'
-                     f'<text x="{px(x):.1f}" y="{bottom + 14}" font-size="10" text-anchor="middle">'
-                     f"{fmt(x, '.3g')}</text>")
+        parts.append(
+            f'<line x1="{px(x):.1f}" y1="{top}" x2="{px(x):.1f}" y2="{bottom}" stroke="{GRID_COLOR}"/>'
+            f'<text x="{px(x):.1f}" y="{bottom + 14}" font-size="10" text-anchor="middle">'
+            f"{fmt(x, '.3g')}</text>"
+        )
     for y in ys:
-        parts.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{right}" y2="{py(y):.1f}" stroke="{GRID_COLOR}"/>'
-                     f'<text x="{left - 5}" y="{py(y) + 3:.1f}" font-size="10" text-anchor="end">'
-                     f"{fmt(y, '.3g')}</text>")
-    return parts + [f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#888"/>',
-                    f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#888"/>']
+        parts.append(
+            f'<line x1="{left}" y1="{py(y):.1f}" x2="{right}" y2="{py(y):.1f}" stroke="{GRID_COLOR}"/>'
+            f'<text x="{left - 5}" y="{py(y) + 3:.1f}" font-size="10" text-anchor="end">'
+            f"{fmt(y, '.3g')}</text>"
+        )
+    return parts + [
+        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#888"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#888"/>',
+    ]
 
 
 def _limit_line(lim: Limit, px: Scale, py: Scale, frame: Frame) -> str:
@@ -238,21 +285,30 @@ def _limit_line(lim: Limit, px: Scale, py: Scale, frame: Frame) -> str:
     style = f'stroke="{LIMIT_COLOR}" stroke-dasharray="5,3"'
     if lim.axis == "y":
         y = py(lim.value)
-        return (f'<line class="limit" x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" {style}/>'
-                f'<text x="{right - 4}" y="{y - 4:.1f}" font-size="10" fill="{LIMIT_COLOR}" text-anchor="end">'
-                f"{esc(lim.text)}</text>")
+        return (
+            f'<line class="limit" x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" {style}/>'
+            f'<text x="{right - 4}" y="{y - 4:.1f}" font-size="10" fill="{LIMIT_COLOR}" text-anchor="end">'
+            f"{esc(lim.text)}</text>"
+        )
     x = px(lim.value)
-    return (f'<line class="limit" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" {style}/>'
-            f'<text x="{x + 4:.1f}" y="{top + 10}" font-size="10" fill="{LIMIT_COLOR}">{esc(lim.text)}</text>')
+    return (
+        f'<line class="limit" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" {style}/>'
+        f'<text x="{x + 4:.1f}" y="{top + 10}" font-size="10" fill="{LIMIT_COLOR}">{esc(lim.text)}</text>'
+    )
 
 
 def _scatter_legend(y: float, marked: bool, limited: bool) -> str:
-    parts = [f'<circle cx="70" cy="{y - 4}" r="4" fill="{PALETTE[0]}"/>'
-             f'<text x="78" y="{y}" font-size="10">trial</text>']
+    parts = [
+        f'<circle cx="70" cy="{y - 4}" r="4" fill="{PALETTE[0]}"/><text x="78" y="{y}" font-size="10">trial</text>'
+    ]
     if marked:
-        parts.append(f'<circle cx="130" cy="{y - 4}" r="6" fill="{LIMIT_COLOR}"/>'
-                     f'<text x="140" y="{y}" font-size="10">shipped</text>')
+        parts.append(
+            f'<circle cx="130" cy="{y - 4}" r="6" fill="{LIMIT_COLOR}"/>'
+            f'<text x="140" y="{y}" font-size="10">shipped</text>'
+        )
     if limited:
-        parts.append(f'<line x1="210" y1="{y - 4}" x2="234" y2="{y - 4}" stroke="{LIMIT_COLOR}" '
-                     f'stroke-dasharray="5,3"/><text x="240" y="{y}" font-size="10">gate limit</text>')
+        parts.append(
+            f'<line x1="210" y1="{y - 4}" x2="234" y2="{y - 4}" stroke="{LIMIT_COLOR}" '
+            f'stroke-dasharray="5,3"/><text x="240" y="{y}" font-size="10">gate limit</text>'
+        )
     return "".join(parts)

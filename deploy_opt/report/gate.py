@@ -141,12 +141,22 @@ def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateRes
     if kv:
         limit = parse_increase(max_increase)
         criterion = ppl_gate(before, float(kv["perplexity"]["ppl"]), limit)
-        criteria.append(dataclasses.replace(criterion, name="perplexity_kv_cache",
-                                            text=f"{criterion.text} with the {kv['kv_cache']} KV cache"))
+        criteria.append(
+            dataclasses.replace(
+                criterion, name="perplexity_kv_cache", text=f"{criterion.text} with the {kv['kv_cache']} KV cache"
+            )
+        )
         judged = kv["stability"]
-        criteria.append(Criterion("stability_kv_cache", judged["flagged"], 0, bool(judged["ok"]),
-                                  f"stability run with the {kv['kv_cache']} KV cache: {judged['flagged']} of "
-                                  f"{judged['generations']} generations flagged that the FP model does not show"))
+        criteria.append(
+            Criterion(
+                "stability_kv_cache",
+                judged["flagged"],
+                0,
+                bool(judged["ok"]),
+                f"stability run with the {kv['kv_cache']} KV cache: {judged['flagged']} of "
+                f"{judged['generations']} generations flagged that the FP model does not show",
+            )
+        )
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
 
 
@@ -239,8 +249,9 @@ def _interval_speed(row: dict[str, Any], speedup: float, ci: tuple[float, float]
     low, high = ci
     spread = "; ".join(
         f"{name[4:].upper()} p10/median/p90 {t['p10_ms']:.3g}/{t['median_ms']:.3g}/{t['p90_ms']:.3g} ms"
-        for name, t in row.items() if name in ("ort_fp32", "ort_int8") and isinstance(t, dict)
-    )  # fmt: skip
+        for name, t in row.items()
+        if name in ("ort_fp32", "ort_int8") and isinstance(t, dict)
+    )
     measured = f"{speedup:.2f}x (95% CI {low:.2f}-{high:.2f}x) at batch {size}"
     if low >= limit:
         return Criterion("min_speedup", speedup, limit, True, f"INT8 speedup {measured} >= {limit:g}x")

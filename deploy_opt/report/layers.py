@@ -87,8 +87,20 @@ def layer_table_rows(folder: Path, build: dict[str, Any]) -> list[tuple[Any, ...
         quantized = node.name in int8
         precision = "INT8" if quantized else ("fallback (FP32)" if node.name in fallback else "FP32")
         drop, kind = drops.get(node.name, (None, ""))
-        rows.append([node.name, modules.get(node.name, ""), node.op_type, "×".join(map(str, weight)), numel * 4,
-                     numel * (1 if quantized else 4), numel, precision, drop, kind])
+        rows.append(
+            [
+                node.name,
+                modules.get(node.name, ""),
+                node.op_type,
+                "×".join(map(str, weight)),
+                numel * 4,
+                numel * (1 if quantized else 4),
+                numel,
+                precision,
+                drop,
+                kind,
+            ]
+        )
     total = sum(r[6] for r in rows) or 1
     for row in rows:
         row[6] = 100.0 * row[6] / total
@@ -98,6 +110,16 @@ def layer_table_rows(folder: Path, build: dict[str, Any]) -> list[tuple[Any, ...
 def layer_rows(folder: Path, build: dict[str, Any]) -> str:
     """The table's HTML (empty when the folder has no model.onnx)."""
     rows = layer_table_rows(folder, build)
-    headers = ("ONNX node", "PyTorch module", "op", "weight shape", "bytes FP32", "bytes shipped", "share of weights %",
-               "precision", "drop (points)", "drop is")
+    headers = (
+        "ONNX node",
+        "PyTorch module",
+        "op",
+        "weight shape",
+        "bytes FP32",
+        "bytes shipped",
+        "share of weights %",
+        "precision",
+        "drop (points)",
+        "drop is",
+    )
     return page.table(headers, rows, text_columns=(0, 1, 2, 3, 7, 9))

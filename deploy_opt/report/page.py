@@ -78,8 +78,12 @@ def section(title: str, body: str, note: str = "") -> str:
     return f"<h2>{esc(title)}</h2>{extra}{body}"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = (0,),
-          highlight: Sequence[int] = ()) -> str:
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    text_columns: Sequence[int] = (0,),
+    highlight: Sequence[int] = (),
+) -> str:
     """A sortable table; cells are escaped; numbers sort as numbers."""
     if not rows:
         return ""
@@ -98,8 +102,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: S
 
 def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
     """A two-column table of facts (no header row)."""
-    rows = "".join(f'<tr><td class="t"><b>{esc(k)}</b></td><td class="t">{esc(fmt(v))}</td></tr>'
-                   for k, v in pairs if v not in (None, ""))
+    rows = "".join(
+        f'<tr><td class="t"><b>{esc(k)}</b></td><td class="t">{esc(fmt(v))}</td></tr>'
+        for k, v in pairs
+        if v not in (None, "")
+    )
     return f"<table>{rows}</table>" if rows else ""
 
 
@@ -116,9 +123,11 @@ def image(path: Path, alt: str) -> str:
 
 def write_page(path: Path, title: str, body: str) -> Path:
     """The whole page, written atomically."""
-    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
-            f"<style>{CSS}</style></head><body><main>{body}</main><script>{SORT_JS}</script></body></html>")
+    page = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
+        f"<style>{CSS}</style></head><body><main>{body}</main><script>{SORT_JS}</script></body></html>"
+    )
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")
     log.info("wrote %s (%.0f kB)", path, len(page) / 1e3)

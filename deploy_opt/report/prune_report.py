@@ -36,8 +36,9 @@ def plot_prune(record: dict[str, Any], metric: str, path: Path) -> Path:
     low = min((v for v in panels[3][1] if v), default=0.0)
     axes[3].set_ylim(bottom=max(0.0, low - 0.1 * max(abs(low), 1e-3)))
     removed = ", ".join(f"{k} {100 * v['ratio']:.0f}%" for k, v in record["removed"].items())
-    fig.suptitle(f"structured pruning ({record['method']}, per_layer {record['per_layer']}): {removed} removed",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"structured pruning ({record['method']}, per_layer {record['per_layer']}): {removed} removed", fontsize=10
+    )
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
@@ -54,8 +55,9 @@ def prune_lines(record: dict[str, Any] | None) -> list[str]:
     """The ``## Pruning`` section: what was removed, training, and the stage table."""
     if not record:
         return []
-    removed = "; ".join(f"{k}: {v['before']} → {v['after']} ({100 * v['ratio']:.1f}%)"
-                        for k, v in record["removed"].items())  # fmt: skip
+    removed = "; ".join(
+        f"{k}: {v['before']} → {v['after']} ({100 * v['ratio']:.1f}%)" for k, v in record["removed"].items()
+    )
     lines = ["", "## Pruning", "", f"- removed ({record['method']}, per_layer {record['per_layer']}): {removed}"]
     train = record.get("training")
     if train:
@@ -68,7 +70,8 @@ def prune_lines(record: dict[str, Any] | None) -> list[str]:
     lines += [
         "",
         "| stage | params | MACs/sample | size | metric (torch) | metric (ORT) | "
-        + " | ".join(f"ms b{b}" for b in batches) + " |",
+        + " | ".join(f"ms b{b}" for b in batches)
+        + " |",
         "|---|---:|---:|---:|---:|---:|" + "---:|" * len(batches),
     ]
     for r in record["stages"]:

@@ -18,8 +18,11 @@ BUILD_FORMAT = "deploy_opt.build/1"
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of the packages that shape the results, plus the machine."""
-    found = {"python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-             "cpu": cpu_facts()}  # fmt: skip
+    found = {
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "cpu": cpu_facts(),
+    }
     for name in packages:
         try:
             found[name] = metadata.version(name)
@@ -83,13 +86,40 @@ def _split_lines(m: dict[str, Any]) -> list[str]:
     lines = [f"- split: {m['split']}"] if m.get("split") else []
     decided = m.get("decision")
     if decided:
-        lines.append(f"- on the {decided['samples']} decision samples (what the search chose on, so biased in its "
-                     f"favour): drop {_drop(decided)}")  # fmt: skip
+        lines.append(
+            f"- on the {decided['samples']} decision samples (what the search chose on, so biased in its "
+            f"favour): drop {_drop(decided)}"
+        )
     return lines
 
 
 def _spread(t: dict[str, Any]) -> str:
     return f"{t['p10_ms']:.3f}/{t['median_ms']:.3f}/{t['p90_ms']:.3f}"
+
+
+def _mixed_precision_lines(fallback: dict[str, Any], m: dict[str, Any], batches: dict[str, Any]) -> list[str]:
+    """The nodes kept in high precision, and what they cost and won."""
+    if not fallback.get("nodes"):
+        return []
+    lines = [
+        "",
+        "## Mixed precision",
+        "",
+        f"- {len(fallback['nodes'])} node(s) kept in high precision: "
+        + ", ".join(f"`{n}`" for n in fallback["nodes"][:12])
+        + (" …" if len(fallback["nodes"]) > 12 else ""),
+    ]
+    if "ort_int8_no_fallback" in m:
+        lines.append(f"- accuracy: INT8 without fallback {m['ort_int8_no_fallback']:.3f}, with {m['ort_int8']:.3f}")
+    for size, row in batches.items():
+        if "speedup_no_fallback" in row:
+            lines.append(
+                f"- speed cost at batch {size}: {row['speedup_no_fallback']:.2f}x without fallback → "
+                f"{row['speedup']:.2f}x with it"
+            )
+    if fallback.get("auto"):
+        lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
+    return lines
 
 
 def render_summary(build: dict[str, Any]) -> str:
@@ -134,29 +164,10 @@ def render_summary(build: dict[str, Any]) -> str:
             ci = row.get("speedup_ci95")
             lines.append(
                 f"| {size} | {_spread(row['ort_fp32'])} | {_spread(row['ort_int8'])} | {row['speedup']:.2f}x"
-                + (f" ({ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "") + " |"
+                + (f" ({ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
+                + " |"
             )
-    fallback = build.get("fallback") or {}
-    if fallback.get("nodes"):
-        m = build["metrics"]
-        lines += [
-            "",
-            "## Mixed precision",
-            "",
-            f"- {len(fallback['nodes'])} node(s) kept in high precision: "
-            + ", ".join(f"`{n}`" for n in fallback["nodes"][:12])
-            + (" …" if len(fallback["nodes"]) > 12 else ""),
-        ]
-        if "ort_int8_no_fallback" in m:
-            lines.append(f"- accuracy: INT8 without fallback {m['ort_int8_no_fallback']:.3f}, with {m['ort_int8']:.3f}")
-        for size, row in (bench.get("batches") or {}).items():
-            if "speedup_no_fallback" in row:
-                lines.append(
-                    f"- speed cost at batch {size}: {row['speedup_no_fallback']:.2f}x without fallback → "
-                    f"{row['speedup']:.2f}x with it"
-                )
-        if fallback.get("auto"):
-            lines.append(f"- auto: {fallback['auto']['verdict']} ({len(fallback['auto']['steps'])} steps)")
+    lines += _mixed_precision_lines(build.get("fallback") or {}, build["metrics"], bench.get("batches") or {})
     lines += _search_lines(build.get("auto"), build["quantization"])
     lines += _qat_lines(build.get("qat"), bench.get("batches") or {})
     lines += prune_lines(build.get("prune"))

@@ -33,27 +33,54 @@ def write_llm_page(folder: Path) -> Path:
     values = [(ppl.get("original") or {}).get("ppl"), (ppl.get("quantized") or {}).get("ppl")]
     values += [(kv.get("perplexity") or {}).get("ppl")] if kv else []
     layers = (report.get("quantization") or {}).get("layers") or []
-    body = "".join([
-        f"<h1>{page.esc(report.get('name', folder.name))}: quantize-llm report</h1>",
-        page.verdict(gate.get("passed"), f"{report.get('method')}: perplexity {page.fmt(values[0], '.4g')} → "
-                     f"{page.fmt(values[1], '.4g')} ({page.fmt(ppl.get('increase'), '+.2%')}). {criteria}"),
-        page.key_values([("scheme", (report.get("scheme") or {}).get("reason")),
-                         ("model", (report.get("model") or {}).get("source")),
-                         ("checkpoint", (report.get("checkpoint") or {}).get("format"))]),
-        page.section("Held-out perplexity", charts.bar_chart("perplexity (lower is better)", groups,
-                                                           {"perplexity": values}, "")),
-        page.section("KV cache", _kv(kv)),
-        page.section("Per-Linear error by layer", _layer_chart(layers) + page.table(
-            ("Linear", "shape", "weight error", "output error", "seconds"),
-            [(r.get("name"), "×".join(map(str, r.get("shape") or [])), r.get("weight_error"), r.get("output_error"),
-              r.get("seconds")) for r in layers], text_columns=(0, 1))),
-        page.section("Stability: FP and quantized generations side by side", _stability(report.get("stability"))),
-        page.section("GGUF", _gguf(report)),
-        page.section("Serve", _serve(report.get("serve") or {})),
-        page.section("Run snapshot: seed, versions, config", page.key_values(
-            [("seed", report.get("seed"))] + list((report.get("versions") or {}).items()))
-            + f"<pre>{page.esc(json.dumps(report.get('config') or {}, indent=1))}</pre>"),
-    ])
+    body = "".join(
+        [
+            f"<h1>{page.esc(report.get('name', folder.name))}: quantize-llm report</h1>",
+            page.verdict(
+                gate.get("passed"),
+                f"{report.get('method')}: perplexity {page.fmt(values[0], '.4g')} → "
+                f"{page.fmt(values[1], '.4g')} ({page.fmt(ppl.get('increase'), '+.2%')}). {criteria}",
+            ),
+            page.key_values(
+                [
+                    ("scheme", (report.get("scheme") or {}).get("reason")),
+                    ("model", (report.get("model") or {}).get("source")),
+                    ("checkpoint", (report.get("checkpoint") or {}).get("format")),
+                ]
+            ),
+            page.section(
+                "Held-out perplexity",
+                charts.bar_chart("perplexity (lower is better)", groups, {"perplexity": values}, ""),
+            ),
+            page.section("KV cache", _kv(kv)),
+            page.section(
+                "Per-Linear error by layer",
+                _layer_chart(layers)
+                + page.table(
+                    ("Linear", "shape", "weight error", "output error", "seconds"),
+                    [
+                        (
+                            r.get("name"),
+                            "×".join(map(str, r.get("shape") or [])),
+                            r.get("weight_error"),
+                            r.get("output_error"),
+                            r.get("seconds"),
+                        )
+                        for r in layers
+                    ],
+                    text_columns=(0, 1),
+                ),
+            ),
+            page.section("Stability: FP and quantized generations side by side", _stability(report.get("stability"))),
+            page.section("GGUF", _gguf(report)),
+            page.section("Serve", _serve(report.get("serve") or {})),
+            page.section(
+                "Run snapshot: seed, versions, config",
+                page.key_values([("seed", report.get("seed"))] + list((report.get("versions") or {}).items()))
+                + f"<pre>{page.esc(json.dumps(report.get('config') or {}, indent=1))}</pre>",
+            ),
+        ]
+    )
     return page.write_page(folder / REPORT_NAME, f"{report.get('name', folder.name)} quantize-llm report", body)
 
 
@@ -61,16 +88,23 @@ def _kv(kv: dict[str, Any]) -> str:
     if not kv:
         return ""
     memory = kv.get("memory") or {}
-    return page.key_values([
-        ("KV cache", kv.get("kv_cache")),
-        ("perplexity change against the quantized weights alone", page.fmt(kv.get("increase_vs_quantized"), "+.3%")),
-        ("perplexity change against the original", page.fmt(kv.get("increase_vs_original"), "+.3%")),
-        (f"KV memory at {memory.get('session_len')} tokens, fp16 → quantized",
-         f"{memory.get('fp16_bytes', 0) / 2**20:.1f} → {memory.get('bytes', 0) / 2**20:.1f} MiB "
-         f"({page.fmt(memory.get('saved_fraction'), '.1%')} saved)"),
-        ("stability with the quantized KV cache", f"{(kv.get('stability') or {}).get('flagged')} flagged"),
-        ("simulation", kv.get("simulation")),
-    ])
+    return page.key_values(
+        [
+            ("KV cache", kv.get("kv_cache")),
+            (
+                "perplexity change against the quantized weights alone",
+                page.fmt(kv.get("increase_vs_quantized"), "+.3%"),
+            ),
+            ("perplexity change against the original", page.fmt(kv.get("increase_vs_original"), "+.3%")),
+            (
+                f"KV memory at {memory.get('session_len')} tokens, fp16 → quantized",
+                f"{memory.get('fp16_bytes', 0) / 2**20:.1f} → {memory.get('bytes', 0) / 2**20:.1f} MiB "
+                f"({page.fmt(memory.get('saved_fraction'), '.1%')} saved)",
+            ),
+            ("stability with the quantized KV cache", f"{(kv.get('stability') or {}).get('flagged')} flagged"),
+            ("simulation", kv.get("simulation")),
+        ]
+    )
 
 
 def _layer_chart(layers: list[dict[str, Any]]) -> str:
@@ -80,21 +114,40 @@ def _layer_chart(layers: list[dict[str, Any]]) -> str:
         index = next((p for p in parts if p.isdigit()), "?")
         by_layer.setdefault(index, []).append(float(record.get("output_error") or 0.0))
     labels = sorted(by_layer, key=lambda k: int(k) if k.isdigit() else 1 << 30)
-    return charts.bar_chart("mean relative output error of the quantized Linears, by decoder layer",
-                          [f"layer {k}" for k in labels],
-                          {"output error": [sum(by_layer[k]) / len(by_layer[k]) for k in labels]}, "", bar_height=8)
+    return charts.bar_chart(
+        "mean relative output error of the quantized Linears, by decoder layer",
+        [f"layer {k}" for k in labels],
+        {"output error": [sum(by_layer[k]) / len(by_layer[k]) for k in labels]},
+        "",
+        bar_height=8,
+    )
 
 
 def _stability(stability: dict[str, Any] | None) -> str:
     if not stability:
         return ""
-    rows = [(i, r.get("mode"), r.get("prompt", "")[:80], r.get("fp_text", ""), r.get("text", ""),
-             ", ".join(r.get("new_flags", r.get("flags", []))) or "-", ", ".join(r.get("excused_flags", [])) or "-")
-            for i, r in enumerate(stability.get("runs") or [])]
-    head = page.verdict(stability.get("ok"), f"{stability.get('flagged')} of {stability.get('generations')} "
-                        f"generations flagged; {stability.get('excused', 0)} excused (the FP model does the same)")
-    return head + page.table(("#", "mode", "prompt", "FP generation", "quantized generation", "flagged",
-                              "excused"), rows, text_columns=(1, 2, 3, 4, 5, 6))
+    rows = [
+        (
+            i,
+            r.get("mode"),
+            r.get("prompt", "")[:80],
+            r.get("fp_text", ""),
+            r.get("text", ""),
+            ", ".join(r.get("new_flags", r.get("flags", []))) or "-",
+            ", ".join(r.get("excused_flags", [])) or "-",
+        )
+        for i, r in enumerate(stability.get("runs") or [])
+    ]
+    head = page.verdict(
+        stability.get("ok"),
+        f"{stability.get('flagged')} of {stability.get('generations')} "
+        f"generations flagged; {stability.get('excused', 0)} excused (the FP model does the same)",
+    )
+    return head + page.table(
+        ("#", "mode", "prompt", "FP generation", "quantized generation", "flagged", "excused"),
+        rows,
+        text_columns=(1, 2, 3, 4, 5, 6),
+    )
 
 
 def _gguf(report: dict[str, Any]) -> str:
@@ -102,11 +155,19 @@ def _gguf(report: dict[str, Any]) -> str:
     if not record:
         return ""
     back = record.get("read_back") or {}
-    return page.key_values([("file", record.get("file")), ("types", ", ".join(record.get("types") or [])),
-                            ("bytes", record.get("bytes")),
-                            ("read back", f"{back.get('tensors_checked')} tensors, exact: {back.get('exact')}, "
-                                          f"max |diff| {back.get('max_abs_diff')}"),
-                            ("llama.cpp", json.dumps(record.get("llama_cpp")))])
+    return page.key_values(
+        [
+            ("file", record.get("file")),
+            ("types", ", ".join(record.get("types") or [])),
+            ("bytes", record.get("bytes")),
+            (
+                "read back",
+                f"{back.get('tensors_checked')} tensors, exact: {back.get('exact')}, "
+                f"max |diff| {back.get('max_abs_diff')}",
+            ),
+            ("llama.cpp", json.dumps(record.get("llama_cpp"))),
+        ]
+    )
 
 
 def _serve(serve: dict[str, Any]) -> str:
@@ -121,8 +182,11 @@ def _serve(serve: dict[str, Any]) -> str:
 
 def write_train_page(folder: Path) -> Path:
     """``folder/report.html`` from ``train_log.jsonl`` (and ``train_result.json``)."""
-    events = [json.loads(line) for line in (folder / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
-              if line.strip()]
+    events = [
+        json.loads(line)
+        for line in (folder / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     steps = [e for e in events if e.get("event") == "step"]
     start = next((e for e in events if e.get("event") in ("start", "resume")), {})
     evals = [e for e in events if e.get("event") == "eval"]
@@ -131,39 +195,65 @@ def write_train_page(folder: Path) -> Path:
     config = start.get("config") or {}
     reasons = (start.get("recommendation") or {}).get("reasons") or []
     last = evals[-1] if evals else {}
-    body = "".join([
-        f"<h1>{page.esc(config.get('description') or folder.name)}: training report</h1>",
-        page.verdict(bool(result.get("completed")) if result else None,
-                     f"{len(steps)} of {start.get('total_steps', '?')} steps; final loss "
-                     f"{page.fmt(result.get('final_loss'))}; "
-                     + ", ".join(f"{k} {page.fmt(v)}" for k, v in last.items() if k not in ("event", "step"))),
-        page.section("Over the steps", "".join(_curve(steps, key, label) for key, label in (
-            ("loss", "training loss"), ("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"),
-            ("optimizer_state_bytes", "optimizer state bytes")))),
-        page.section("The recommender's reasons", page.table(("choice", "because"), [tuple(r) for r in reasons],
-                                                             text_columns=(0, 1))),
-        page.section("Run snapshot", page.key_values([("parameters", start.get("parameters")),
-                                                      ("skipped steps", result.get("skipped_steps"))])
-                     + f"<pre>{page.esc(json.dumps(config, indent=1))}</pre>"),
-    ])
+    body = "".join(
+        [
+            f"<h1>{page.esc(config.get('description') or folder.name)}: training report</h1>",
+            page.verdict(
+                bool(result.get("completed")) if result else None,
+                f"{len(steps)} of {start.get('total_steps', '?')} steps; final loss "
+                f"{page.fmt(result.get('final_loss'))}; "
+                + ", ".join(f"{k} {page.fmt(v)}" for k, v in last.items() if k not in ("event", "step")),
+            ),
+            page.section(
+                "Over the steps",
+                "".join(
+                    _curve(steps, key, label)
+                    for key, label in (
+                        ("loss", "training loss"),
+                        ("lr", "learning rate"),
+                        ("grad_norm", "gradient norm (before clipping)"),
+                        ("optimizer_state_bytes", "optimizer state bytes"),
+                    )
+                ),
+            ),
+            page.section(
+                "The recommender's reasons",
+                page.table(("choice", "because"), [tuple(r) for r in reasons], text_columns=(0, 1)),
+            ),
+            page.section(
+                "Run snapshot",
+                page.key_values(
+                    [("parameters", start.get("parameters")), ("skipped steps", result.get("skipped_steps"))]
+                )
+                + f"<pre>{page.esc(json.dumps(config, indent=1))}</pre>",
+            ),
+        ]
+    )
     return page.write_page(folder / REPORT_NAME, f"{folder.name} training report", body)
 
 
 def _curve(steps: list[dict[str, Any]], key: str, label: str, width: int = 640, height: int = 180) -> str:
-    points = [(float(e["step"]), float(e[key])) for e in steps if isinstance(e.get(key), (int, float))
-              and math.isfinite(float(e[key]))]
+    points = [
+        (float(e["step"]), float(e[key]))
+        for e in steps
+        if isinstance(e.get(key), (int, float)) and math.isfinite(float(e[key]))
+    ]
     if len(points) < 2:
         return ""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
     left, right, top, bottom = 60, width - 10, 24, height - 24
-    path = " ".join(f"{left + (x - x0) / (x1 - x0) * (right - left):.1f},"
-                    f"{bottom - (y - y0) / (y1 - y0) * (bottom - top):.1f}" for x, y in points)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
-            f'<text x="8" y="16" font-size="12" font-weight="bold">{page.esc(label)}</text>'
-            f'<polyline fill="none" stroke="#4c72b0" stroke-width="1.2" points="{path}"/>'
-            f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{page.fmt(y1, ".3g")}</text>'
-            f'<text x="{left - 4}" y="{bottom}" font-size="10" text-anchor="end">{page.fmt(y0, ".3g")}</text>'
-            f'<text x="{left}" y="{height - 6}" font-size="10">step {int(x0)}</text>'
-            f'<text x="{right}" y="{height - 6}" font-size="10" text-anchor="end">step {int(x1)}</text></svg>')
+    path = " ".join(
+        f"{left + (x - x0) / (x1 - x0) * (right - left):.1f},{bottom - (y - y0) / (y1 - y0) * (bottom - top):.1f}"
+        for x, y in points
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
+        f'<text x="8" y="16" font-size="12" font-weight="bold">{page.esc(label)}</text>'
+        f'<polyline fill="none" stroke="#4c72b0" stroke-width="1.2" points="{path}"/>'
+        f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{page.fmt(y1, ".3g")}</text>'
+        f'<text x="{left - 4}" y="{bottom}" font-size="10" text-anchor="end">{page.fmt(y0, ".3g")}</text>'
+        f'<text x="{left}" y="{height - 6}" font-size="10">step {int(x0)}</text>'
+        f'<text x="{right}" y="{height - 6}" font-size="10" text-anchor="end">step {int(x1)}</text></svg>'
+    )

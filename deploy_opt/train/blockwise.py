@@ -163,8 +163,12 @@ def quantize_signed(
     flat = x.detach().reshape(-1).float()
     codes, scales = out if out is not None else _empty_state(flat, block_size, torch.int8)
     scales.copy_(_block_absmax(flat, block_size).div_(127.0).clamp_min_(SCALE_FLOOR))
-    for part, s, c in zip(block_parts(flat, block_size), scale_parts(scales, flat.numel(), block_size),
-                          block_parts(codes, block_size), strict=True):
+    for part, s, c in zip(
+        block_parts(flat, block_size),
+        scale_parts(scales, flat.numel(), block_size),
+        block_parts(codes, block_size),
+        strict=True,
+    ):
         c.copy_(torch.div(part, s.unsqueeze(1)).round_().clamp_(-127, 127))
     return codes, scales
 
@@ -189,7 +193,9 @@ def scale_parts(scales: torch.Tensor, numel: int, block_size: int) -> list[torch
 
 
 def quantize_unsigned(
-    x: torch.Tensor, block_size: int, code: str = DEFAULT_SECOND_MOMENT_CODE,
+    x: torch.Tensor,
+    block_size: int,
+    code: str = DEFAULT_SECOND_MOMENT_CODE,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 codes and fp32 per-block scales of non-negative ``x`` (negatives are clamped to 0) in ``code``.
@@ -203,8 +209,12 @@ def quantize_unsigned(
     codes, scales = out if out is not None else _empty_state(flat, block_size, torch.uint8)
     top = _block_absmax(flat, block_size)
     scales.copy_((top if code == "dynamic" else top.div_(255.0)).clamp_min_(SCALE_FLOOR))
-    for part, s, c in zip(block_parts(flat, block_size), scale_parts(scales, flat.numel(), block_size),
-                          block_parts(codes, block_size), strict=True):
+    for part, s, c in zip(
+        block_parts(flat, block_size),
+        scale_parts(scales, flat.numel(), block_size),
+        block_parts(codes, block_size),
+        strict=True,
+    ):
         y = torch.div(part, s.unsqueeze(1))
         c.copy_(encode_dynamic(y.clamp_(max=1.0)) if code == "dynamic" else y.round_().clamp_(0, 255))
     return codes, scales
@@ -224,7 +234,10 @@ def encode_dynamic(y: torch.Tensor, tables: DynamicTables | None = None) -> torc
 
 
 def dequantize_unsigned(
-    codes: torch.Tensor, scales: torch.Tensor, block_size: int, code: str = DEFAULT_SECOND_MOMENT_CODE,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    block_size: int,
+    code: str = DEFAULT_SECOND_MOMENT_CODE,
     zero_as_half_step: bool = False,
 ) -> torch.Tensor:
     """The fp32 flat tensor that uint8 ``codes`` and per-block ``scales`` stand for in ``code``.

@@ -28,8 +28,9 @@ Estimator = Literal["auto", "gnb", "hutchinson"]
 ESTIMATORS = ("auto", "gnb", "hutchinson")
 
 
-def gauss_newton_bartlett(logits: torch.Tensor, params: list[torch.Tensor],
-                          generator: torch.Generator | None = None) -> dict[torch.Tensor, torch.Tensor]:
+def gauss_newton_bartlett(
+    logits: torch.Tensor, params: list[torch.Tensor], generator: torch.Generator | None = None
+) -> dict[torch.Tensor, torch.Tensor]:
     """``N · ĝ ⊙ ĝ`` for each parameter, with ``ĝ`` the gradient of CE(logits, ŷ), ŷ sampled from the logits."""
     if not isinstance(logits, torch.Tensor) or logits.ndim < 2 or not logits.is_floating_point():
         raise ConfigError(
@@ -47,15 +48,15 @@ def gauss_newton_bartlett(logits: torch.Tensor, params: list[torch.Tensor],
     return {p: rows * g.detach().square() for p, g in zip(params, grads, strict=True) if g is not None}
 
 
-def hutchinson(loss: torch.Tensor, params: list[torch.Tensor],
-               generator: torch.Generator | None = None) -> dict[torch.Tensor, torch.Tensor]:
+def hutchinson(
+    loss: torch.Tensor, params: list[torch.Tensor], generator: torch.Generator | None = None
+) -> dict[torch.Tensor, torch.Tensor]:
     """``u ⊙ (∇²L u)`` with ``u ~ N(0, I)``; also leaves ∇L in each ``param.grad`` (it replaces the backward)."""
     used = [p for p in params if p.requires_grad]
     grads = torch.autograd.grad(loss, used, create_graph=True, allow_unused=True)
     pairs = [(p, g) for p, g in zip(used, grads, strict=True) if g is not None]
     probes = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p, _ in pairs]
-    products = torch.autograd.grad([g for _, g in pairs], [p for p, _ in pairs], grad_outputs=probes,
-                                   allow_unused=True)
+    products = torch.autograd.grad([g for _, g in pairs], [p for p, _ in pairs], grad_outputs=probes, allow_unused=True)
     for p, g in pairs:
         p.grad = g.detach() if p.grad is None else p.grad + g.detach()
     return {
@@ -78,9 +79,14 @@ def resolve_estimator(estimator: str, has_logits: bool) -> str:
     return estimator
 
 
-def sophia_backward(optimizer: torch.optim.Optimizer, loss: torch.Tensor, output: Any,
-                    logits: Callable[[Any], torch.Tensor] | None, estimator: str,
-                    generator: torch.Generator | None = None) -> dict[torch.Tensor, torch.Tensor] | None:
+def sophia_backward(
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    output: Any,
+    logits: Callable[[Any], torch.Tensor] | None,
+    estimator: str,
+    generator: torch.Generator | None = None,
+) -> dict[torch.Tensor, torch.Tensor] | None:
     """``loss.backward()``, plus a Hessian estimate when ``optimizer`` is Sophia and one is due (else None)."""
     from deploy_opt.train.sophia import Int8Sophia
 

@@ -42,8 +42,9 @@ def _dequant_second(codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTa
     return value * value if code == "sqrt" else value
 
 
-def _requant_second(v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables,
-                    code: str) -> None:
+def _requant_second(
+    v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables, code: str
+) -> None:
     if code == "sqrt":
         v = v.sqrt()
     top = v.amax(dim=1)
@@ -56,9 +57,17 @@ def _requant_second(v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
     scales.copy_(new)
 
 
-def adamw_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
-                 v_codes: torch.Tensor, v_scales: torch.Tensor, tables: DynamicTables, hyper: torch.Tensor,
-                 code: str) -> None:
+def adamw_blocks(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_codes: torch.Tensor,
+    m_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    tables: DynamicTables,
+    hyper: torch.Tensor,
+    code: str,
+) -> None:
     """AdamW; ``hyper`` = [lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)].
 
     ``tables``: the dynamic code's lookup tables (only that code uses them).
@@ -73,8 +82,9 @@ def adamw_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor,
     _requant_second(v, v_codes, v_scales, tables, code)
 
 
-def lion_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
-                hyper: torch.Tensor) -> None:
+def lion_blocks(
+    param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor, hyper: torch.Tensor
+) -> None:
     """Lion; ``hyper`` = [lr, weight_decay, beta1, beta2]."""
     lr, wd, beta1, beta2 = hyper.unbind()
     m = m_codes.float() * m_scales.unsqueeze(1)
@@ -82,8 +92,14 @@ def lion_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, 
     _requant_signed(torch.lerp(m, grad, 1.0 - beta2), m_codes, m_scales)
 
 
-def sgd_blocks(param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor,
-               hyper: torch.Tensor, nesterov: bool) -> None:
+def sgd_blocks(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_codes: torch.Tensor,
+    m_scales: torch.Tensor,
+    hyper: torch.Tensor,
+    nesterov: bool,
+) -> None:
     """SGD with momentum; ``hyper`` = [lr, weight_decay, momentum]."""
     lr, wd, momentum = hyper.unbind()
     buf = m_codes.float() * m_scales.unsqueeze(1) * momentum + grad

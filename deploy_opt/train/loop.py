@@ -78,8 +78,9 @@ def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.op
     if config.type == "lion":
         return Int8Lion(groups, betas=config.resolved_betas, **common)
     if config.type == "sophia":
-        return Int8Sophia(groups, betas=config.resolved_betas, rho=config.rho, update_period=config.update_period,
-                          **common)
+        return Int8Sophia(
+            groups, betas=config.resolved_betas, rho=config.rho, update_period=config.update_period, **common
+        )
     return Int8SGD(groups, momentum=config.momentum, nesterov=config.nesterov, **common)
 
 
@@ -188,18 +189,7 @@ def _run(
                 last_loss = record["loss"]
             if record["skipped"]:
                 state.skipped_at.append(state.step)
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.4g}", lr=f"{record['lr']:.3g}", refresh=False)
-            if state.step % config.log_every == 0 or record["skipped"]:
-                log.info(
-                    "step %d/%d loss %.4g lr %.3g grad_norm %.3g%s",
-                    state.step,
-                    total_steps,
-                    record["loss"],
-                    record["lr"],
-                    record["grad_norm"],
-                    " (skipped)" if record["skipped"] else "",
-                )
+            _show_step(bar, record, total_steps, config.log_every)
             if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < end:
                 _save(out, model, optimizer, scheduler, state, config)
             if state.step >= end:
@@ -242,6 +232,22 @@ def _run(
 
     write_train_page(out)
     return result
+
+
+def _show_step(bar: Any, record: dict[str, Any], total_steps: int, log_every: int) -> None:
+    """The progress bar's step and loss; every ``log_every`` steps (and every skipped one) a log line."""
+    bar.update(1)
+    bar.set_postfix(loss=f"{record['loss']:.4g}", lr=f"{record['lr']:.3g}", refresh=False)
+    if record["step"] % log_every == 0 or record["skipped"]:
+        log.info(
+            "step %d/%d loss %.4g lr %.3g grad_norm %.3g%s",
+            record["step"],
+            total_steps,
+            record["loss"],
+            record["lr"],
+            record["grad_norm"],
+            " (skipped)" if record["skipped"] else "",
+        )
 
 
 def _train_step(

@@ -86,8 +86,9 @@ def _check_range(name: str, value: float, low: float, high: float = math.inf, hi
 class BlockwiseOptimizer(torch.optim.Optimizer):
     """What the three int8-state optimizers share: fallback rules, per-parameter step, checkpoints."""
 
-    def __init__(self, params: Any, defaults: dict[str, Any], config: StateConfig,
-                 compiled: bool | None = None) -> None:
+    def __init__(
+        self, params: Any, defaults: dict[str, Any], config: StateConfig, compiled: bool | None = None
+    ) -> None:
         self.config = config
         if compiled is not None and not isinstance(compiled, bool):
             raise ConfigError(f"compiled must be True, False or None (auto), got {compiled!r}")
@@ -98,12 +99,25 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         super().__init__(_named_groups(params), defaults)
 
     # --- the update, per parameter ---------------------------------------------------------------------
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
-                group: dict[str, Any], step: int) -> None:
+    def _update(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        moments: dict[str, torch.Tensor],
+        group: dict[str, Any],
+        step: int,
+    ) -> None:
         raise NotImplementedError
 
-    def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int, compile_: bool) -> None:
+    def _run_kernel(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
         raise NotImplementedError
 
     def compiles(self, numel: int) -> bool:
@@ -157,15 +171,20 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             work = local if local.dtype == torch.float32 else local.float()
             # One kernel call for the whole blocks, one for a shorter tail block.
             numel, size = local.numel(), cfg.block_size
-            pieces = {key: block_parts(value, size) if key.endswith("_codes") else scale_parts(value, numel, size)
-                      for key, value in state.items() if key.endswith(("_codes", "_scales"))}
+            pieces = {
+                key: block_parts(value, size) if key.endswith("_codes") else scale_parts(value, numel, size)
+                for key, value in state.items()
+                if key.endswith(("_codes", "_scales"))
+            }
             # detach(): both views exist before the first call writes the parameter, which autograd forbids for
             # views of a tensor that requires grad (the writes still land in the parameter's storage).
-            parts = zip(block_parts(work.detach().view(-1), size), block_parts(grad.float().view(-1), size),
-                        strict=True)
+            parts = zip(
+                block_parts(work.detach().view(-1), size), block_parts(grad.float().view(-1), size), strict=True
+            )
             for index, (part, part_grad) in enumerate(parts):
-                self._run_kernel(part, part_grad, {key: value[index] for key, value in pieces.items()}, group, step,
-                                 compile_)
+                self._run_kernel(
+                    part, part_grad, {key: value[index] for key, value in pieces.items()}, group, step, compile_
+                )
             if work is not local:
                 local.copy_(work)
             return
@@ -180,8 +199,9 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         for kind, kind_code in self._moments(group):
             write_moment(state, kind, moment_code(kind_code, cfg), moments[kind], cfg.block_size, as_int8)
 
-    def _fits_kernel(self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor,
-                     group: dict[str, Any]) -> bool:
+    def _fits_kernel(
+        self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
+    ) -> bool:
         """Whether the fused kernel can run: contiguous, state int8 already (or still empty)."""
         moments = self._moments(group)
         use_kernels = self.compiles(local.numel()) if self.use_kernels is None else self.use_kernels
@@ -192,11 +212,13 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         if any(kind in state or kind + "_codes" in state for kind, _ in moments):
             return False  # fp32 state after warmup: the unfused path quantizes it
         for kind, kind_code in moments:  # zero state; zero scales (only here) make even a "half step" read 0
-            codes = torch.zeros(local.numel(), dtype=torch.int8 if kind_code == "signed" else torch.uint8,
-                                device=local.device)
+            codes = torch.zeros(
+                local.numel(), dtype=torch.int8 if kind_code == "signed" else torch.uint8, device=local.device
+            )
             state[kind + "_codes"] = codes
-            state[kind + "_scales"] = torch.zeros(block_count(local.numel(), self.config.block_size),
-                                                  device=local.device)
+            state[kind + "_scales"] = torch.zeros(
+                block_count(local.numel(), self.config.block_size), device=local.device
+            )
         return True
 
     # --- checkpoints -----------------------------------------------------------------------------------
@@ -239,9 +261,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         for saved_id, param in zip(saved_ids, params, strict=True):
             if saved_id in state:
                 device = local_tensor(param).device
-                self.state[param] = {
-                    key: _placed(value, key, device) for key, value in state[saved_id].items()
-                }
+                self.state[param] = {key: _placed(value, key, device) for key, value in state[saved_id].items()}
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
@@ -280,43 +300,87 @@ def _placed(value: Any, key: str, device: torch.device) -> Any:
     return local_tensor(value).detach().to(device=device, dtype=dtype).clone()
 
 
-def _config(optimizer: str, state: str, block_size: int, min_numel: int, fp32_patterns: Iterable[str],
-            fp32_warmup_steps: int, second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE) -> StateConfig:
+def _config(
+    optimizer: str,
+    state: str,
+    block_size: int,
+    min_numel: int,
+    fp32_patterns: Iterable[str],
+    fp32_warmup_steps: int,
+    second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
+) -> StateConfig:
     if isinstance(fp32_patterns, str):
         fp32_patterns = (fp32_patterns,)
-    return StateConfig(optimizer, state, block_size, min_numel, tuple(fp32_patterns), fp32_warmup_steps,
-                       second_moment_code)
+    return StateConfig(
+        optimizer, state, block_size, min_numel, tuple(fp32_patterns), fp32_warmup_steps, second_moment_code
+    )
 
 
 class Int8AdamW(BlockwiseOptimizer):
     """AdamW (decoupled weight decay, bias-corrected) with block-wise int8 first and 8-bit second moments."""
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
-                 min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-                 fp32_warmup_steps: int = 0, second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-                 compiled: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        *,
+        state: str = "int8",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        min_numel: int = 4096,
+        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
+        fp32_warmup_steps: int = 0,
+        second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
+        compiled: bool | None = None,
+    ) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
         _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
         _check_range("eps", eps, 0.0)
         _check_range("weight_decay", weight_decay, 0.0)
-        config = _config("Int8AdamW", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps,
-                         second_moment_code)
+        config = _config(
+            "Int8AdamW", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps, second_moment_code
+        )
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults, config, compiled)
 
-    def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int, compile_: bool) -> None:
+    def _run_kernel(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        hyper = torch.tensor([lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)],
-                             dtype=torch.float32, device=param.device)
-        kernels.run_kernel(kernels.adamw_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"),
-                           *self._blocks(state, "exp_avg_sq"), dynamic_tables(param.device), hyper,
-                           self.config.second_moment_code)
+        hyper = torch.tensor(
+            [lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)],
+            dtype=torch.float32,
+            device=param.device,
+        )
+        kernels.run_kernel(
+            kernels.adamw_blocks,
+            compile_,
+            param,
+            grad,
+            *self._blocks(state, "exp_avg"),
+            *self._blocks(state, "exp_avg_sq"),
+            dynamic_tables(param.device),
+            hyper,
+            self.config.second_moment_code,
+        )
 
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
-                group: dict[str, Any], step: int) -> None:
+    def _update(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        moments: dict[str, torch.Tensor],
+        group: dict[str, Any],
+        step: int,
+    ) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         exp_avg, exp_avg_sq = moments["exp_avg"], moments["exp_avg_sq"]
         if wd:
@@ -330,10 +394,20 @@ class Int8AdamW(BlockwiseOptimizer):
 class Int8Lion(BlockwiseOptimizer):
     """Lion (sign of interpolated momentum, decoupled weight decay) with block-wise int8 momentum."""
 
-    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
-                 min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-                 fp32_warmup_steps: int = 0, compiled: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        *,
+        state: str = "int8",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        min_numel: int = 4096,
+        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
+        fp32_warmup_steps: int = 0,
+        compiled: bool | None = None,
+    ) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("betas[0]", betas[0], 0.0, 1.0)
         _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
@@ -341,15 +415,29 @@ class Int8Lion(BlockwiseOptimizer):
         config = _config("Int8Lion", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}, config, compiled)
 
-    def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int, compile_: bool) -> None:
+    def _run_kernel(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
         (beta1, beta2) = group["betas"]
-        hyper = torch.tensor([group["lr"], group["weight_decay"], beta1, beta2], dtype=torch.float32,
-                             device=param.device)
+        hyper = torch.tensor(
+            [group["lr"], group["weight_decay"], beta1, beta2], dtype=torch.float32, device=param.device
+        )
         kernels.run_kernel(kernels.lion_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"), hyper)
 
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
-                group: dict[str, Any], step: int) -> None:
+    def _update(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        moments: dict[str, torch.Tensor],
+        group: dict[str, Any],
+        step: int,
+    ) -> None:
         lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
         exp_avg = moments["exp_avg"]
         if wd:
@@ -361,10 +449,21 @@ class Int8Lion(BlockwiseOptimizer):
 class Int8SGD(BlockwiseOptimizer):
     """SGD with (optionally Nesterov) momentum, decoupled weight decay and a block-wise int8 momentum buffer."""
 
-    def __init__(self, params: Any, lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
-                 nesterov: bool = False, *, state: str = "int8", block_size: int = DEFAULT_BLOCK_SIZE,
-                 min_numel: int = 4096, fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-                 fp32_warmup_steps: int = 0, compiled: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        state: str = "int8",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        min_numel: int = 4096,
+        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
+        fp32_warmup_steps: int = 0,
+        compiled: bool | None = None,
+    ) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("momentum", momentum, 0.0, 1.0, high_open=True)
         _check_range("weight_decay", weight_decay, 0.0)
@@ -374,18 +473,39 @@ class Int8SGD(BlockwiseOptimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
         super().__init__(params, defaults, config, compiled)
 
-    def _run_kernel(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                    step: int, compile_: bool) -> None:
-        hyper = torch.tensor([group["lr"], group["weight_decay"], group["momentum"]], dtype=torch.float32,
-                             device=param.device)
-        kernels.run_kernel(kernels.sgd_blocks, compile_, param, grad, *self._blocks(state, "momentum_buffer"),
-                           hyper, bool(group["nesterov"]))
+    def _run_kernel(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        hyper = torch.tensor(
+            [group["lr"], group["weight_decay"], group["momentum"]], dtype=torch.float32, device=param.device
+        )
+        kernels.run_kernel(
+            kernels.sgd_blocks,
+            compile_,
+            param,
+            grad,
+            *self._blocks(state, "momentum_buffer"),
+            hyper,
+            bool(group["nesterov"]),
+        )
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS["Int8SGD"] if group["momentum"] else ()
 
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
-                group: dict[str, Any], step: int) -> None:
+    def _update(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        moments: dict[str, torch.Tensor],
+        group: dict[str, Any],
+        step: int,
+    ) -> None:
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if wd:
             param.mul_(1.0 - lr * wd)

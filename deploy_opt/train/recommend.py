@@ -247,8 +247,12 @@ def _choose_state(params: int, optimizer: str, tight: bool, gb: Any) -> tuple[st
 
 
 def _optimizer_text(optimizer: str) -> str:
-    return {"sgd": "optimizer sgd (momentum 0.9)", "lion": "optimizer lion", "adamw": "optimizer adamw",
-            "sophia": "optimizer sophia (rho 0.04, Hessian every 10 steps)"}[optimizer]
+    return {
+        "sgd": "optimizer sgd (momentum 0.9)",
+        "lion": "optimizer lion",
+        "adamw": "optimizer adamw",
+        "sophia": "optimizer sophia (rho 0.04, Hessian every 10 steps)",
+    }[optimizer]
 
 
 def _lr_reason(kind: str, optimizer: str, params: int) -> str:

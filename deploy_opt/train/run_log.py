@@ -44,4 +44,3 @@ def read_train_log(path: str | Path, event: str = "step") -> list[dict[str, Any]
     """The records of one event kind from a ``train_log.jsonl``."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [r for r in (json.loads(line) for line in lines if line.strip()) if r.get("event") == event]
-

@@ -45,12 +45,24 @@ DEFAULT_UPDATE_PERIOD = 10
 class Int8Sophia(BlockwiseOptimizer):
     """Sophia with block-wise int8 momentum and 8-bit Hessian EMA (``state="fp32"`` keeps both in fp32)."""
 
-    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = DEFAULT_BETAS,
-                 rho: float = DEFAULT_RHO, weight_decay: float = 0.1, eps: float = 1e-12,
-                 update_period: int = DEFAULT_UPDATE_PERIOD, *, state: str = "int8",
-                 block_size: int = DEFAULT_BLOCK_SIZE, min_numel: int = 4096,
-                 fp32_patterns: Iterable[str] = ("embed", "lm_head"), fp32_warmup_steps: int = 0,
-                 second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE, compiled: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        rho: float = DEFAULT_RHO,
+        weight_decay: float = 0.1,
+        eps: float = 1e-12,
+        update_period: int = DEFAULT_UPDATE_PERIOD,
+        *,
+        state: str = "int8",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        min_numel: int = 4096,
+        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
+        fp32_warmup_steps: int = 0,
+        second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
+        compiled: bool | None = None,
+    ) -> None:
         _check_range("lr", lr, 0.0)
         _check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
         _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
@@ -60,10 +72,13 @@ class Int8Sophia(BlockwiseOptimizer):
         _check_range("eps", eps, 0.0)
         _check_range("weight_decay", weight_decay, 0.0)
         if isinstance(update_period, bool) or not isinstance(update_period, int) or update_period < 1:
-            raise ConfigError(f"update_period must be a positive integer (steps between Hessian estimates), "
-                              f"got {update_period!r}; the paper uses 10")
-        config = _config("Int8Sophia", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps,
-                         second_moment_code)
+            raise ConfigError(
+                f"update_period must be a positive integer (steps between Hessian estimates), "
+                f"got {update_period!r}; the paper uses 10"
+            )
+        config = _config(
+            "Int8Sophia", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps, second_moment_code
+        )
         defaults = {"lr": lr, "betas": tuple(betas), "rho": rho, "weight_decay": weight_decay, "eps": eps}
         self.update_period = update_period
         self._hessian: torch.Tensor | None = None
@@ -102,8 +117,9 @@ class Int8Sophia(BlockwiseOptimizer):
                 value = read_moment(state, "hessian", code, cfg.block_size, local.shape)
                 value = torch.zeros_like(local, dtype=torch.float32) if value is None else value
                 value.mul_(beta2).add_(estimate, alpha=1.0 - beta2)
-                write_moment(state, "hessian", code, value.clamp_(min=0.0) if as_int8 else value, cfg.block_size,
-                             as_int8)
+                write_moment(
+                    state, "hessian", code, value.clamp_(min=0.0) if as_int8 else value, cfg.block_size, as_int8
+                )
 
     # --- the step --------------------------------------------------------------------------------------
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -111,22 +127,30 @@ class Int8Sophia(BlockwiseOptimizer):
         # step would drift), so _step_param stashes it and update_hessian alone writes it.
         return (("exp_avg", "signed"),)
 
-    def _fits_kernel(self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor,
-                     group: dict[str, Any]) -> bool:
+    def _fits_kernel(
+        self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
+    ) -> bool:
         return False  # no fused kernel for Sophia: the per-op path below
 
     def _step_param(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> None:
         local = local_tensor(param)
         cfg = self.config
-        self._hessian = read_moment(self.state[param], "hessian", moment_code("second", cfg), cfg.block_size,
-                                    local.shape)
+        self._hessian = read_moment(
+            self.state[param], "hessian", moment_code("second", cfg), cfg.block_size, local.shape
+        )
         try:
             super()._step_param(param, name, group)
         finally:
             self._hessian = None
 
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: dict[str, torch.Tensor],
-                group: dict[str, Any], step: int) -> None:
+    def _update(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        moments: dict[str, torch.Tensor],
+        group: dict[str, Any],
+        step: int,
+    ) -> None:
         lr, (beta1, _), rho, wd, eps = group["lr"], group["betas"], group["rho"], group["weight_decay"], group["eps"]
         exp_avg = moments["exp_avg"]
         exp_avg.lerp_(grad, 1.0 - beta1)
@@ -140,9 +164,17 @@ class Int8Sophia(BlockwiseOptimizer):
 class Sophia(Int8Sophia):
     """Sophia with fp32 state: ``Int8Sophia(..., state="fp32")`` under its own name."""
 
-    def __init__(self, params: Any, lr: float = 1e-4, betas: tuple[float, float] = DEFAULT_BETAS,
-                 rho: float = DEFAULT_RHO, weight_decay: float = 0.1, eps: float = 1e-12,
-                 update_period: int = DEFAULT_UPDATE_PERIOD, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        rho: float = DEFAULT_RHO,
+        weight_decay: float = 0.1,
+        eps: float = 1e-12,
+        update_period: int = DEFAULT_UPDATE_PERIOD,
+        **kwargs: Any,
+    ) -> None:
         if kwargs.get("state", "fp32") != "fp32":
             raise ConfigError("Sophia keeps fp32 state; for int8 state use Int8Sophia")
         kwargs["state"] = "fp32"

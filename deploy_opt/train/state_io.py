@@ -179,7 +179,11 @@ def write_moment(
 
 
 def convert_param_state(
-    param_state: dict[str, Any], saved: StateConfig, current: StateConfig, shape: torch.Size, as_int8: bool,
+    param_state: dict[str, Any],
+    saved: StateConfig,
+    current: StateConfig,
+    shape: torch.Size,
+    as_int8: bool,
     device: torch.device,
 ) -> dict[str, Any]:
     """One param's state rewritten from ``saved``'s form into ``current``'s (fp32 or int8 at its block size)."""

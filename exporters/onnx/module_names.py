@@ -74,8 +74,12 @@ def module_paths(model: onnx.ModelProto) -> dict[str, str]:
     initializers = {t.name for t in model.graph.initializer}
     out = {}
     for node in model.graph.node:
-        path = (stored.get(node.name) or _from_metadata(node) or _from_name(node.name)
-                or _from_parameters(node, initializers))
+        path = (
+            stored.get(node.name)
+            or _from_metadata(node)
+            or _from_name(node.name)
+            or _from_parameters(node, initializers)
+        )
         if path and node.name:
             out[node.name] = path
     return out

@@ -61,9 +61,29 @@ def unshare_biases(model: onnx.ModelProto) -> int:
 
 
 # Operators that turn constants into a weight without reading data: folded when every leaf is a constant.
-FOLDABLE = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Mul", "Div",
-                      "Add", "Sub", "Neg", "Concat", "Slice", "Gather", "Expand", "Tile", "ConstantOfShape",
-                      "Constant"})  # fmt: skip
+FOLDABLE = frozenset(
+    {
+        "Transpose",
+        "Reshape",
+        "Cast",
+        "Identity",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Mul",
+        "Div",
+        "Add",
+        "Sub",
+        "Neg",
+        "Concat",
+        "Slice",
+        "Gather",
+        "Expand",
+        "Tile",
+        "ConstantOfShape",
+        "Constant",
+    }
+)
 UNNAMED = frozenset({"", "?", "-1", "None"})
 
 

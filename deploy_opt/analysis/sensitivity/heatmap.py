@@ -128,33 +128,41 @@ def write_heatmap(result: Mapping[str, Any], path: Path) -> Path:
         top_in = HEAD_IN + band * band_in + COLHEAD_IN
         rect = ((column * panel_in + label_in + 0.15) / width, 1 - (top_in + (hi - lo) * ROW_IN) / height)
         ax = fig.add_axes((*rect, 5 * CELL_IN / width, (hi - lo) * ROW_IN / height))
-        ax.set_facecolor(MISSING)
-        block = np.ma.masked_invalid(data[lo:hi])
-        for cmap, norm, hidden in ((drop_cmap, drop_norm, [4]), (sqnr_cmap, sqnr_norm, [0, 1, 2, 3])):
-            part = block.copy()
-            part[:, hidden] = np.ma.masked  # each colour scale draws only its own columns
-            ax.imshow(part, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(5), COLUMNS, fontsize=7, rotation=35, ha="left", rotation_mode="anchor")
-        ax.set_yticks(range(hi - lo), labels[lo:hi], fontsize=7)
-        ax.xaxis.tick_top()
-        ax.set_xticks(np.arange(-0.5, 5), minor=True)
-        ax.set_yticks(np.arange(-0.5, hi - lo), minor=True)
-        ax.grid(which="minor", color="white", lw=0.6)
-        ax.tick_params(which="minor", length=0)
-        ax.axvline(3.5, color="white", lw=3)
-        if count <= ANNOTATE_UPTO:
-            for (row, col), value in np.ndenumerate(data[lo:hi]):
-                if math.isfinite(value):
-                    norm, cmap = (drop_norm, drop_cmap) if col < 4 else (sqnr_norm, sqnr_cmap)
-                    r, g, b, _ = cmap(float(norm(value)))
-                    ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
-                    ax.text(col, row, sig2(value), ha="center", va="center", fontsize=6, color=ink)
+        scales = ((drop_cmap, drop_norm), (sqnr_cmap, sqnr_norm))
+        _draw_panel(ax, data[lo:hi], labels[lo:hi], scales, annotate=count <= ANNOTATE_UPTO)
     dpi = min(110.0, 60000.0 / height)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=dpi)
     plt.close(fig)
     log.info("wrote the sensitivity heatmap (%d nodes, %d panel(s)) to %s", count, panels, path)
     return Path(path)
+
+
+def _draw_panel(ax: Any, rows: np.ndarray, labels: list[str], scales: tuple, annotate: bool) -> None:
+    """One panel of the heatmap: the four drop columns in the first colour scale, the SQNR column in the second."""
+    (drop_cmap, drop_norm), (sqnr_cmap, sqnr_norm) = scales
+    ax.set_facecolor(MISSING)
+    block = np.ma.masked_invalid(rows)
+    for cmap, norm, hidden in ((drop_cmap, drop_norm, [4]), (sqnr_cmap, sqnr_norm, [0, 1, 2, 3])):
+        part = block.copy()
+        part[:, hidden] = np.ma.masked  # each colour scale draws only its own columns
+        ax.imshow(part, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(5), COLUMNS, fontsize=7, rotation=35, ha="left", rotation_mode="anchor")
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.xaxis.tick_top()
+    ax.set_xticks(np.arange(-0.5, 5), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
+    ax.grid(which="minor", color="white", lw=0.6)
+    ax.tick_params(which="minor", length=0)
+    ax.axvline(3.5, color="white", lw=3)
+    if not annotate:
+        return
+    for (row, col), value in np.ndenumerate(rows):
+        if math.isfinite(value):
+            norm, cmap = (drop_norm, drop_cmap) if col < 4 else (sqnr_norm, sqnr_cmap)
+            r, g, b, _ = cmap(float(norm(value)))
+            ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+            ax.text(col, row, sig2(value), ha="center", va="center", fontsize=6, color=ink)
 
 
 _CSS = """

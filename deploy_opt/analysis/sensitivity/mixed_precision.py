@@ -60,9 +60,7 @@ def activation_matmuls(model: onnx.ModelProto) -> list[str]:
     """
     constants = {i.name for i in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    return [
-        n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)
-    ]
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)]
 
 
 def with_excluded(config: BuildConfig, nodes: tuple[str, ...]) -> BuildConfig:

@@ -12,7 +12,6 @@ The method with the least propagated noise wins; on a tensor where clipping hurt
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -60,8 +59,9 @@ def propagated_range_noise(
             noise = {t: {m: fn(tap.values[t]) - tap.values[t] for m, fn in fake[t].items()} for t in names}
             for _ in range(probes):
                 v = probe(y, generator, metric)
-                grads = torch.autograd.grad((v * y).sum(), [tap.leaves[t] for t in names], retain_graph=True,
-                                            allow_unused=True)  # fmt: skip
+                grads = torch.autograd.grad(
+                    (v * y).sum(), [tap.leaves[t] for t in names], retain_graph=True, allow_unused=True
+                )
                 for name, grad in zip(names, grads, strict=True):
                     if grad is not None:
                         for method, e in noise[name].items():
@@ -117,8 +117,3 @@ def pick_methods(noise: Mapping[str, Mapping[str, float]], prefer: str = "minmax
             best = prefer
         chosen[tensor] = best
     return chosen
-
-
-def noise_db(value: float) -> float:
-    """A relative noise power as an SQNR in dB (higher is better)."""
-    return -10 * math.log10(max(value, 1e-30))

@@ -56,14 +56,21 @@ class RayExecutor:
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=parallel, num_gpus=None if gpus_per_trial else 0, include_dashboard=False,
-                         log_to_driver=False)
+                ray.init(
+                    num_cpus=parallel,
+                    num_gpus=None if gpus_per_trial else 0,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
         resources = ray.cluster_resources()
-        log.info("Ray: %s, %g CPUs, %g GPUs", address or "local instance", resources.get("CPU", 0),
-                 resources.get("GPU", 0))
+        log.info(
+            "Ray: %s, %g CPUs, %g GPUs", address or "local instance", resources.get("CPU", 0), resources.get("GPU", 0)
+        )
         if gpus_per_trial and resources.get("GPU", 0) < gpus_per_trial:
-            raise ConfigError(f"--gpus-per-trial {gpus_per_trial:g} but the Ray cluster has "
-                              f"{resources.get('GPU', 0):g} GPUs; fix: pass 0, or an --address with GPUs")
+            raise ConfigError(
+                f"--gpus-per-trial {gpus_per_trial:g} but the Ray cluster has "
+                f"{resources.get('GPU', 0):g} GPUs; fix: pass 0, or an --address with GPUs"
+            )
         self._options = {"num_cpus": 1, "num_gpus": gpus_per_trial, "max_retries": 0}
         self._remote: dict[Callable[..., Any], Any] = {}
         self._refs: dict[Any, Key] = {}

@@ -94,8 +94,9 @@ def run_search(request: SearchRequest) -> SearchResult:
         summary = _summary(request, rows, steps, recommended, fixed, sampling, time.perf_counter() - started)
         threads = 1 if request.parallel > 1 or request.address else None
         paths = write_report(folder, summary, base, threads)
-    return SearchResult(folder, summary["best"], summary["default"], len(rows), reused,
-                        time.perf_counter() - started, paths)
+    return SearchResult(
+        folder, summary["best"], summary["default"], len(rows), reused, time.perf_counter() - started, paths
+    )
 
 
 def _check_same_search(study: Any, base: dict[str, Any], request: SearchRequest, folder: Path) -> None:
@@ -114,8 +115,15 @@ def _check_same_search(study: Any, base: dict[str, Any], request: SearchRequest,
         log.info("resuming the search in %s", folder)
 
 
-def _summary(request: SearchRequest, rows: list[dict[str, Any]], steps: int, recommended: Any, fixed: list[Any],
-             sampling: TpeSampling, seconds: float) -> dict[str, Any]:
+def _summary(
+    request: SearchRequest,
+    rows: list[dict[str, Any]],
+    steps: int,
+    recommended: Any,
+    fixed: list[Any],
+    sampling: TpeSampling,
+    seconds: float,
+) -> dict[str, Any]:
     # The config as given; when it equals the recommender's choice, that one trial (0) is both.
     default_number = next((s.number for s in fixed if s.stage == "default"), 0)
     by_number = {r["number"]: r for r in rows}

@@ -22,8 +22,13 @@ log = logging.getLogger(__name__)
 def config_params(config: TrainConfig) -> dict[str, Any]:
     """The searched hyper-parameters as the config sets them."""
     opt = config.optimizer
-    params: dict[str, Any] = {"type": opt.type, "lr": opt.resolved_lr, "weight_decay": opt.weight_decay,
-                              "warmup_ratio": config.scheduler.warmup_ratio, "state": opt.state}
+    params: dict[str, Any] = {
+        "type": opt.type,
+        "lr": opt.resolved_lr,
+        "weight_decay": opt.weight_decay,
+        "warmup_ratio": config.scheduler.warmup_ratio,
+        "state": opt.state,
+    }
     if opt.type == "sgd":
         params["momentum"] = opt.momentum
     else:
@@ -43,8 +48,12 @@ def recommended_spec(config: TrainConfig, samples: int, memory_gb: float, steps:
     params = sum(p.numel() for p in build_model(config).parameters() if p.requires_grad)
     rec = recommend(config.model_type, params, samples, memory_gb)
     low, high = rec.lr_range
-    chosen = {"type": rec.optimizer, "lr": float(f"{math.sqrt(low * high):.3g}"),
-              "warmup_ratio": rec.schedule.warmup_ratio, "state": rec.state}
+    chosen = {
+        "type": rec.optimizer,
+        "lr": float(f"{math.sqrt(low * high):.3g}"),
+        "warmup_ratio": rec.schedule.warmup_ratio,
+        "state": rec.state,
+    }
     if rec.optimizer == config.optimizer.type:  # same optimizer: keep the config's betas/momentum and decay
         chosen = {**config_params(config), **chosen}
     return TrialSpec(0, "recommended", chosen, steps, "the recommender's choice", tuple(rec.reasons))

@@ -65,8 +65,9 @@ def open_studies(folder: Path, space: SearchSpace) -> dict[str, Any]:
     sampler = optuna.samplers.TPESampler(seed=space.seed, n_startup_trials=3)
     return {
         "fixed": optuna.create_study(study_name="fixed", storage=storage, load_if_exists=True, direction="minimize"),
-        "tpe": optuna.create_study(study_name="tpe", storage=storage, load_if_exists=True, direction="minimize",
-                                   sampler=sampler, pruner=pruner),
+        "tpe": optuna.create_study(
+            study_name="tpe", storage=storage, load_if_exists=True, direction="minimize", sampler=sampler, pruner=pruner
+        ),
     }
 
 
@@ -139,8 +140,13 @@ def _resume_tpe(study: Any, running: dict[int, Running], sample_tpe: Any) -> int
     ended = 0
     for number, frozen in sorted(by_number(study).items()):
         if frozen.state.name == "RUNNING":
-            spec = TrialSpec(number, "tpe", dict(frozen.user_attrs["params"]), int(frozen.user_attrs["steps"]),
-                             str(frozen.user_attrs.get("label", "")))
+            spec = TrialSpec(
+                number,
+                "tpe",
+                dict(frozen.user_attrs["params"]),
+                int(frozen.user_attrs["steps"]),
+                str(frozen.user_attrs.get("label", "")),
+            )
             stops = sample_tpe.stops(spec.steps)
             trial = optuna.trial.Trial(study, frozen._trial_id)
             running[number] = Running(spec, trial, _remaining(spec.steps, stops, frozen), True)
@@ -154,8 +160,15 @@ def _remaining(steps: int, stops: list[int], frozen: Any) -> list[int]:
     return [s for s in stops if s > done] or [steps]
 
 
-def _next_trial(queue: list[TrialSpec], studies: dict[str, Any], running: dict[int, Running],
-                fixed: list[TrialSpec], sample_tpe: Any, number: int, tpe_count: int) -> Running | None:
+def _next_trial(
+    queue: list[TrialSpec],
+    studies: dict[str, Any],
+    running: dict[int, Running],
+    fixed: list[TrialSpec],
+    sample_tpe: Any,
+    number: int,
+    tpe_count: int,
+) -> Running | None:
     """The next trial to start: a fixed one, or (once every fixed one ended) a TPE sample."""
     if queue:
         spec = queue.pop(0)
@@ -173,8 +186,14 @@ def _next_trial(queue: list[TrialSpec], studies: dict[str, Any], running: dict[i
 
 
 def _describe(trial: Any, spec: TrialSpec) -> None:
-    for key, value in (("number", spec.number), ("stage", spec.stage), ("params", spec.params),
-                       ("steps", spec.steps), ("label", spec.label), ("step", 0)):
+    for key, value in (
+        ("number", spec.number),
+        ("stage", spec.stage),
+        ("params", spec.params),
+        ("steps", spec.steps),
+        ("label", spec.label),
+        ("step", 0),
+    ):
         trial.set_user_attr(key, value)
     log.info("trial %d (%s): %s", spec.number, spec.stage, spec.label or spec.params)
 
@@ -228,9 +247,14 @@ def _finish(run: Running, outcome: dict[str, Any], study: Any) -> bool:
 
 def _record(trial: Any, outcome: dict[str, Any]) -> None:
     curve = outcome["curve"]
-    for key, value in (("curve", curve), ("metrics", outcome["metrics"]), ("state_bytes", outcome["state_bytes"]),
-                       ("steps_to_converge", steps_to_converge(curve)), ("skipped_steps", outcome["skipped_steps"]),
-                       ("ended", time.time())):
+    for key, value in (
+        ("curve", curve),
+        ("metrics", outcome["metrics"]),
+        ("state_bytes", outcome["state_bytes"]),
+        ("steps_to_converge", steps_to_converge(curve)),
+        ("skipped_steps", outcome["skipped_steps"]),
+        ("ended", time.time()),
+    ):
         trial.set_user_attr(key, value)
 
 

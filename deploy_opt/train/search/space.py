@@ -73,8 +73,9 @@ class TpeStage:
         _check_range("stage2.warmup_ratio", self.warmup_ratio, 0.0, 0.5)
         _check_range("stage2.rho", self.rho, 1e-6, 10.0)
         if not 1 <= self.rungs <= 20 or self.startup_trials < 0:
-            raise ConfigError(f"space stage2.rungs must be in 1..20 and startup_trials >= 0, got {self.rungs}, "
-                              f"{self.startup_trials}")
+            raise ConfigError(
+                f"space stage2.rungs must be in 1..20 and startup_trials >= 0, got {self.rungs}, {self.startup_trials}"
+            )
 
 
 @dataclass(frozen=True)

@@ -36,15 +36,25 @@ class TpeSampling:
     def find_winner(self) -> dict[str, Any]:
         """The grid trial with the lowest evaluation loss: its optimizer and LR."""
         if self.winner is None:
-            done = [t for t in self.fixed_study.get_trials(deepcopy=False)
-                    if t.user_attrs.get("stage") == "grid" and t.state.name == "COMPLETE"]
+            done = [
+                t
+                for t in self.fixed_study.get_trials(deepcopy=False)
+                if t.user_attrs.get("stage") == "grid" and t.state.name == "COMPLETE"
+            ]
             if not done:
-                raise SearchError("no stage-1 grid trial completed, so stage 2 has no winner to start from; fix: "
-                                  "look at the trials' errors in search.json and widen the space's lr_decades")
+                raise SearchError(
+                    "no stage-1 grid trial completed, so stage 2 has no winner to start from; fix: "
+                    "look at the trials' errors in search.json and widen the space's lr_decades"
+                )
             best = min(done, key=lambda t: t.value)
             self.winner = {**best.user_attrs["params"], "number": best.user_attrs["number"], "value": best.value}
-            log.info("stage 1 winner: trial %d, %s lr %g (eval_loss %.4g)", self.winner["number"],
-                     self.winner["type"], self.winner["lr"], best.value)
+            log.info(
+                "stage 1 winner: trial %d, %s lr %g (eval_loss %.4g)",
+                self.winner["number"],
+                self.winner["type"],
+                self.winner["lr"],
+                best.value,
+            )
         return self.winner
 
     def sample(self, trial: Any, number: int) -> TrialSpec:
