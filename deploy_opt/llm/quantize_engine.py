@@ -277,7 +277,6 @@ def _quantize_awq_layer(
     return results
 
 
-@torch.no_grad()
 @dataclass(frozen=True)
 class Rounding:
     """How GPTQ or RTN rounds one Linear's weight."""
@@ -334,6 +333,7 @@ def _apply_codes(
     return records
 
 
+@torch.no_grad()
 def quantize_model(
     model: torch.nn.Module,
     samples: Sequence[torch.Tensor],
