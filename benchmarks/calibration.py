@@ -120,8 +120,8 @@ def ensure_model(model: str, given: Path | None, reports: Path) -> Path:
         return given
     path = reports / MODELS[model]["dir"] / "model.onnx"
     if not path.exists():
-        from deploy_opt.build.pipeline import run_build
         from deploy_opt.config.profiles import load_build_config
+        from deploy_opt.pipeline.build import run_build
 
         print(f"# building {path} (deploy_opt build --profile ci) ...", file=sys.stderr, flush=True)
         config, profile = load_build_config(MODELS[model]["config"], "ci", MODELS[model]["overrides"])

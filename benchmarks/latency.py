@@ -14,8 +14,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import example_config, load_build_config
+from deploy_opt.pipeline.build import run_build
 
 
 def main() -> None:

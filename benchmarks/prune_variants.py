@@ -18,9 +18,9 @@ import json
 import logging
 
 from deploy_opt.build.inputs import load_inputs
-from deploy_opt.build.metrics import resolve_metric
 from deploy_opt.config.loader import parse_override
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.evaluation.metrics import resolve_metric
 from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure

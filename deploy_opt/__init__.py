@@ -6,9 +6,10 @@ The public API, loaded lazily so that ``import deploy_opt`` stays light::
     config, profile = load_build_config("my_build.yaml")
     result = run_build(config, profile, Path("reports"))
 
-Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``build/`` (the pipeline, one module per
-stage), ``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build records, plots), ``cli/``,
-and the ``llm/``, ``train/`` and ``demo/`` companions.
+Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``evaluation/`` (batches, metrics and
+evaluation, shared by every stage), ``build/`` (one module per stage), ``pipeline/`` (their composition),
+``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build records, plots), ``cli/``, and the
+``llm/``, ``train/`` and ``demo/`` companions.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "run_build": "deploy_opt.build.pipeline",
-    "BuildResult": "deploy_opt.build.pipeline",
+    "run_build": "deploy_opt.pipeline.build",
+    "BuildResult": "deploy_opt.pipeline.build",
     "load_build_config": "deploy_opt.config.profiles",
     "BuildConfig": "deploy_opt.config.build",
 }

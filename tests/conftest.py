@@ -83,8 +83,8 @@ def unmeetable_gate(config):
 
 def build_tiny(tmp_path: Path, sections: str, overrides: list[str] | None = None, unmeetable: bool = False):
     """Build the tiny MLP (profile ci, no benchmark) with extra YAML ``sections``; returns the BuildResult."""
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
     text = f"""

@@ -3,6 +3,8 @@
 - ``calibrators`` and ``exporters`` (and ``dopt_common``) never import ``deploy_opt``, not even inside a function;
 - torch, transformers and tensorrt are imported at module top level only where ``HEAVY_ALLOWED`` says;
 - the first-party modules have no import cycles (imports at module level and inside functions both count);
+- nor have the packages of ``deploy_opt`` (``deploy_opt.build``, ``deploy_opt.evaluation``, ...): one package may
+  use another, never both ways, even through modules that form no module cycle;
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
   (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
@@ -80,7 +82,22 @@ def violations(root: Path) -> list[str]:
             if target in modules and target != name:
                 graph[name].add(target)
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in cycles(package_graph(graph))]
     return problems + [line for path in modules.values() for line in shape_violations(path, root)]
+
+
+def package_of(module: str) -> str:
+    """``deploy_opt.build.quantize`` -> ``deploy_opt.build``; modules directly under a package stand alone."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "deploy_opt" and len(parts) > 2 else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto the packages of ``deploy_opt``; edges inside one package are dropped."""
+    folded: dict[str, set[str]] = {package_of(name): set() for name in graph}
+    for name, targets in graph.items():
+        folded[package_of(name)] |= {package_of(t) for t in targets} - {package_of(name)}
+    return folded
 
 
 def shape_violations(path: Path, root: Path) -> list[str]:

@@ -17,8 +17,8 @@ from onnx import numpy_helper
 from calibrators.scales.format import float32_hex, hex_float32, load_scale_file
 from deploy_opt.analysis.align import verify_alignment
 from deploy_opt.analysis.scale_interop import export_scales
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.pipeline.build import run_build
 from exporters.ort.qdq import OUTPUT_SUFFIX
 
 CONFIG = """

@@ -15,7 +15,7 @@ from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated
 from deploy_opt.autotune.candidates import Candidate, allowed_schemes
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.trials import Trial, best_trial
-from deploy_opt.build.pipeline import run_build
+from deploy_opt.pipeline.build import run_build
 
 
 def _trial(drop: float, speedup: float | None, excluded: tuple[str, ...] = (), nodes: int = 4) -> Trial:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from calibrators.scales.format import ScaleFile, TensorScale, save_scale_file
-from deploy_opt.build.metrics import resolve_metric
+from deploy_opt.evaluation.metrics import resolve_metric
 from dopt_common.errors import InputError
 
 

@@ -15,8 +15,8 @@ from conftest import tiny_cnn_config, write_config
 
 from calibrators.scales.format import load_scale_file
 from deploy_opt.analysis.align import verify_alignment
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import example_config, load_build_config
+from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import CalibrationError
 from dopt_common.files import sha256_file
 from exporters.ort.qdq import compare_scales, read_qdq_scales

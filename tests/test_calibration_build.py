@@ -16,8 +16,8 @@ from onnxruntime.quantization.calibrate import CalibrationDataReader, Calibratio
 from calibrators.scales.format import load_scale_file
 from deploy_opt.build.calibrate import calibrate_activations
 from deploy_opt.build.calibration_set import choose_calibration
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import CalibrationError, InputError, NumericsError
 
 TINY = """

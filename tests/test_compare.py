@@ -15,8 +15,8 @@ from calibrators.activations.collect import select_tensors
 from calibrators.qparams import activation_scale, bias_scales, weight_scales
 from calibrators.scales.format import ScaleFile
 from deploy_opt.analysis.compare import SAMPLES_FILE, compare_backends, fixed_samples, output_metrics
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import CompareConfig, resolve_config
+from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import ConfigError
 from dopt_common.files import sha256_file
 from exporters.ort.qdq import write_ort_qdq

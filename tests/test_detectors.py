@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from calibrators.qparams import activation_scale, bias_scales, weight_scales
 from calibrators.scales.format import ScaleFile, TensorScale
 from deploy_opt.autotune.head import float_head, head_nodes
-from deploy_opt.build.detection import detection_f1
+from deploy_opt.evaluation.detection import detection_f1
 from exporters.ort.qdq import compare_scales, read_qdq_scales, write_ort_qdq
 
 HERE = Path(__file__).resolve().parent
@@ -144,8 +144,8 @@ def test_detection_f1_refuses_an_output_that_is_no_detection() -> None:
 
 @pytest.mark.slow
 def test_a_tiny_yolo_builds_end_to_end_with_defaults(tmp_path: Path) -> None:
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     source = HERE / "tiny_yolo.py"
     text = f"""

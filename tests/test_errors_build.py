@@ -14,8 +14,8 @@ import torch
 from bad_inputs import write_data_module
 from onnx import TensorProto, helper
 
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import (
     CalibrationError,
     CheckpointError,
@@ -115,7 +115,7 @@ def test_missing_onnx_file_raises_model_error(tmp_path: Path) -> None:
 
 
 def test_parity_failure_names_the_error_and_tolerance(tmp_path: Path) -> None:
-    from deploy_opt.build.evaluate import torch_runner
+    from deploy_opt.evaluation.evaluate import torch_runner
     from exporters.onnx.checks import check_parity
     from exporters.onnx.export import export_onnx
 

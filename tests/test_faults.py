@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import build_tiny
 
-from deploy_opt.build.sources import call_user, iter_batches, resolve_callable
 from deploy_opt.cli import main, resource_fault
 from deploy_opt.config.loader import build_dataclass
+from deploy_opt.evaluation.sources import call_user, iter_batches, resolve_callable
 from deploy_opt.llm.config import LLMConfig
 from dopt_common.errors import ConfigError, ModelError, OutputError, ReportError, SourceError
 from dopt_common.files import ensure_writable_dir
@@ -342,7 +342,7 @@ def test_a_non_finite_scale_says_so(tmp_path: Path, value: str) -> None:
 def test_sensitivity_on_a_build_that_ships_fp32_reports_instead_of_crashing(tmp_path: Path) -> None:
     from conftest import fragile_config, unmeetable_gate
 
-    from deploy_opt.build.pipeline import run_build
+    from deploy_opt.pipeline.build import run_build
 
     config, profile = fragile_config(tmp_path, 0.0, "sensitivity: {enabled: true}\nauto: {budget_s: 20}")
     result = run_build(unmeetable_gate(config), profile, tmp_path / "reports", progress=False)
@@ -368,7 +368,7 @@ def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -
     import numpy as np
 
     from deploy_opt.build.benchmark import compare
-    from deploy_opt.build.sources import Batch
+    from deploy_opt.evaluation.sources import Batch
 
     fp32, int8 = _CountingSession(), _CountingSession()
     batch = Batch({"x": np.ones((1, 4), np.float32)}, None)
@@ -393,8 +393,8 @@ def test_align_verify_on_a_truncated_model_exits_2_not_3(tmp_path: Path, capsys)
 def test_a_nan_score_is_bad_numbers_exit_2_not_a_gate_verdict() -> None:
     from types import SimpleNamespace
 
-    from deploy_opt.build.metrics import resolve_metric
     from deploy_opt.build.summary import metric_record
+    from deploy_opt.evaluation.metrics import resolve_metric
     from dopt_common.errors import NumericsError
 
     scores = SimpleNamespace(values={"ort_fp32": 99.0, "ort_int8": float("nan")}, samples=8)

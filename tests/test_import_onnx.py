@@ -76,8 +76,8 @@ def test_a_dead_channel_widens_its_weight_scale_so_the_bias_fits_int32(tmp_path:
 
 
 def test_a_foreign_file_builds_with_every_weight_recognised(tmp_path: Path) -> None:
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     foreign_onnx.make_model(tmp_path / "foreign.onnx")
     data = HERE / "foreign_onnx.py"

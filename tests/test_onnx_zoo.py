@@ -18,8 +18,8 @@ import pytest
 from conftest import write_config
 from zoo_data import ZOO, zoo_path
 
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.pipeline.build import run_build
 from dopt_common.ort import create_session
 
 HERE = Path(__file__).resolve().parent

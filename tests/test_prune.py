@@ -173,8 +173,8 @@ def test_a_pruned_build_is_judged_against_the_unpruned_model(tmp_path: Path) -> 
     """A real build with prune on: the reference, the stage table, pruned.pt, prune.png; no original left."""
     from conftest import write_config
 
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     source = HERE / "tiny_prune.py"
     text = f"""

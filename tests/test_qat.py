@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 from conftest import build_tiny  # noqa: E402
 
 from calibrators.scales.format import load_scale_file  # noqa: E402
-from deploy_opt.build.metrics import resolve_metric  # noqa: E402
-from deploy_opt.build.sources import Batch  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
+from deploy_opt.evaluation.metrics import resolve_metric  # noqa: E402
+from deploy_opt.evaluation.sources import Batch  # noqa: E402
 from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_reference, fake_quantize_weight  # noqa: E402
 from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402
@@ -260,8 +260,8 @@ def tiny_qdq(tmp_path):
 def test_qat_never_ends_worse_than_its_ptq_start(tmp_path, example: str, overrides: list[str]) -> None:
     """On the demo and on MiniLM (defaults otherwise), the model QAT writes scores no worse than its PTQ start,
     measured by ORT on the held-out evaluation set; the shipped model passes align verify."""
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import example_config, load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     sets = ["quantization.mode=manual", "benchmark.enabled=false", "quantization.qat.enabled=true", *overrides]
     config, profile = load_build_config(example_config(example), "ci", sets)
@@ -278,7 +278,7 @@ def test_qat_never_ends_worse_than_its_ptq_start(tmp_path, example: str, overrid
 
 
 def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer() -> None:
-    from deploy_opt.build.qat import choose_model
+    from deploy_opt.pipeline.qat import choose_model
 
     top1 = resolve_metric("top1")
 
@@ -336,7 +336,7 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
 
 def test_a_failed_auto_run_keeps_ptqs_answer_and_says_why(tmp_path, monkeypatch) -> None:
     """enabled: auto is the default, so a QAT failure must not cost the user the PTQ build."""
-    import deploy_opt.build.qat as stage
+    import deploy_opt.pipeline.qat as stage
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("simulated failure inside the torch evaluator")

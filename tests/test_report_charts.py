@@ -17,9 +17,9 @@ from calibrators.activations.histogram import Histogram
 from deploy_opt.analysis.compare import compare_backends, fixed_samples, output_metrics
 from deploy_opt.autotune.candidates import Candidate
 from deploy_opt.autotune.trials import AutoSearch, Trial
-from deploy_opt.build.qat import auto_search_reason
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import CompareConfig
+from deploy_opt.evaluation.sources import Batch
+from deploy_opt.pipeline.qat import auto_search_reason
 from deploy_opt.report import build_page, charts
 from deploy_opt.report.calibration_plot import histogram_figure, plotted_tensors
 
@@ -202,7 +202,7 @@ def test_a_cosine_build_reports_no_top1_agreement(tiny_model: Path, tmp_path: Pa
 
 
 def test_auto_qat_does_not_start_when_ptq_is_far_from_the_gate() -> None:
-    from deploy_opt.build.qat import QAT_REACH
+    from deploy_opt.pipeline.qat import QAT_REACH
 
     def search(drop: float) -> AutoSearch:
         return AutoSearch(None, (Trial("placement", INPUTS, 80.0, drop, None, 1.0, 1.5, 6, 1.0),), "", 10.0, 32)

@@ -64,8 +64,8 @@ def check_page(page: Path, tmp_path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def torch_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
 
     tmp = tmp_path_factory.mktemp("torch_build")
     config_path = tiny_cnn_config(tmp, f"{TINY}:calibration", f"{TINY}:evaluation")

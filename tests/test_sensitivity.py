@@ -13,7 +13,7 @@ from conftest import fragile_config, unmeetable_gate
 
 from deploy_opt.analysis.sensitivity.fallback import head_nodes
 from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
-from deploy_opt.build.pipeline import run_build
+from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import ConfigError
 from dopt_common.ort import create_session
 

@@ -9,9 +9,9 @@ import pytest
 import tiny_onnx
 from conftest import write_config
 
-from deploy_opt.analysis.sensitivity.publish import build_figures
 from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.cli import main
+from deploy_opt.pipeline.sensitivity import build_figures
 
 FILES = {"sensitivity.json", "sensitivity.png", "sensitivity.html"}
 

@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from calibrators.scales.format import load_scale_file
 from deploy_opt.analysis.align import verify_alignment
 from deploy_opt.analysis.compat import check_compat
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.pipeline.build import run_build
 from exporters.ort.qdq import compare_scales, read_qdq_scales
 from exporters.tensorrt.form import int32_dequantize_nodes, to_tensorrt_form
 

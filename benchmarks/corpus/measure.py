@@ -37,7 +37,7 @@ def load_data(config_path: Path, split: str) -> list[Item]:
     ``test`` is the held-out split no build sees: the function named like the evaluation one with ``test_data``
     for ``evaluation_data`` (``people.py:evaluation_data_single`` → ``people.py:test_data_single``).
     """
-    from deploy_opt.build.sources import resolve_callable
+    from deploy_opt.evaluation.sources import resolve_callable
 
     config = load_config(config_path)
     names = [spec["name"] for spec in config["model"]["inputs"]]
@@ -61,7 +61,7 @@ def session(path: Path) -> Any:
 
 def score(artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_name: str, base_dir: Path) -> dict:
     """The metric's mean per artifact (a failing artifact gets its error as a string instead)."""
-    from deploy_opt.build.metrics import resolve_metric
+    from deploy_opt.evaluation.metrics import resolve_metric
 
     metric = resolve_metric(metric_name, base_dir)
     sessions: dict[str, Any] = {}

@@ -87,7 +87,7 @@ def detection_counts(model: Path, data: list[Item]) -> dict[str, int]:
     """FP32 detections per image (score ≥ 0.25 after class-aware NMS, as ``detection_f1`` decodes them)."""
     import onnxruntime as ort
 
-    from deploy_opt.build.detection import _detections, _yolo_rows
+    from deploy_opt.evaluation.detection import _detections, _yolo_rows
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     counts = {}

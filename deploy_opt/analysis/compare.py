@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 
 from deploy_opt.analysis.compare_layers import compare_layers
-from deploy_opt.build.evaluate import session_runner, torch_runner
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import CompareConfig
+from deploy_opt.evaluation.evaluate import session_runner, torch_runner
+from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import InputError, one_line
 from dopt_common.files import atomic_path, sha256_file, write_json
 from dopt_common.ort import create_session

@@ -44,11 +44,11 @@ from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
 from deploy_opt.build.benchmark import feed_of_size
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations, rescheme
 from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.metrics import Metric
 from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.build.smoothing import smooth_model
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.sources import Batch
 from dopt_common.ort import create_session
 from exporters.ort.graph import PLACEMENTS, quantized_nodes
 

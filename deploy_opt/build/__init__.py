@@ -1,3 +1,3 @@
-"""The INT8 build: pipeline.py composes one module per stage (source, export, calibrate, quantize, evaluate,
-benchmark, backends).
+"""The INT8 build's stages, one module each (inputs, export, calibrate, quantize, smoothing, backends, verify,
+runtime, benchmark, splits, summary); ``deploy_opt/pipeline/build.py`` composes them.
 """

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploy_opt.build.sources import Batch
-from deploy_opt.build.uncertainty import NOISY_WIDTH, speedup_interval
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.evaluation.sources import Batch
+from deploy_opt.evaluation.uncertainty import NOISY_WIDTH, speedup_interval
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
-from deploy_opt.build.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.evaluation.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
 
 log = logging.getLogger(__name__)

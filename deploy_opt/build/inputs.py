@@ -11,8 +11,8 @@ from typing import Any
 
 from deploy_opt.build.calibration_set import CalibrationSet, choose_calibration, evaluation_ids, refuse_overlap
 from deploy_opt.build.export import input_specs_from_onnx
-from deploy_opt.build.sources import Batch, iter_batches, load_torch_model
 from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.evaluation.sources import Batch, iter_batches, load_torch_model
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from deploy_opt.build.calibration_set import CalibrationSet, refuse_overlap
-from deploy_opt.build.sources import Batch, iter_batches, sample_ids, select_rows
-from deploy_opt.build.uncertainty import split_indices
 from deploy_opt.config.build import DataConfig, InputSpec
+from deploy_opt.evaluation.sources import Batch, iter_batches, sample_ids, select_rows
+from deploy_opt.evaluation.uncertainty import split_indices
 from dopt_common.errors import InputError
 
 log = logging.getLogger(__name__)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deploy_opt.build.evaluate import Evaluation
-from deploy_opt.build.metrics import Metric
 from deploy_opt.build.runtime import Runtimes
 from deploy_opt.build.splits import EvaluationSplit
-from deploy_opt.build.uncertainty import drop_interval, resolution
 from deploy_opt.config.build import DeployConfig
+from deploy_opt.evaluation.evaluate import Evaluation
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.uncertainty import drop_interval, resolution
 from dopt_common.errors import NumericsError
 
 

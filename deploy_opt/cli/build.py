@@ -6,8 +6,8 @@ import argparse
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from deploy_opt.build.pipeline import run_build
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
     from deploy_opt.report.record import size_line
 
     config, profile = load_build_config(args.config, args.profile, args.overrides)
@@ -51,8 +51,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_sensitivity(args: argparse.Namespace) -> int:
     from deploy_opt.analysis.sensitivity.analyze import proxy_key
-    from deploy_opt.analysis.sensitivity.publish import publish_sensitivity
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.sensitivity import publish_sensitivity
 
     overrides = ["sensitivity.enabled=true", "benchmark.enabled=false", *args.overrides]
     if args.mode:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from deploy_opt.build.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH
+from deploy_opt.evaluation.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH
 from deploy_opt.report.record import BUILD_FORMAT
 from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text

@@ -28,8 +28,8 @@ import onnx
 
 from deploy_opt.analysis.sensitivity.noise import noise_db, predicted_drop, propagated_noise
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, make_variant, quantized_nodes
-from deploy_opt.build.metrics import Metric, RunningMean
-from deploy_opt.build.sources import Batch, select_rows
+from deploy_opt.evaluation.metrics import Metric, RunningMean
+from deploy_opt.evaluation.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)

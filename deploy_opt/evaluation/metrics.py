@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy_opt.build.detection import detection_f1
-from deploy_opt.build.sources import resolve_callable, user_code
+from deploy_opt.evaluation.detection import detection_f1
+from deploy_opt.evaluation.sources import resolve_callable, user_code
 from dopt_common.errors import InputError
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]

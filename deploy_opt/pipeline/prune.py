@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.metrics import Metric
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.prune import PruneConfig
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.sources import Batch
 from deploy_opt.prune.checkpoint import save_pruned
 from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors

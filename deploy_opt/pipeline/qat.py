@@ -23,13 +23,13 @@ from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.evaluate import evaluate, session_runner
 from deploy_opt.build.inputs import training_batches
-from deploy_opt.build.metrics import Metric
-from deploy_opt.build.precision import FallbackChoice, Precision
 from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.evaluation.evaluate import evaluate, session_runner
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.sources import Batch
+from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat

@@ -1,8 +1,9 @@
 """The build pipeline, top to bottom: load → FP32 ONNX → calibrate and quantize (with fallback) → other backends
 and compat → evaluate → benchmark → cross-backend comparison and align verify → gate → build.json and summary.md.
 
-Each stage is a plain function in its own module of ``deploy_opt/build/`` and returns a frozen result; this
-module only composes them. The build is assembled in a staging folder and published whole (``staged_dir``).
+Each stage is a plain function in its own module of ``deploy_opt/build/`` (or, for the stages that drive other
+packages, of ``deploy_opt/pipeline/``) and returns a frozen result; this module only composes them. The build is
+assembled in a staging folder and published whole (``staged_dir``).
 """
 
 from __future__ import annotations
@@ -16,23 +17,23 @@ from typing import Any
 from deploy_opt.build.benchmark import respect_fixed_batch
 from deploy_opt.build.export import Fp32Model, prepare_fp32
 from deploy_opt.build.inputs import BuildInputs, load_inputs, training_batches
-from deploy_opt.build.metrics import Metric, resolve_metric
-from deploy_opt.build.precision import (
+from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
+from deploy_opt.build.splits import split_evaluation
+from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
+from deploy_opt.build.verify import Verification, compare_and_align, write_backends
+from deploy_opt.config.build import BuildConfig, CompareConfig
+from deploy_opt.config.profiles import Profile
+from deploy_opt.evaluation.metrics import Metric, resolve_metric
+from deploy_opt.evaluation.sources import Batch
+from deploy_opt.pipeline.precision import (
     Precision,
     auto_precision,
     choose_precision,
     needs_held_evaluation,
     quantize_model,
 )
-from deploy_opt.build.prune import ORIGINAL_DIR, PrunedModel, finish_prune, prune_model
-from deploy_opt.build.qat import fine_tune, int8_nodes
-from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
-from deploy_opt.build.sources import Batch
-from deploy_opt.build.splits import split_evaluation
-from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
-from deploy_opt.build.verify import Verification, compare_and_align, write_backends
-from deploy_opt.config.build import BuildConfig, CompareConfig
-from deploy_opt.config.profiles import Profile
+from deploy_opt.pipeline.prune import ORIGINAL_DIR, PrunedModel, finish_prune, prune_model
+from deploy_opt.pipeline.qat import fine_tune, int8_nodes
 from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate, load_build
 from deploy_opt.report.trust import alignment_criterion, with_criterion

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt.analysis.sensitivity.heatmap import write_html
-from deploy_opt.build.pipeline import run_build
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.profiles import Profile
+from deploy_opt.pipeline.build import run_build
 from dopt_common.files import ensure_writable_dir, write_json
 from dopt_common.runs import staged_dir
 

@@ -25,11 +25,11 @@ from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.metrics import Metric
 from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.build.smoothing import smooth_model
-from deploy_opt.build.sources import Batch
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.sources import Batch
 from deploy_opt.report.calibration_plot import plot_histograms
 
 
