@@ -69,3 +69,14 @@ def test_log_lines_show_module_paths_only_with_verbose(flags: list[str], line: s
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert line in result.stderr.splitlines()
+
+
+def test_verbose_shows_our_debug_lines_and_not_other_libraries() -> None:
+    code = (
+        "import logging\nfrom deploy_opt.cli import main\nmain(['-v', 'profiles'])\n"
+        "logging.getLogger('deploy_opt.build.stage').debug('ours')\n"
+        "logging.getLogger('matplotlib.font_manager').debug('theirs')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert "DEBUG deploy_opt.build.stage: ours" in result.stderr and "theirs" not in result.stderr

@@ -22,18 +22,22 @@ from dopt_common.errors import DeployOptError, Interrupted, one_line
 from dopt_common.names import shown
 
 log = logging.getLogger("deploy_opt")
+FIRST_PARTY = ("deploy_opt", "calibrators", "exporters", "dopt_common")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = make_parser().parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    level = logging.WARNING if args.quiet else logging.INFO
     # Module paths are for debugging: a user reads "INFO calibration: ...", -v adds where it came from.
     logging.basicConfig(
         level=level, format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(levelname)s %(message)s"
     )
+    if args.verbose:  # our own debug lines; other libraries' (matplotlib's font search, ...) stay at INFO
+        for ours in FIRST_PARTY:
+            logging.getLogger(ours).setLevel(logging.DEBUG)
     for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING) if args.verbose else logging.ERROR)
+        logging.getLogger(noisy).setLevel(logging.WARNING if args.verbose else logging.ERROR)
     if args.command is None:
         make_parser().print_help()
         return 2
