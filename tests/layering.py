@@ -5,6 +5,7 @@
 - the first-party modules have no import cycles (imports at module level and inside functions both count);
 - nor have the packages of ``deploy_opt`` (``deploy_opt.build``, ``deploy_opt.evaluation``, ...): one package may
   use another, never both ways, even through modules that form no module cycle;
+- every stage function the build pipeline composes returns a typed result, not a loose ``dict`` or a tuple;
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
   (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
@@ -34,6 +35,8 @@ HEAVY_ALLOWED = (
 
 
 MAX_FUNCTION_LINES = 80
+PIPELINE = Path("deploy_opt/pipeline/build.py")  # the composition whose stages must return typed results
+STAGE_PACKAGES = ("deploy_opt.build", "deploy_opt.pipeline")
 FMT_SKIP = "# fmt: " + "skip"  # split, so this file does not carry the marker it forbids
 
 
@@ -83,7 +86,41 @@ def violations(root: Path) -> list[str]:
                 graph[name].add(target)
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
     problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in cycles(package_graph(graph))]
+    problems += stage_return_violations(root, modules)
     return problems + [line for path in modules.values() for line in shape_violations(path, root)]
+
+
+def stage_return_violations(root: Path, modules: dict[str, Path]) -> list[str]:
+    """Stage functions the pipeline imports from ``build/`` and ``pipeline/`` whose result is a loose dict, Any or
+    a tuple (a record the next stage would read by key or by position) rather than a frozen dataclass."""
+    problems = []
+    for node in ast.parse((root / PIPELINE).read_text(encoding="utf-8")).body:
+        if not (isinstance(node, ast.ImportFrom) and node.module in modules and _within(node.module, STAGE_PACKAGES)):
+            continue
+        path = modules[node.module]
+        functions = {
+            f.name: f for f in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(f, ast.FunctionDef)
+        }
+        for alias in node.names:
+            function = functions.get(alias.name)
+            if function is not None and _loose(function.returns):
+                shown = "nothing" if function.returns is None else ast.unparse(function.returns)
+                problems.append(
+                    f"{path.relative_to(root)}:{function.lineno}: stage {function.name} returns {shown}; return a "
+                    "frozen dataclass with to_json()"
+                )
+    return problems
+
+
+def _loose(annotation: ast.expr | None) -> bool:
+    """An unannotated result, Any, a bare dict, a dict holding Any, object or dicts, or a tuple."""
+    if annotation is None:
+        return True
+    for part in (p.strip() for p in ast.unparse(annotation).split("|")):
+        inner = part[5:] if part.startswith("dict[") else ""
+        if part in ("dict", "Any") or part.startswith("tuple[") or any(w in inner for w in ("Any", "object", "dict")):
+            return True
+    return False
 
 
 def package_of(module: str) -> str:

@@ -56,6 +56,19 @@ def test_a_package_cycle_fails_without_a_module_cycle(tree: Path) -> None:
     ), found
 
 
+@pytest.mark.parametrize(
+    "loose", ["dict", "dict[str, Any]", "tuple[Path, int]", "dict[str, dict[str, float]] | None", "Any"]
+)
+def test_a_stage_returning_a_loose_record_fails(tree: Path, loose: str) -> None:
+    summary = tree / "deploy_opt/build/summary.py"
+    text = summary.read_text()
+    typed = "def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:"
+    assert typed in text
+    summary.write_text(text.replace(typed, typed.replace("dict[str, str]", loose)))
+    found = violations(tree)
+    assert any("summary.py" in line and "stage target_status returns" in line for line in found), found
+
+
 def test_heavy_imports_inside_functions_are_allowed(tree: Path) -> None:
     (tree / "deploy_opt/build/lazy.py").write_text("def f():\n    import torch\n    return torch\n")
     assert violations(tree) == []

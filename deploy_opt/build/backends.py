@@ -34,7 +34,7 @@ def write_backend_artifacts(
     sample: Batch,
     stage: Path,
     shapes: Sequence[Mapping[str, Shape]] = (),
-) -> dict:
+) -> dict[str, str | dict[str, Any]]:
     """Write the interop files and, where possible, the TensorRT engine; returns the build.json section.
 
     ``shapes``: ``{input: shape}`` of every batch the build runs (calibration and evaluation), for the engine's

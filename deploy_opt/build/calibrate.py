@@ -36,7 +36,7 @@ AUTO_METHODS = ("minmax", "entropy", "mse")
 AUTO_SAMPLES = 16  # calibration samples that the propagated-error estimate of ``method: auto`` runs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActivationRanges:
     """Per tensor: the observed and the chosen range, the method that chose it, and its histograms."""
 
@@ -50,6 +50,11 @@ class ActivationRanges:
     guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
     # method: auto, per tensor: each candidate method's propagated output SQNR in dB (the evidence for the choice)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, samples: int) -> ActivationRanges:
+        """No tensor calibrated (every node stays in float), over ``samples`` calibration samples."""
+        return cls(observed={}, chosen={}, methods={}, signed={}, absolute={}, samples=samples, plotted=[])
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: Cal
     names = select_tensors(graph_model, config.quantization.op_types)
     if not names:  # no node of quantization.op_types: nothing to calibrate (the gate reports an FP32 model)
         log.warning("calibration: no tensor feeds a node of op_types %s", list(config.quantization.op_types))
-        return ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
+        return ActivationRanges.empty(len(calibration.selection.indices))
     stats = _observe(config, fp32_path, calibration, names)
     return choose_ranges(config, fp32_path, calibration, stats)
 
@@ -152,7 +157,17 @@ def choose_ranges(
             guards[name], methods[name] = reason, "minmax"
             chosen[name] = range_for("minmax", low, high, hist, cal.percentile, symmetric)
     log.info("calibration: %d tensors over %d samples (%s)", len(chosen), stats.samples, cal.method)
-    return ActivationRanges(observed, chosen, methods, signed, absolute, stats.samples, stats.plotted, guards, evidence)
+    return ActivationRanges(
+        observed=observed,
+        chosen=chosen,
+        methods=methods,
+        signed=signed,
+        absolute=absolute,
+        samples=stats.samples,
+        plotted=stats.plotted,
+        guards=guards,
+        evidence=evidence,
+    )
 
 
 def choose_methods(

@@ -46,23 +46,49 @@ def evaluate_runtimes(
     return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
 
 
+@dataclass(frozen=True)
+class BenchmarkRecord:
+    """The benchmark stage's result: median latencies per batch size and session, with the FP32/INT8 speedup
+    (``batches``: ``{batch: {session: latency, "speedup": ...}}``, as :func:`benchmark.compare` writes it)."""
+
+    threads: int
+    warmup: int
+    repeats: int
+    input_shapes: dict[str, list[int]]
+    max_seconds: float | None
+    batches: dict[str, dict[str, object]]
+    same_model: dict[str, str] | None = None  # sessions that run another's graph, timed once
+
+    def to_json(self) -> dict[str, Any]:
+        """The build.json ``benchmark`` section."""
+        return {
+            **({"same_model": dict(self.same_model)} if self.same_model else {}),
+            "threads": self.threads,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "input_shapes": self.input_shapes,
+            "max_seconds": self.max_seconds,
+            "batches": self.batches,
+        }
+
+
 def run_benchmark(
     bench: BenchmarkConfig, sessions: dict[str, Any], sample: Batch, same: dict[str, str] | None = None
-) -> dict[str, Any] | None:
+) -> BenchmarkRecord | None:
     """Median latencies at each batch size with the FP32/INT8 speedup, or None when benchmarking is off.
 
     ``same``: sessions that run another's graph (``benchmark.compare``), recorded as ``same_model``.
     """
     if not bench.enabled:
         return None
-    return {
-        **({"same_model": dict(same)} if same else {}),
-        "threads": usable_threads(bench.threads),
-        "warmup": bench.warmup,
-        "repeats": bench.repeats,
-        "input_shapes": {k: list(v.shape[1:]) for k, v in sample.inputs.items()},
-        "max_seconds": bench.max_seconds,
-        "batches": benchmark.compare(
+    return BenchmarkRecord(
+        threads=usable_threads(bench.threads),
+        warmup=bench.warmup,
+        repeats=bench.repeats,
+        input_shapes={k: list(v.shape[1:]) for k, v in sample.inputs.items()},
+        max_seconds=bench.max_seconds,
+        batches=benchmark.compare(
             sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
         ),
-    }
+        same_model=dict(same) if same else None,
+    )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from deploy_opt.build.runtime import Runtimes
 from deploy_opt.build.splits import EvaluationSplit
+from deploy_opt.build.verify import Backends
 from deploy_opt.config.build import DeployConfig
 from deploy_opt.evaluation.evaluate import Evaluation
 from deploy_opt.evaluation.metrics import Metric
@@ -14,7 +16,73 @@ from deploy_opt.evaluation.uncertainty import drop_interval, resolution
 from dopt_common.errors import NumericsError
 
 
-def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: EvaluationSplit | None = None) -> dict:
+@dataclass(frozen=True)
+class DropUncertainty:
+    """A drop's paired 95% bootstrap interval, and the resolution (None: a continuous score)."""
+
+    low: float
+    high: float
+    resolution: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drop_ci95": [self.low, self.high], "resolution": self.resolution}
+
+
+@dataclass(frozen=True)
+class DecisionScores:
+    """The reference and shipped scores on the samples the search decided on (biased in its favour)."""
+
+    samples: int
+    scores: dict[str, float]
+    drop: float
+    uncertainty: DropUncertainty | None
+
+    def to_json(self) -> dict[str, Any]:
+        tail = self.uncertainty.to_json() if self.uncertainty else {}
+        return {"samples": self.samples, **self.scores, "drop": self.drop, **tail}
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """The evaluate stage's verdict: every runtime's score on the judged samples and the FP32 → INT8 drop."""
+
+    name: str
+    higher_is_better: bool
+    samples: int
+    reference: str  # "labels", or the runner every other is compared with
+    scores: dict[str, float]  # by runtime: ort_fp32, ort_int8, ...
+    drop: float
+    drop_vs: str  # the baseline of ``drop``: ort_fp32, or a pruned build's ort_fp32_original
+    uncertainty: DropUncertainty | None = None
+    drop_pruned_fp32: float | None = None
+    drop_no_fallback: float | None = None
+    split: str | None = None
+    decision: DecisionScores | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The build.json ``metrics`` section (runtime scores at the top level, as the gate reads them)."""
+        record: dict[str, Any] = {
+            "name": self.name,
+            "higher_is_better": self.higher_is_better,
+            "samples": self.samples,
+            "reference": self.reference,
+            **self.scores,
+            "drop": self.drop,
+            "drop_vs": self.drop_vs,
+            **(self.uncertainty.to_json() if self.uncertainty else {}),
+        }
+        optional = {
+            "drop_pruned_fp32": self.drop_pruned_fp32,
+            "drop_no_fallback": self.drop_no_fallback,
+            "split": self.split,
+            "decision": self.decision.to_json() if self.decision else None,
+        }
+        return record | {k: v for k, v in optional.items() if v is not None}
+
+
+def metric_record(
+    metric: Metric, runtimes: Runtimes, labelled: bool, split: EvaluationSplit | None = None
+) -> MetricsRecord:
     """Every runtime's score and the FP32 → INT8 drop (and the drop without fallback, when there is one), on the
     judged samples, with its paired interval and the metric's resolution; the same on the decision samples."""
     scores = runtimes.scores
@@ -26,44 +94,46 @@ def metric_record(metric: Metric, runtimes: Runtimes, labelled: bool, split: Eva
             "(or the metric) produced NaN or Inf on the judged samples; fix: check the model and the data (a "
             "build with compare enabled names the first non-finite tensor in compare.json)"
         )
-    record = {
-        "name": metric.name,
-        "higher_is_better": metric.higher_is_better,
-        "samples": scores.samples,
-        "reference": "labels" if labelled else f"{runtimes.reference} output",
-        **scores.values,
-        "drop": metric.drop(scores.values[base], scores.values["ort_int8"]),
-        "drop_vs": base,
-        **_uncertainty(scores, base),
-    }
-    if base != "ort_fp32":
-        record["drop_pruned_fp32"] = metric.drop(scores.values[base], scores.values["ort_fp32"])
-    if "ort_int8_no_fallback" in scores.values:
-        record["drop_no_fallback"] = metric.drop(scores.values[base], scores.values["ort_int8_no_fallback"])
-    if split is not None:
-        record["split"] = split.how
+    values = scores.values
     decided = runtimes.decision
-    if decided is not None:
-        record["decision"] = {
-            "samples": decided.samples,
-            **{k: decided.values[k] for k in (base, "ort_int8")},
-            "drop": metric.drop(decided.values[base], decided.values["ort_int8"]),
-            **_uncertainty(decided, base),
-        }
-    return record
+    return MetricsRecord(
+        name=metric.name,
+        higher_is_better=metric.higher_is_better,
+        samples=scores.samples,
+        reference="labels" if labelled else f"{runtimes.reference} output",
+        scores=dict(values),
+        drop=metric.drop(values[base], values["ort_int8"]),
+        drop_vs=base,
+        uncertainty=_uncertainty(scores, base),
+        drop_pruned_fp32=metric.drop(values[base], values["ort_fp32"]) if base != "ort_fp32" else None,
+        drop_no_fallback=(
+            metric.drop(values[base], values["ort_int8_no_fallback"]) if "ort_int8_no_fallback" in values else None
+        ),
+        split=split.how if split is not None else None,
+        decision=None if decided is None else _decision(metric, decided, base),
+    )
 
 
-def _uncertainty(scores: Evaluation, base: str) -> dict[str, Any]:
-    """The drop's paired 95% bootstrap interval and the resolution (None: a continuous score)."""
+def _decision(metric: Metric, decided: Evaluation, base: str) -> DecisionScores:
+    return DecisionScores(
+        samples=decided.samples,
+        scores={k: decided.values[k] for k in (base, "ort_int8")},
+        drop=metric.drop(decided.values[base], decided.values["ort_int8"]),
+        uncertainty=_uncertainty(decided, base),
+    )
+
+
+def _uncertainty(scores: Evaluation, base: str) -> DropUncertainty | None:
+    """The drop's paired 95% bootstrap interval and the resolution (None: no per-sample scores to pair)."""
     a, b = scores.per_sample.get(base), scores.per_sample.get("ort_int8")
     if a is None or b is None or a.size == 0 or a.size != b.size:
-        return {}
+        return None
     interval = drop_interval(a, b, scores.higher_is_better)
     step = resolution([a, b], right_or_wrong=scores.metric == "top1")
-    return {"drop_ci95": [interval.low, interval.high], "resolution": step}
+    return DropUncertainty(interval.low, interval.high, step)
 
 
-def target_status(deploy: DeployConfig, backends: dict[str, Any]) -> dict[str, str]:
+def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
     """One line per deploy target: what was built for it, or why not."""
     status = {}
     for target in deploy.targets:
@@ -72,19 +142,38 @@ def target_status(deploy: DeployConfig, backends: dict[str, Any]) -> dict[str, s
         elif target == "ort-cuda":
             status[target] = "built: model.int8.onnx runs on ORT CUDA as is (compare.json says whether it ran here)"
         else:
-            status[target] = (backends.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
+            status[target] = (backends.artifacts.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
     return status
 
 
-def sensitivity_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The top of the ranking for build.json; the whole analysis is in sensitivity.json."""
+@dataclass(frozen=True)
+class SensitivitySummary:
+    """The top of the sensitivity ranking for build.json; the whole analysis is in sensitivity.json."""
+
+    mode: str
+    metric: str
+    timings_s: dict[str, float]
+    top: tuple[dict[str, Any], ...]  # rank, name, op_type, drop_both, proxy of the ten most sensitive nodes
+    files: tuple[str, ...] = ("sensitivity.json", "sensitivity.png", "sensitivity.html")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "metric": self.metric,
+            "timings_s": self.timings_s,
+            "files": list(self.files),
+            "top": list(self.top),
+        }
+
+
+def sensitivity_summary(record: dict[str, Any] | None) -> SensitivitySummary | None:
+    """The ten most sensitive nodes of the analysis (None when it did not run)."""
     if record is None:
         return None
     top = sorted(record["nodes"], key=lambda n: n["rank"])[:10]
-    return {
-        "mode": record["mode"],
-        "metric": record["metric"],
-        "timings_s": record["timings_s"],
-        "files": ["sensitivity.json", "sensitivity.png", "sensitivity.html"],
-        "top": [{k: n[k] for k in ("rank", "name", "op_type", "drop_both", "proxy")} for n in top],
-    }
+    return SensitivitySummary(
+        mode=record["mode"],
+        metric=record["metric"],
+        timings_s=record["timings_s"],
+        top=tuple({k: n[k] for k in ("rank", "name", "op_type", "drop_both", "proxy")} for n in top),
+    )

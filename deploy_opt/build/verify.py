@@ -42,6 +42,18 @@ class Verification:
         return {"verdict": self.alignment.verdict, "artifacts": [c.to_json() for c in self.alignment.checks]}
 
 
+@dataclass(frozen=True)
+class Backends:
+    """The other backends' artifacts (AIMET encodings, TensorRT cache and engine) and the compat reports' counts."""
+
+    artifacts: dict[str, Any]  # build.json's names: aimet, trt_cache, tensorrt_qdq, tensorrt
+    compat: dict[str, dict[str, Any]]  # by report (compat, compat.int8, compat.trt): summary and flagged count
+
+    def to_json(self) -> dict[str, Any]:
+        """The build.json ``backends`` section."""
+        return {**self.artifacts, "compat": self.compat}
+
+
 def write_backends(
     config: BuildConfig,
     fp32_path: Path,
@@ -49,12 +61,12 @@ def write_backends(
     sample: Batch,
     stage: Path,
     shapes: Sequence[Mapping[str, tuple[int, ...]]] = (),
-) -> dict[str, Any]:
+) -> Backends:
     """AIMET, TensorRT cache and engine from scales.json, plus compat reports of the FP32 and Q/DQ models.
 
     ``shapes``: every batch's ``{input: shape}`` (calibration and evaluation), for the engine's profile.
     """
-    backends = write_backend_artifacts(config, shipped, sample, stage, shapes)
+    artifacts = write_backend_artifacts(config, shipped, sample, stage, shapes)
     compat = {}
     targets = config.deploy.targets
     reports = [("compat", fp32_path, targets), ("compat.int8", shipped.path, targets)]
@@ -65,7 +77,7 @@ def write_backends(
         report = check_compat(model, judged)
         write_compat(report, stage, name=name)
         compat[name] = {"summary": report.get("summary"), "flagged": len(report.get("flagged") or [])}
-    return {**backends, "compat": compat}
+    return Backends(artifacts, compat)
 
 
 def compare_and_align(

@@ -17,9 +17,9 @@ from typing import Any
 from deploy_opt.build.benchmark import respect_fixed_batch
 from deploy_opt.build.export import Fp32Model, prepare_fp32
 from deploy_opt.build.inputs import BuildInputs, load_inputs, training_batches
-from deploy_opt.build.runtime import evaluate_runtimes, run_benchmark
+from deploy_opt.build.runtime import BenchmarkRecord, evaluate_runtimes, run_benchmark
 from deploy_opt.build.splits import split_evaluation
-from deploy_opt.build.summary import metric_record, sensitivity_summary, target_status
+from deploy_opt.build.summary import MetricsRecord, metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import Verification, compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
@@ -30,7 +30,7 @@ from deploy_opt.pipeline.precision import (
     auto_precision,
     choose_precision,
     needs_held_evaluation,
-    quantize_model,
+    quantize_fully,
 )
 from deploy_opt.pipeline.prune import ORIGINAL_DIR, PrunedModel, finish_prune, prune_model
 from deploy_opt.pipeline.qat import fine_tune, int8_nodes
@@ -135,6 +135,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
     prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
     gate = _judge(config, metrics, bench, shipped.info, verified)
+    sensitivity = sensitivity_summary(precision.sensitivity)
     build = record.build_record(
         name=config.name,
         description=config.description,
@@ -142,19 +143,19 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         profile={"name": profile.name, "description": profile.description},
         export=fp32.info,
         quantization=shipped.info,
-        metrics=metrics,
-        benchmark=bench,
+        metrics=metrics.to_json(),
+        benchmark=bench.to_json() if bench else None,
         gate=gate.to_json(),
         targets=target_status(config.deploy, backends),
         calibration=inputs.calibration.to_json(),
         fallback=precision.fallback.to_json(),
         auto=precision.auto.to_json() if precision.auto else None,
         qat=precision.qat,
-        prune=prune,
-        backends=backends,
+        prune=prune.to_json() if prune else None,
+        backends=backends.to_json(),
         alignment=verified.alignment_summary(),
         comparison=verified.comparison_summary(),
-        sensitivity=sensitivity_summary(precision.sensitivity),
+        sensitivity=sensitivity.to_json() if sensitivity else None,
         timings_s=times.seconds,
         versions=record.versions(),
         config=config.to_dict(),
@@ -224,7 +225,7 @@ def _quantize(
             precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
     else:
         with times.stage("calibrate_quantize"):
-            quantized = quantize_model(config, fp32.path, inputs.calibration, stage)
+            quantized = quantize_fully(config, fp32.path, inputs.calibration, stage)
         with times.stage("sensitivity_fallback"):
             precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
     if config.quantization.qat.enabled:
@@ -244,11 +245,18 @@ def _evaluated_models(fp32: Fp32Model, precision: Precision, original: Fp32Model
     return models if original is None else {"ort_fp32_original": original.path} | models
 
 
-def _judge(config: BuildConfig, metrics: dict, bench: dict | None, info: dict, verified: Verification) -> GateResult:
+def _judge(
+    config: BuildConfig, metrics: MetricsRecord, bench: BenchmarkRecord | None, info: dict, verified: Verification
+) -> GateResult:
     """The gate on the judged samples' metrics, the benchmark and what shipped, plus the alignment criterion."""
     gate_cfg = config.gate
     speedup = gate_cfg.min_speedup if bench else None
-    judged = {"metrics": metrics, "benchmark": bench, "quantization": info, "targets": config.deploy.targets}
+    judged = {
+        "metrics": metrics.to_json(),
+        "benchmark": bench.to_json() if bench else None,
+        "quantization": info,
+        "targets": config.deploy.targets,
+    }
     gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
     return with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
 

@@ -49,7 +49,7 @@ class FallbackChoice:
         return record
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Precision:
     """The graph that was quantized, the shipped Q/DQ model, its fully quantized twin and the fallback."""
 
@@ -98,7 +98,7 @@ def auto_precision(
                 if n.op_type in config.quantization.op_types
             )
             setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
-            ranges = ActivationRanges({}, {}, {}, {}, {}, len(calibration.selection.indices), [])
+            ranges = ActivationRanges.empty(len(calibration.selection.indices))
             source, smoothing = fp32_path, None
         else:
             setup, ranges = configured(config, chosen), base.model.ranges
@@ -117,7 +117,16 @@ def auto_precision(
     _plot(shipped, stage)
     nodes = chosen.excluded if chosen is not None else ()
     fallback = FallbackChoice(static, nodes)
-    return Precision(source, full, shipped, fallback, record, outcome.search, full_setup, smoothing)
+    return Precision(
+        source=source,
+        full=full,
+        shipped=shipped,
+        fallback=fallback,
+        sensitivity=record,
+        auto=outcome.search,
+        setup=full_setup,
+        smoothing=smoothing,
+    )
 
 
 def _plot(shipped: QuantizedModel, stage: Path) -> None:
@@ -127,10 +136,19 @@ def _plot(shipped: QuantizedModel, stage: Path) -> None:
     plot_histograms(ranges.absolute, ranges.chosen, ranges.methods, quantized, stage / "calibration.png")
 
 
-def quantize_model(
-    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path
-) -> tuple[Path, QuantizedModel, tuple[str, ...], Any]:
-    """SmoothQuant (when configured), then the fully quantized model; returns what the fallback step needs."""
+@dataclass(frozen=True)
+class FullQuantization:
+    """Every node quantized, with what the fallback step needs: the graph that was quantized (FP32, or its
+    SmoothQuant-ed twin), the nodes the config keeps in float, and the SmoothQuant record."""
+
+    source: Path
+    full: QuantizedModel
+    static: tuple[str, ...]
+    smoothing: dict[str, Any] | None
+
+
+def quantize_fully(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path) -> FullQuantization:
+    """SmoothQuant (when configured), then the fully quantized model."""
     source, smoothing = fp32_path, None
     if config.quantization.smoothing == "smoothquant":
         source, smoothing = smooth_model(config, fp32_path, calibration, stage / ".smoothed.onnx")
@@ -138,19 +156,19 @@ def quantize_model(
     mixed = bool(static) or config.quantization.fallback == "auto"
     out = stage / ".full" if mixed else stage
     full = quantize(with_excluded(config, ()), source, calibration, out, smoothing=smoothing)
-    return source, full, static, smoothing
+    return FullQuantization(source, full, static, smoothing)
 
 
 def choose_precision(
     config: BuildConfig,
-    quantized: tuple[Path, QuantizedModel, tuple[str, ...], Any],
+    quantized: FullQuantization,
     calibration: CalibrationSet,
     evaluation: Iterable[Batch],
     metric: Metric,
     stage: Path,
 ) -> Precision:
     """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
-    source, full, static, smoothing = quantized
+    source, full, static, smoothing = quantized.source, quantized.full, quantized.static, quantized.smoothing
     auto = config.quantization.fallback == "auto"
     analyze = config.sensitivity.enabled or auto
     held = list(evaluation) if analyze else []  # sensitivity and the fallback search read the same batches
@@ -163,4 +181,12 @@ def choose_precision(
         shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
     _plot(shipped, stage)
     fallback = FallbackChoice(static, nodes, search)
-    return Precision(source, full, shipped, fallback, record, None, with_excluded(config, ()), smoothing)
+    return Precision(
+        source=source,
+        full=full,
+        shipped=shipped,
+        fallback=fallback,
+        sensitivity=record,
+        setup=with_excluded(config, ()),
+        smoothing=smoothing,
+    )

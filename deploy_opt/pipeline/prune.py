@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.build.runtime import BenchmarkRecord
+from deploy_opt.build.summary import MetricsRecord
 from deploy_opt.config.prune import PruneConfig
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
@@ -129,7 +131,7 @@ def _log_cuts(cuts: Sequence[Any], stages: dict[str, Any]) -> None:
 
 
 def stage_table(
-    info: dict[str, Any], metrics: dict[str, Any], bench: dict[str, Any] | None, sizes: dict[str, int]
+    info: dict[str, Any], metrics: MetricsRecord, bench: BenchmarkRecord | None, sizes: dict[str, int]
 ) -> list[dict[str, Any]]:
     """One row per stage (original, pruned, distilled, INT8): size, parameters, MACs, latency and metric.
 
@@ -137,7 +139,7 @@ def stage_table(
     original); the pruned stage's metric is torch's on the first evaluation samples (it has no ONNX model).
     """
     torch_stages = info["stages_torch"]
-    batches = (bench or {}).get("batches") or {}
+    batches = bench.batches if bench is not None else {}
     final = "distilled" if "distilled" in torch_stages else "pruned"
     session = {"original": "ort_fp32_original", final: "ort_fp32", "int8": "ort_int8"}
     rows = []
@@ -153,27 +155,39 @@ def stage_table(
                 "macs": base["macs"],
                 "bytes": sizes.get(key),
                 "metric_torch": None if name == "int8" else base["metric"],
-                "metric_ort": metrics.get(key) if key else None,
+                "metric_ort": metrics.scores.get(key) if key else None,
                 "latency_ms": {b: row[key]["median_ms"] for b, row in batches.items() if key and key in row},
             }
         )
     return rows
 
 
+@dataclass(frozen=True)
+class PruneRecord:
+    """The prune stage's record: what was cut and how (``info``), and the size/speed/metric table per stage."""
+
+    info: dict[str, Any]
+    stages: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        """The build.json ``prune`` section."""
+        return self.info | {"stages": self.stages}
+
+
 def finish_prune(
     pruned: PrunedModel,
-    metrics: dict[str, Any],
-    bench: dict[str, Any] | None,
+    metrics: MetricsRecord,
+    bench: BenchmarkRecord | None,
     models: dict[str, Path],
     metric: str,
     stage: Path,
-) -> dict[str, Any]:
-    """The build.json ``prune`` record with the stage table; draws ``prune.png``; drops the original's export."""
+) -> PruneRecord:
+    """The prune record with the stage table; draws ``prune.png``; drops the original's export."""
     from deploy_opt.report.prune_report import plot_prune
 
     sizes = {name: _file_bytes(path) for name, path in models.items()}
-    record = pruned.info | {"stages": stage_table(pruned.info, metrics, bench, sizes)}
-    plot_prune(record, metric, stage / "prune.png")
+    record = PruneRecord(pruned.info, stage_table(pruned.info, metrics, bench, sizes))
+    plot_prune(record.to_json(), metric, stage / "prune.png")
     shutil.rmtree(stage / ORIGINAL_DIR, ignore_errors=True)
     return record
 

@@ -97,16 +97,16 @@ def fine_tune(
     weights = _absmax_weights(setup) if choice == "qat" else setup
     shipped = quantize(weights, source, calibration, stage, ranges=ranges, **made_by)
     return Precision(
-        source,
-        shipped,
-        shipped,
-        FallbackChoice((), ()),
-        precision.sensitivity,
-        precision.auto,
-        setup,
-        precision.smoothing,
-        record,
-        tuple(alternatives),
+        source=source,
+        full=shipped,
+        shipped=shipped,
+        fallback=FallbackChoice((), ()),
+        sensitivity=precision.sensitivity,
+        auto=precision.auto,
+        setup=setup,
+        smoothing=precision.smoothing,
+        qat=record,
+        alternatives=tuple(alternatives),
     )
 
 
