@@ -123,6 +123,7 @@ def test_a_torchao_state_naming_foreign_globals_is_refused_unread(tmp_path: Path
         _load_state(path)
 
 
+@pytest.mark.slow
 def test_a_wrong_input_name_names_the_user_s_file_not_the_staging_copy(tmp_path: Path) -> None:
     import tiny_onnx
     from conftest import write_config

@@ -19,6 +19,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
+pytestmark = pytest.mark.slow  # every test reads one dry run of the whole device check (a subprocess)
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     if shutil.which("timeout") is None:

@@ -317,7 +317,7 @@ def test_a_file_as_output_dir_says_so(tmp_path: Path) -> None:
 
 
 def test_report_on_a_truncated_build_json_exits_2(tmp_path: Path) -> None:
-    from deploy_opt.report.pages import write_report_page
+    from deploy_opt.report.folder_page import write_report_page
 
     (tmp_path / "build.json").write_text('{"metrics": {"name": "top1", "ort_fp32"')
     with pytest.raises(ReportError, match="truncated or malformed"):

@@ -126,6 +126,7 @@ def test_forcing_an_engine_that_refuses_the_checkpoint_is_an_error(
 # lmdeploy 0.18's CLI calls archs.autoget_backend for every --backend but pytorch (cli/serve.py), which picks
 # TurboMind only for the architectures in turbomind/supported_models.py; Mistral, Phi-3 and Gemma are not there.
 @pytest.mark.parametrize("arch", ["MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM"])
+@pytest.mark.slow
 def test_a_gptq_checkpoint_of_an_architecture_turbomind_lacks_is_refused(tmp_path: Path, arch: str) -> None:
     ckpt = _checkpoint(tmp_path, "gptq", 128, arch=arch)
     result = _cli("serve", str(ckpt), "--dry-run")
@@ -138,6 +139,7 @@ def test_a_gptq_checkpoint_of_an_architecture_turbomind_lacks_is_refused(tmp_pat
 
 
 @pytest.mark.parametrize(("method", "group"), [("awq", 128), ("awq", 64), (None, 0)])
+@pytest.mark.slow
 def test_an_architecture_turbomind_lacks_goes_to_the_pytorch_engine(tmp_path: Path, method, group) -> None:
     ckpt = _checkpoint(tmp_path, method, group, arch="MistralForCausalLM")
     result = _cli("serve", str(ckpt), "--dry-run")

@@ -147,6 +147,7 @@ EXPORTS = [
 
 
 @pytest.mark.parametrize("name", EXPORTS)
+@pytest.mark.slow
 def test_transformer_exports_match_onnxruntime(exports: dict[str, onnx.ModelProto], name: str) -> None:
     _assert_matches_onnxruntime(exports[name], _token_feeds(seed=1))
 

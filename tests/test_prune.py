@@ -169,6 +169,7 @@ def test_the_gate_judges_a_pruned_build_against_the_original() -> None:
     assert speed.passed and speed.measured == 2.6 and "over the unpruned FP32" in speed.text
 
 
+@pytest.mark.slow
 def test_a_pruned_build_is_judged_against_the_unpruned_model(tmp_path: Path) -> None:
     """A real build with prune on: the reference, the stage table, pruned.pt, prune.png; no original left."""
     from conftest import write_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_cnn_config
 
-from deploy_opt.report.pages import write_report_page
+from deploy_opt.report.folder_page import write_report_page
 from dopt_common.errors import InputError
 
 MAX_PAGE_BYTES = 5 * 1024 * 1024

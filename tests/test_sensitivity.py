@@ -125,6 +125,7 @@ def test_smoothquant_in_the_build_is_recorded_and_keeps_the_model(tmp_path: Path
     assert result.build["metrics"]["drop"] < result.build["metrics"]["ort_fp32"]
 
 
+@pytest.mark.slow
 def test_the_sensitivity_command_prints_the_ranking(tmp_path: Path) -> None:
     import subprocess
     import sys

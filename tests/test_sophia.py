@@ -214,6 +214,7 @@ def test_the_recommender_offers_sophia_for_long_llm_pretraining() -> None:
         recommend("llm", "125M", "10B", memory_gb=80, seq_len=0)
 
 
+@pytest.mark.slow
 def test_sophia_fine_tunes_the_minilm_pair_slice_with_gnb_on_the_pair_logits(tmp_path) -> None:
     pytest.importorskip("tokenizers")
     from deploy_opt.config.profiles import config_path

@@ -171,6 +171,7 @@ def noise(references: dict) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("engine", ["zero", "fsdp"])
+@pytest.mark.slow
 def test_fp32_state_matches_single_process(distributed_runs: dict, references: dict, engine: str) -> None:
     biggest, _ = differences(distributed_runs[(engine, "fp32")]["weights"], references["fp32"][0])
     assert biggest < 1e-6

@@ -274,6 +274,7 @@ def test_clipping_bounds_the_update(tmp_path: Path, clip_norm: float | None) -> 
         assert record["update_norm"] == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_demo_config_trains_digits_cnn_above_95_percent(tmp_path: Path) -> None:
     config = load_train_config(example_config("train_digits"))
     result = train(config, tmp_path / "demo", progress=False)

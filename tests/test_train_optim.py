@@ -189,6 +189,7 @@ def test_optimizers_converge_like_their_fp32_twins(int8: object, fp32: object, r
 
 # --- memory --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("block_size", [256, 2048])
+@pytest.mark.slow
 def test_state_bytes_per_param_on_large_tensors(block_size: int) -> None:
     weight = torch.nn.Parameter(torch.randn(512, 1024))
     optimizer = Int8AdamW([weight], block_size=block_size)

@@ -78,6 +78,7 @@ def test_trial_config_switches_optimizer_cleanly() -> None:
     assert steps_to_converge([[1, 1.0], [2, 1.0]]) is None
 
 
+@pytest.mark.slow
 def test_search_runs_reports_and_best_yaml_reproduces_its_trial(tmp_path: Path) -> None:
     config, space = _files(tmp_path)
     result = run_search(_request(config, space, tmp_path / "reports"))
@@ -103,6 +104,7 @@ def test_search_runs_reports_and_best_yaml_reproduces_its_trial(tmp_path: Path) 
     assert again.metrics["eval_loss"] == pytest.approx(best["eval_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_killed_search_resumes_without_rerunning_ended_trials(tmp_path: Path, monkeypatch) -> None:
     config, space = _files(tmp_path)
     real = trial_module.run_segment
@@ -125,6 +127,7 @@ def test_a_killed_search_resumes_without_rerunning_ended_trials(tmp_path: Path, 
     assert calls[0] == "003" and result.trials == 9
 
 
+@pytest.mark.slow
 def test_a_tpe_trial_cut_between_rungs_continues_from_its_checkpoint(tmp_path: Path, monkeypatch) -> None:
     config, space = _files(tmp_path)
     real = trial_module.run_segment
@@ -147,6 +150,7 @@ def test_a_tpe_trial_cut_between_rungs_continues_from_its_checkpoint(tmp_path: P
     assert json.loads(log[0])["event"] == "start" and any(json.loads(x)["event"] == "resume" for x in log)
 
 
+@pytest.mark.slow
 def test_search_on_local_ray_with_two_trials_at_once(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     config, space = _files(tmp_path)

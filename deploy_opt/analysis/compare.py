@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ import onnx
 from deploy_opt.analysis.compare_layers import compare_layers
 from deploy_opt.config.build import CompareConfig
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
+from deploy_opt.evaluation.numerics import json_db, power_db
 from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import InputError, one_line
 from dopt_common.files import atomic_path, sha256_file, write_json
@@ -284,5 +284,5 @@ def output_metrics(reference: np.ndarray, test: np.ndarray, class_scores: bool =
         "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "cosine": float(cosines.mean()),
         "cosine_min": float(cosines.min()),
-        "sqnr_db": None if noise == 0 else round(10 * math.log10(max(signal, 1e-30) / noise), 4),
+        "sqnr_db": json_db(power_db(signal, noise)),
     } | ({"top1_agreement": top1} if class_scores else {})

@@ -41,6 +41,7 @@ import numpy as np
 import onnx
 
 from deploy_opt.config.build import CompareConfig
+from deploy_opt.evaluation.numerics import json_db, noise_db, power_db
 from dopt_common.errors import ModelError
 from dopt_common.ort import create_session
 from exporters.ort.qdq import INITIALIZER_SUFFIX, OUTPUT_SUFFIX
@@ -80,10 +81,8 @@ class PairStats:
 
     @property
     def sqnr_db(self) -> float:
-        """10·log10(signal power / noise power); inf when identical."""
-        if self.noise == 0.0:
-            return math.inf
-        return 10 * math.log10(max(self.ref2, 1e-30) / self.noise)
+        """The SQNR in dB (evaluation.numerics.power_db): +inf when identical."""
+        return power_db(self.ref2, self.noise)
 
     @property
     def cosine(self) -> float:
@@ -299,7 +298,7 @@ def _noise(sqnr_db: float | None) -> float:
 
 
 def _db(noise: float) -> float:
-    return math.inf if noise <= 0 else -10 * math.log10(noise)
+    return noise_db(noise)
 
 
 def _table(
@@ -394,6 +393,4 @@ def _drop(
 
 def _finite(value: float | None) -> float | None:
     """JSON has no inf: None for identical tensors, rounded otherwise."""
-    if value is None or math.isinf(value) or math.isnan(value):
-        return None
-    return round(value, 4)
+    return json_db(value)

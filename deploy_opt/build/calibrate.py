@@ -23,10 +23,10 @@ from calibrators.activations.histogram import Histogram, HistogramObserver
 from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
-from deploy_opt.analysis.sensitivity.noise import noise_db
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.evaluation.numerics import json_db, noise_db
 from deploy_opt.evaluation.sources import single_rows
 from deploy_opt.report.calibration_plot import widest
 
@@ -202,4 +202,4 @@ def choose_methods(
         len(feeds),
         time.perf_counter() - started,
     )
-    return picked, {n: {m: round(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}
+    return picked, {n: {m: json_db(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}

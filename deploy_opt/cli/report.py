@@ -47,7 +47,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from deploy_opt.report.pages import write_report_page
+    from deploy_opt.report.folder_page import write_report_page
 
     print(write_report_page(args.folder))
     return 0

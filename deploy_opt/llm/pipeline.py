@@ -182,7 +182,7 @@ def _run(
     gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
     report["gate"] = gate.to_json()
     write_json(stage / "quantize_report.json", report)
-    from deploy_opt.report.run_pages import write_llm_page
+    from deploy_opt.report.llm_train_pages import write_llm_page
 
     write_llm_page(stage)
     return report, gate

@@ -1,3 +1,5 @@
-"""What a build tells: the gates (gate.py owns Criterion and threshold parsing), build.json and summary.md
-(record.py) and the calibration plot.
+"""What a run tells: the gates (gate.py owns Criterion and threshold parsing), build.json and summary.md
+(record.py), the integrity and trust criteria, and the plots. The HTML pages: html_parts.py (the pieces every page
+is made of), charts.py, build_page.py (a build's report.html), llm_train_pages.py (an LLM or training run's),
+folder_page.py (the ``report`` command: whichever page a run folder needs).
 """

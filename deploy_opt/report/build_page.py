@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.report import charts, page
+from deploy_opt.report import charts, html_parts
 from deploy_opt.report.layers import layer_rows
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,14 @@ def _gate(build: dict[str, Any]) -> str:
     batches = (build.get("benchmark") or {}).get("batches") or {}
     speed = ", ".join(f"{b}: {v.get('speedup', 0):.2f}x" for b, v in batches.items() if v.get("speedup"))
     headline = (
-        f"{metrics.get('name', 'metric')} FP32 {page.fmt(metrics.get('ort_fp32'))} → INT8 "
-        f"{page.fmt(metrics.get('ort_int8'))} (drop {page.fmt(metrics.get('drop'), '.3g')} points); "
+        f"{metrics.get('name', 'metric')} FP32 {html_parts.fmt(metrics.get('ort_fp32'))} → INT8 "
+        f"{html_parts.fmt(metrics.get('ort_int8'))} (drop {html_parts.fmt(metrics.get('drop'), '.3g')} points); "
         f"INT8 speedup by batch {speed or 'not measured'}"
     )
     reasons = "; ".join(c.get("text", "") for c in criteria)
-    box = page.verdict(gate.get("passed") if criteria else None, f"{headline}. {reasons}" if reasons else headline)
+    box = html_parts.verdict(
+        gate.get("passed") if criteria else None, f"{headline}. {reasons}" if reasons else headline
+    )
     auto = (build.get("auto") or {}).get("verdict")
     qat = build.get("qat") or {}
     qat_line = None
@@ -51,7 +53,7 @@ def _gate(build: dict[str, Any]) -> str:
         ("QAT", qat_line),
         ("targets", "; ".join(f"{k}: {v}" for k, v in (build.get("targets") or {}).items())),
     ]
-    return box + page.key_values(notes)
+    return box + html_parts.key_values(notes)
 
 
 def shipped_label(auto: dict[str, Any]) -> str | None:
@@ -106,13 +108,13 @@ def _accuracy(build: dict[str, Any]) -> str:
         return ""
     sign = 1.0 if metrics.get("higher_is_better", True) else -1.0
     rows = [
-        (f"{_runtime(key)}: {page.fmt(value)}", sign * (reference - value))
+        (f"{_runtime(key)}: {html_parts.fmt(value)}", sign * (reference - value))
         for key, value in metrics.items()
         if key.startswith(("torch_", "ort_", "tensorrt")) and key != base and _number(value)
     ]
     max_drop = ((build.get("config") or {}).get("gate") or {}).get("max_drop")
     title = (
-        f"{metrics.get('name', 'metric')} drop against {_runtime(base)} ({page.fmt(reference)}), "
+        f"{metrics.get('name', 'metric')} drop against {_runtime(base)} ({html_parts.fmt(reference)}), "
         f"on {metrics.get('samples', '?')} judged samples"
     )
     return charts.drop_chart(title, rows, max_drop if _number(max_drop) else None)
@@ -148,10 +150,10 @@ def _auto_search(build: dict[str, Any]) -> str:
     limits = []
     max_drop = (config.get("gate") or {}).get("max_drop")
     if _number(max_drop):
-        limits.append(charts.Limit("y", float(max_drop), f"max_drop {page.fmt(max_drop)}"))
+        limits.append(charts.Limit("y", float(max_drop), f"max_drop {html_parts.fmt(max_drop)}"))
     min_gain = (config.get("auto") or {}).get("min_gain")
     if _number(min_gain):
-        limits.append(charts.Limit("x", float(min_gain), f"min_gain {page.fmt(min_gain)}x"))
+        limits.append(charts.Limit("x", float(min_gain), f"min_gain {html_parts.fmt(min_gain)}x"))
     chart = charts.scatter_chart(
         "auto-mode trials: metric drop against INT8 speedup",
         points,
@@ -171,7 +173,7 @@ def _auto_search(build: dict[str, Any]) -> str:
         )
         for t in trials
     ]
-    table = page.table(
+    table = html_parts.table(
         ("trial", "step", "drop", "predicted drop", "speedup", "INT8 nodes", "seconds"),
         rows,
         text_columns=(0, 1),
@@ -197,12 +199,12 @@ def _calibration(build: dict[str, Any], folder: Path) -> str:
                 tensor.get("guard") or tensor.get("decision") or "",
             )
         )
-    table = page.table(
+    table = html_parts.table(
         ("tensor", "method", "observed min", "observed max", "range min", "range max", "guard"),
         rows,
         text_columns=(0, 1, 6),
     )
-    return page.image(folder / "calibration.png", "calibration histograms") + table
+    return html_parts.image(folder / "calibration.png", "calibration histograms") + table
 
 
 def _compat(folder: Path, build: dict[str, Any]) -> str:
@@ -233,10 +235,10 @@ def _compat(folder: Path, build: dict[str, Any]) -> str:
             for f in (data.get("flagged") or [])
         ][:50]
         parts.append(
-            f"<h3>{page.esc(name)}</h3>"
+            f"<h3>{html_parts.esc(name)}</h3>"
             + _compat_verdict(summary, deployed)
-            + page.table(("target", "role", "ok", "fallback", "fail"), rows, text_columns=(0, 1))
-            + page.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3))
+            + html_parts.table(("target", "role", "ok", "fallback", "fail"), rows, text_columns=(0, 1))
+            + html_parts.table(("flagged node", "op", "target", "why"), flagged, text_columns=(0, 1, 2, 3))
         )
     return "".join(parts)
 
@@ -245,10 +247,10 @@ def _compat_verdict(summary: dict[str, Any], deployed: set[str]) -> str:
     """Red only for a deployed target with failing nodes; other targets' counts are information."""
     failing = [f"{t}: {c.get('fail')} nodes fail" for t, c in summary.items() if t in deployed and c.get("fail")]
     if failing:
-        return page.verdict(False, "; ".join(failing))
+        return html_parts.verdict(False, "; ".join(failing))
     others = [t for t, c in summary.items() if t not in deployed and (c.get("fail") or c.get("fallback"))]
     if others:
-        return page.verdict(
+        return html_parts.verdict(
             None,
             f"{', '.join(others)}: not deployed to by this build (deploy.targets: "
             f"{', '.join(sorted(deployed)) or 'none'}); their counts are for information",
@@ -306,12 +308,12 @@ def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> st
     if metric not in (None, "top1") or all(row[5] is None for row in rows):
         headers.pop(5)
         rows = [row[:5] + row[6:] for row in rows]
-    table = page.table(headers, rows, text_columns=(0, 1, len(headers) - 1))
+    table = html_parts.table(headers, rows, text_columns=(0, 1, len(headers) - 1))
     verdict, first = data.get("verdict"), divergence_text(data.get("first_divergence"))
     failing = [name for name, record in (data.get("backends") or {}).items() if record.get("pass") is False]
     text = f"comparison {verdict or 'not judged'}; first diverging layer: {first}"
     text += f"; backends that fail: {', '.join(failing)}" if failing else ""
-    note = page.verdict({"pass": True, "fail": False}.get(str(verdict)), text)
+    note = html_parts.verdict({"pass": True, "fail": False}.get(str(verdict)), text)
     return note + table + sqnr_chart(data.get("layers") or [], modules)
 
 
@@ -322,20 +324,20 @@ def divergence_text(first: dict[str, Any] | None) -> str:
     where = f"tensor '{first.get('tensor')}' ({first.get('op')}, node '{first.get('node')}')"
     if first.get("reason") == "drop":
         return (
-            f"{where}: output {page.fmt(first.get('drop_db'), '.1f')} dB worse than its inputs' noise predicts "
-            f"(limit {page.fmt(first.get('threshold'))} dB)"
+            f"{where}: output {html_parts.fmt(first.get('drop_db'), '.1f')} dB worse than its inputs' noise predicts "
+            f"(limit {html_parts.fmt(first.get('threshold'))} dB)"
         )
     return (
-        f"{where}: its own quantization SQNR is {page.fmt(first.get('sqnr_db'), '.1f')} dB, below "
-        f"{page.fmt(first.get('threshold'))} dB"
+        f"{where}: its own quantization SQNR is {html_parts.fmt(first.get('sqnr_db'), '.1f')} dB, below "
+        f"{html_parts.fmt(first.get('threshold'))} dB"
     )
 
 
 def _snapshot(build: dict[str, Any]) -> str:
-    versions = page.key_values(list((build.get("versions") or {}).items()))
+    versions = html_parts.key_values(list((build.get("versions") or {}).items()))
     config = json.dumps(build.get("config") or {}, indent=1)
     return (
-        page.key_values(
+        html_parts.key_values(
             [
                 ("seed", build.get("seed")),
                 ("created", build.get("created")),
@@ -343,7 +345,7 @@ def _snapshot(build: dict[str, Any]) -> str:
             ]
         )
         + versions
-        + f"<pre>{page.esc(config)}</pre>"
+        + f"<pre>{html_parts.esc(config)}</pre>"
     )
 
 
@@ -355,32 +357,32 @@ def write_build_page(folder: Path) -> Path:
     sensitivity = folder / "sensitivity.html"
     body = "".join(
         [
-            f"<h1>{page.esc(build.get('name', folder.name))}: build report</h1>",
-            f'<p class="muted">{page.esc(build.get("description", ""))}</p>',
+            f"<h1>{html_parts.esc(build.get('name', folder.name))}: build report</h1>",
+            f'<p class="muted">{html_parts.esc(build.get("description", ""))}</p>',
             _gate(build),
-            page.section("Accuracy and latency: FP32 against INT8", _accuracy_latency(build)),
-            page.section("Auto-mode search", _auto_search(build), "each trial's measured drop and speedup"),
-            page.section(
+            html_parts.section("Accuracy and latency: FP32 against INT8", _accuracy_latency(build)),
+            html_parts.section("Auto-mode search", _auto_search(build), "each trial's measured drop and speedup"),
+            html_parts.section(
                 "Per layer",
                 layer_rows(folder, build),
                 "module paths come from the exporter's name scopes; bytes are the weight's, before and after",
             ),
-            page.section(
+            html_parts.section(
                 "Sensitivity",
-                page.image(folder / "sensitivity.png", "sensitivity heatmap")
+                html_parts.image(folder / "sensitivity.png", "sensitivity heatmap")
                 + (
                     f'<p><a href="{sensitivity.name}">sortable per-node sensitivity table</a></p>'
                     if sensitivity.is_file()
                     else ""
                 ),
             ),
-            page.section("Calibration", _calibration(build, folder)),
-            page.section(
+            html_parts.section("Calibration", _calibration(build, folder)),
+            html_parts.section(
                 "Compatibility per target",
                 _compat(folder, build),
                 "deployed targets are judged; the others are shown for information",
             ),
-            page.section(
+            html_parts.section(
                 "Cross-backend comparison",
                 _comparison(
                     folder,
@@ -388,7 +390,7 @@ def write_build_page(folder: Path) -> Path:
                     (build.get("metrics") or {}).get("name"),
                 ),
             ),
-            page.section("Run snapshot: seed, versions, config", _snapshot(build)),
+            html_parts.section("Run snapshot: seed, versions, config", _snapshot(build)),
         ]
     )
-    return page.write_page(folder / REPORT_NAME, f"{build.get('name', folder.name)} build report", body)
+    return html_parts.write_page(folder / REPORT_NAME, f"{build.get('name', folder.name)} build report", body)

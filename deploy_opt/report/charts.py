@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deploy_opt.report.page import esc, fmt
+from deploy_opt.report.html_parts import esc, fmt
 
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 LIMIT_COLOR = "#c44e52"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy_opt.report import page
+from deploy_opt.report import html_parts
 
 log = logging.getLogger(__name__)
 
@@ -122,4 +122,4 @@ def layer_rows(folder: Path, build: dict[str, Any]) -> str:
         "drop (points)",
         "drop is",
     )
-    return page.table(headers, rows, text_columns=(0, 1, 2, 3, 7, 9))
+    return html_parts.table(headers, rows, text_columns=(0, 1, 2, 3, 7, 9))

@@ -228,7 +228,7 @@ def _run(
         skipped_at=tuple(state.skipped_at),
     )
     write_json(out / RESULT_NAME, asdict(result))
-    from deploy_opt.report.run_pages import write_train_page
+    from deploy_opt.report.llm_train_pages import write_train_page
 
     write_train_page(out)
     return result

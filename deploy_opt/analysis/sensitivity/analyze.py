@@ -15,7 +15,6 @@ deployed scales.
 from __future__ import annotations
 
 import logging
-import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -26,9 +25,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from deploy_opt.analysis.sensitivity.noise import noise_db, predicted_drop, propagated_noise
+from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, make_variant, quantized_nodes
-from deploy_opt.evaluation.metrics import Metric, RunningMean
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, sqnr_db
 from deploy_opt.evaluation.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
@@ -48,12 +48,16 @@ class SubsetScorer:
 
     def score(self, model: onnx.ModelProto | bytes) -> float:
         """The metric of ``model`` on the subset."""
+        return float(np.mean(self.sample_scores(model)))
+
+    def sample_scores(self, model: onnx.ModelProto | bytes) -> np.ndarray:
+        """The metric of ``model`` per sample of the subset (the score is their mean)."""
         session = create_session(model if isinstance(model, bytes) else model.SerializeToString(), threads=self.threads)
-        mean = RunningMean()
+        scores = []
         for batch, reference in zip(self.batches, self.references, strict=True):
             out = session.run(None, batch.inputs)[0]
-            mean.add(self.metric.score(out, batch.label if batch.label is not None else reference))
-        return mean.value
+            scores.append(np.ravel(self.metric.score(out, batch.label if batch.label is not None else reference)))
+        return np.concatenate(scores).astype(np.float64)
 
 
 def pick_subset(batches: list[Batch], fraction: float, seed: int) -> list[Batch]:
@@ -124,7 +128,7 @@ def proxy_scores(
         ]
         noise += [10 ** (-weights[node.weight] / 10)] if node.weight in weights else []
         output = node.outputs[0]
-        entry = {"local_sqnr_db": -10 * math.log10(max(sum(noise), 1e-30)) if noise else float("inf")}
+        entry = {"local_sqnr_db": noise_db(sum(noise))}  # +inf: no quantized input adds noise
         if output in qdq_acts and output in fp32_acts:
             entry["sqnr_db"] = _sqnr(fp32_acts[output], qdq_acts[output])
             entry["cosine"] = _cosine(fp32_acts[output], qdq_acts[output])
@@ -163,14 +167,16 @@ def _flat(arrays: Any) -> np.ndarray:
 
 
 def _sqnr(x: Any, y: Any) -> float:
-    a, b = _flat(x), _flat(y)
-    noise = np.linalg.norm(a - b)
-    return float(20 * math.log10(max(np.linalg.norm(a), 1e-30) / max(noise, 1e-30)))
+    return sqnr_db(_flat(x), _flat(y))
 
 
 def _cosine(x: Any, y: Any) -> float:
-    a, b = _flat(x), _flat(y)
-    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
+    return cosine_similarity(_flat(x), _flat(y))
+
+
+def _recorded(key: str, value: Any) -> Any:
+    """A proxy as sensitivity.json stores it: dB figures through ``json_db`` (+inf, no noise, is null)."""
+    return json_db(value, digits=None) if key.endswith("_db") else value
 
 
 def _macs(node: QuantizedNode, activations: dict[str, list[np.ndarray]]) -> int:
@@ -251,7 +257,7 @@ def analyze(
                 "weight_shape": fp32_shapes.get(n.weight) if n.weight else None,
                 "macs": proxies[n.name]["macs"],
                 "mac_share": proxies[n.name]["macs"] / total_macs,
-                "proxy": {k: proxies[n.name].get(k) for k in PROXY_KEYS},
+                "proxy": {k: _recorded(k, proxies[n.name].get(k)) for k in PROXY_KEYS},
                 "drop_both": results.get(n.name, {}).get("drop_both"),
                 "drop_weight_only": results.get(n.name, {}).get("drop_weight_only"),
                 "drop_activation_only": results.get(n.name, {}).get("drop_activation_only"),

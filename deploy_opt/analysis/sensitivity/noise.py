@@ -17,7 +17,6 @@ drop is 50 times that (:func:`predicted_drop`). The graph runs in torch (:mod:`d
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -151,11 +150,6 @@ class _Taps:
             self.noise[node.name] = run_node(node, quantized, self.opset)[0] - outputs[0]
         self.leaves[node.name] = torch.zeros_like(outputs[0], requires_grad=True)
         return [outputs[0] + self.leaves[node.name], *outputs[1:]]
-
-
-def noise_db(value: float) -> float:
-    """A relative noise power as an SQNR in dB: higher is safer."""
-    return -10 * math.log10(max(value, 1e-30))
 
 
 def predicted_drop(metric: str, relative_noise: float) -> float | None:

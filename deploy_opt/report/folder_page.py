@@ -38,11 +38,11 @@ def _write_page(folder: Path) -> Path:
 
         return write_build_page(folder)
     if (folder / "quantize_report.json").is_file():
-        from deploy_opt.report.run_pages import write_llm_page
+        from deploy_opt.report.llm_train_pages import write_llm_page
 
         return write_llm_page(folder)
     if (folder / "train_log.jsonl").is_file():
-        from deploy_opt.report.run_pages import write_train_page
+        from deploy_opt.report.llm_train_pages import write_train_page
 
         return write_train_page(folder)
     if (folder / "search.json").is_file() and (folder / "search.html").is_file():

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.report import charts, page
+from deploy_opt.report import charts, html_parts
 
 log = logging.getLogger(__name__)
 
@@ -35,28 +35,28 @@ def write_llm_page(folder: Path) -> Path:
     layers = (report.get("quantization") or {}).get("layers") or []
     body = "".join(
         [
-            f"<h1>{page.esc(report.get('name', folder.name))}: quantize-llm report</h1>",
-            page.verdict(
+            f"<h1>{html_parts.esc(report.get('name', folder.name))}: quantize-llm report</h1>",
+            html_parts.verdict(
                 gate.get("passed"),
-                f"{report.get('method')}: perplexity {page.fmt(values[0], '.4g')} → "
-                f"{page.fmt(values[1], '.4g')} ({page.fmt(ppl.get('increase'), '+.2%')}). {criteria}",
+                f"{report.get('method')}: perplexity {html_parts.fmt(values[0], '.4g')} → "
+                f"{html_parts.fmt(values[1], '.4g')} ({html_parts.fmt(ppl.get('increase'), '+.2%')}). {criteria}",
             ),
-            page.key_values(
+            html_parts.key_values(
                 [
                     ("scheme", (report.get("scheme") or {}).get("reason")),
                     ("model", (report.get("model") or {}).get("source")),
                     ("checkpoint", (report.get("checkpoint") or {}).get("format")),
                 ]
             ),
-            page.section(
+            html_parts.section(
                 "Held-out perplexity",
                 charts.bar_chart("perplexity (lower is better)", groups, {"perplexity": values}, ""),
             ),
-            page.section("KV cache", _kv(kv)),
-            page.section(
+            html_parts.section("KV cache", _kv(kv)),
+            html_parts.section(
                 "Per-Linear error by layer",
                 _layer_chart(layers)
-                + page.table(
+                + html_parts.table(
                     ("Linear", "shape", "weight error", "output error", "seconds"),
                     [
                         (
@@ -71,35 +71,37 @@ def write_llm_page(folder: Path) -> Path:
                     text_columns=(0, 1),
                 ),
             ),
-            page.section("Stability: FP and quantized generations side by side", _stability(report.get("stability"))),
-            page.section("GGUF", _gguf(report)),
-            page.section("Serve", _serve(report.get("serve") or {})),
-            page.section(
+            html_parts.section(
+                "Stability: FP and quantized generations side by side", _stability(report.get("stability"))
+            ),
+            html_parts.section("GGUF", _gguf(report)),
+            html_parts.section("Serve", _serve(report.get("serve") or {})),
+            html_parts.section(
                 "Run snapshot: seed, versions, config",
-                page.key_values([("seed", report.get("seed"))] + list((report.get("versions") or {}).items()))
-                + f"<pre>{page.esc(json.dumps(report.get('config') or {}, indent=1))}</pre>",
+                html_parts.key_values([("seed", report.get("seed"))] + list((report.get("versions") or {}).items()))
+                + f"<pre>{html_parts.esc(json.dumps(report.get('config') or {}, indent=1))}</pre>",
             ),
         ]
     )
-    return page.write_page(folder / REPORT_NAME, f"{report.get('name', folder.name)} quantize-llm report", body)
+    return html_parts.write_page(folder / REPORT_NAME, f"{report.get('name', folder.name)} quantize-llm report", body)
 
 
 def _kv(kv: dict[str, Any]) -> str:
     if not kv:
         return ""
     memory = kv.get("memory") or {}
-    return page.key_values(
+    return html_parts.key_values(
         [
             ("KV cache", kv.get("kv_cache")),
             (
                 "perplexity change against the quantized weights alone",
-                page.fmt(kv.get("increase_vs_quantized"), "+.3%"),
+                html_parts.fmt(kv.get("increase_vs_quantized"), "+.3%"),
             ),
-            ("perplexity change against the original", page.fmt(kv.get("increase_vs_original"), "+.3%")),
+            ("perplexity change against the original", html_parts.fmt(kv.get("increase_vs_original"), "+.3%")),
             (
                 f"KV memory at {memory.get('session_len')} tokens, fp16 → quantized",
                 f"{memory.get('fp16_bytes', 0) / 2**20:.1f} → {memory.get('bytes', 0) / 2**20:.1f} MiB "
-                f"({page.fmt(memory.get('saved_fraction'), '.1%')} saved)",
+                f"({html_parts.fmt(memory.get('saved_fraction'), '.1%')} saved)",
             ),
             ("stability with the quantized KV cache", f"{(kv.get('stability') or {}).get('flagged')} flagged"),
             ("simulation", kv.get("simulation")),
@@ -138,12 +140,12 @@ def _stability(stability: dict[str, Any] | None) -> str:
         )
         for i, r in enumerate(stability.get("runs") or [])
     ]
-    head = page.verdict(
+    head = html_parts.verdict(
         stability.get("ok"),
         f"{stability.get('flagged')} of {stability.get('generations')} "
         f"generations flagged; {stability.get('excused', 0)} excused (the FP model does the same)",
     )
-    return head + page.table(
+    return head + html_parts.table(
         ("#", "mode", "prompt", "FP generation", "quantized generation", "flagged", "excused"),
         rows,
         text_columns=(1, 2, 3, 4, 5, 6),
@@ -155,7 +157,7 @@ def _gguf(report: dict[str, Any]) -> str:
     if not record:
         return ""
     back = record.get("read_back") or {}
-    return page.key_values(
+    return html_parts.key_values(
         [
             ("file", record.get("file")),
             ("types", ", ".join(record.get("types") or [])),
@@ -174,10 +176,10 @@ def _serve(serve: dict[str, Any]) -> str:
     if not serve:
         return ""
     if serve.get("servable"):
-        return f"<pre>{page.esc(' '.join(serve.get('command') or []))}</pre>"
+        return f"<pre>{html_parts.esc(' '.join(serve.get('command') or []))}</pre>"
     command = serve.get("llama_cpp_command")
-    extra = f"<pre>{page.esc(' '.join(command))}</pre>" if command else ""
-    return f"<p>{page.esc(serve.get('reason', ''))}</p>{extra}"
+    extra = f"<pre>{html_parts.esc(' '.join(command))}</pre>" if command else ""
+    return f"<p>{html_parts.esc(serve.get('reason', ''))}</p>{extra}"
 
 
 def write_train_page(folder: Path) -> Path:
@@ -197,14 +199,14 @@ def write_train_page(folder: Path) -> Path:
     last = evals[-1] if evals else {}
     body = "".join(
         [
-            f"<h1>{page.esc(config.get('description') or folder.name)}: training report</h1>",
-            page.verdict(
+            f"<h1>{html_parts.esc(config.get('description') or folder.name)}: training report</h1>",
+            html_parts.verdict(
                 bool(result.get("completed")) if result else None,
                 f"{len(steps)} of {start.get('total_steps', '?')} steps; final loss "
-                f"{page.fmt(result.get('final_loss'))}; "
-                + ", ".join(f"{k} {page.fmt(v)}" for k, v in last.items() if k not in ("event", "step")),
+                f"{html_parts.fmt(result.get('final_loss'))}; "
+                + ", ".join(f"{k} {html_parts.fmt(v)}" for k, v in last.items() if k not in ("event", "step")),
             ),
-            page.section(
+            html_parts.section(
                 "Over the steps",
                 "".join(
                     _curve(steps, key, label)
@@ -216,20 +218,20 @@ def write_train_page(folder: Path) -> Path:
                     )
                 ),
             ),
-            page.section(
+            html_parts.section(
                 "The recommender's reasons",
-                page.table(("choice", "because"), [tuple(r) for r in reasons], text_columns=(0, 1)),
+                html_parts.table(("choice", "because"), [tuple(r) for r in reasons], text_columns=(0, 1)),
             ),
-            page.section(
+            html_parts.section(
                 "Run snapshot",
-                page.key_values(
+                html_parts.key_values(
                     [("parameters", start.get("parameters")), ("skipped steps", result.get("skipped_steps"))]
                 )
-                + f"<pre>{page.esc(json.dumps(config, indent=1))}</pre>",
+                + f"<pre>{html_parts.esc(json.dumps(config, indent=1))}</pre>",
             ),
         ]
     )
-    return page.write_page(folder / REPORT_NAME, f"{folder.name} training report", body)
+    return html_parts.write_page(folder / REPORT_NAME, f"{folder.name} training report", body)
 
 
 def _curve(steps: list[dict[str, Any]], key: str, label: str, width: int = 640, height: int = 180) -> str:
@@ -250,10 +252,10 @@ def _curve(steps: list[dict[str, Any]], key: str, label: str, width: int = 640, 
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
-        f'<text x="8" y="16" font-size="12" font-weight="bold">{page.esc(label)}</text>'
+        f'<text x="8" y="16" font-size="12" font-weight="bold">{html_parts.esc(label)}</text>'
         f'<polyline fill="none" stroke="#4c72b0" stroke-width="1.2" points="{path}"/>'
-        f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{page.fmt(y1, ".3g")}</text>'
-        f'<text x="{left - 4}" y="{bottom}" font-size="10" text-anchor="end">{page.fmt(y0, ".3g")}</text>'
+        f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{html_parts.fmt(y1, ".3g")}</text>'
+        f'<text x="{left - 4}" y="{bottom}" font-size="10" text-anchor="end">{html_parts.fmt(y0, ".3g")}</text>'
         f'<text x="{left}" y="{height - 6}" font-size="10">step {int(x0)}</text>'
         f'<text x="{right}" y="{height - 6}" font-size="10" text-anchor="end">step {int(x1)}</text></svg>'
     )
