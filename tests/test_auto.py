@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
 from deploy_opt.autotune.candidates import Candidate, allowed_schemes
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
-from deploy_opt.autotune.trials import Trial, best_trial
+from deploy_opt.autotune.trials import Trial, best_trial, chosen_trial
 from deploy_opt.pipeline.build import run_build
 
 
@@ -31,6 +32,25 @@ def test_the_fastest_trial_that_meets_the_gate_and_pays_wins() -> None:
     assert best_trial([_trial(0.1, 0.9), _trial(0.0, 1.01)], 1.0, 1.02) is None
     # A variant with no quantized node is FP32, never the INT8 choice.
     assert best_trial([_trial(0.0, 1.5, nodes=0)], 1.0, 1.02) is None
+
+
+def test_a_trial_meets_the_gate_only_with_a_standard_error_to_spare() -> None:
+    lucky = dataclasses.replace(_trial(5.9, 1.38), drop_error=2.3)  # nudenet 320n on 96 crops: judged 9.4 > 8
+    steady = dataclasses.replace(_trial(4.5, 1.33, ("a",)), drop_error=2.2)
+    assert not lucky.meets(8.0) and steady.meets(8.0)
+    assert best_trial([lucky, steady], 8.0, 1.02) is steady
+    assert lucky.to_json()["drop_error"] == 2.3
+    # When no candidate meets it with the error to spare, the best that meets it as measured still ships.
+    assert best_trial([lucky], 8.0, 1.02) is None and chosen_trial([lucky], 8.0, 1.02) is lucky
+    assert chosen_trial([lucky, steady], 8.0, 1.02) is steady
+
+
+def test_the_standard_error_is_that_of_the_paired_mean_drop() -> None:
+    from deploy_opt.autotune.search import _standard_error
+
+    drops = np.array([0.0, 100.0, 0.0, 0.0])  # one of four detections lost
+    assert _standard_error(drops) == pytest.approx(np.std(drops, ddof=1) / 2)
+    assert _standard_error(np.array([3.0])) == 0.0
 
 
 def test_untimed_the_trial_with_the_fewest_fp32_nodes_wins() -> None:

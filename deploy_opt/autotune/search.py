@@ -16,7 +16,9 @@ keep the fastest that meets the gate.
 5. **Latency**: low-intensity nodes (small reduction length) go back to FP32 where that makes the model faster.
 6. **No INT8**: when no trial that meets ``max_drop`` is ``auto.min_gain`` faster than FP32, FP32 ships.
 
-The search stops starting trials once ``auto.budget_s`` is spent, and chooses among what it measured.
+The search stops starting trials once ``auto.budget_s`` is spent, and chooses among what it measured. A trial
+"meets ``max_drop``" only with one standard error of its drop to spare (``Trial.meets``): the fastest of many
+candidates scored on the same decision samples is the one those samples flatter most, and the gate judges others.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_subset
@@ -40,7 +43,7 @@ from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placeme
 from deploy_opt.autotune.head import float_head
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.latency import LatencyProbe
-from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial
+from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial, chosen_trial
 from deploy_opt.build.benchmark import feed_of_size
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations, rescheme
 from deploy_opt.build.calibration_set import CalibrationSet
@@ -82,6 +85,7 @@ class _Context:
     fp32: onnx.ModelProto
     scorer: SubsetScorer
     baseline: float
+    baseline_scores: np.ndarray  # FP32's per-sample scores, which each trial's are paired with
     metric: Metric
     probe: LatencyProbe | None
     deadline: float
@@ -102,7 +106,8 @@ class _Context:
         started = time.perf_counter()
         data = model.SerializeToString()
         self.models[candidate] = data
-        value = self.scorer.score(data)
+        scores = self.scorer.sample_scores(data)
+        value = float(np.mean(scores))
         latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
         nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
         trial = Trial(
@@ -115,16 +120,18 @@ class _Context:
             speedup,
             nodes,
             time.perf_counter() - started,
+            drop_error=_standard_error(self.metric.drop(self.baseline_scores, scores)),
         )
         self.trials.append(trial)
         if self.bar is not None:
             self.bar.update(min(trial.seconds, self.bar.total - self.bar.n))
             self.bar.set_postfix_str(f"trial {len(self.trials)}: {step} {candidate.label} drop {trial.drop:.3f}")
         log.info(
-            "auto %-11s %-24s drop %.3f%s",
+            "auto %-11s %-24s drop %.3f ± %.3f%s",
             step,
             candidate.label,
             trial.drop,
+            trial.drop_error,
             f", {speedup:.2f}x FP32" if speedup is not None else "",
         )
         return trial
@@ -166,10 +173,10 @@ def run_search(
         for base in _fallback_bases(ctx, bases):
             if ctx.time_left():
                 _fallback_trials(ctx, base, held)
-    accurate = best_trial(ctx.trials, max_drop, None)
+    accurate = chosen_trial(ctx.trials, max_drop, None)
     if accurate is not None and ctx.probe is not None and ctx.time_left():
         _latency_trials(ctx, accurate, _base_of(accurate, bases))
-    chosen = _confirmed(ctx, best_trial(ctx.trials, max_drop, config.auto.min_gain))
+    chosen = _confirmed(ctx, chosen_trial(ctx.trials, max_drop, config.auto.min_gain))
     verdict = _verdict(ctx, chosen)
     if ctx.bar is not None:
         ctx.bar.close()
@@ -214,8 +221,26 @@ def _context(
     batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
     deadline = started + config.auto.budget_s
-    baseline = scorer.score(fp32)
-    return _Context(config, fp32_path, fp32, scorer, baseline, metric, probe, deadline, [], calibration, work)
+    baseline = scorer.sample_scores(fp32)
+    return _Context(
+        config,
+        fp32_path,
+        fp32,
+        scorer,
+        float(np.mean(baseline)),
+        baseline,
+        metric,
+        probe,
+        deadline,
+        [],
+        calibration,
+        work,
+    )
+
+
+def _standard_error(drops: np.ndarray) -> float:
+    """The standard error of a mean drop from its per-sample values (0 for fewer than two samples)."""
+    return float(np.std(drops, ddof=1) / np.sqrt(drops.size)) if drops.size > 1 else 0.0
 
 
 def _placement_trials(
@@ -425,8 +450,15 @@ def _verdict(ctx: _Context, chosen: Trial | None) -> str:
     timed = " within the time budget" if not ctx.time_left() else ""
     if chosen is not None:
         speed = f", {chosen.speedup:.2f}x FP32" if chosen.speedup is not None else ""
-        return f"{chosen.candidate.label}: drop {chosen.drop:.3f} <= {max_drop:g}{speed} ({len(ctx.trials)} trials)"
-    accurate = [t for t in ctx.trials if t.meets(max_drop) and t.quantized_nodes > 0]
+        spare = ""
+        if chosen.drop_error and chosen.meets(max_drop):
+            spare = f" + {chosen.drop_error:.3f} (one standard error)"
+        elif chosen.drop_error:
+            spare = f" (± {chosen.drop_error:.3f}: no candidate met it with a standard error to spare)"
+        return (
+            f"{chosen.candidate.label}: drop {chosen.drop:.3f}{spare} <= {max_drop:g}{speed} ({len(ctx.trials)} trials)"
+        )
+    accurate = [t for t in ctx.trials if t.meets(max_drop, spare=False) and t.quantized_nodes > 0]
     if accurate:
         confirm = [t for t in accurate if t.step == "confirm"]  # the winner timed again outranks its first timing
         fastest = confirm[-1] if confirm else max(accurate, key=lambda t: t.speedup or 0.0)

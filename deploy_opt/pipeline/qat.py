@@ -144,7 +144,7 @@ def auto_search_reason(auto: AutoSearch | None, max_drop: float) -> str | None:
         measured = [t for t in auto.trials if t.candidate == auto.chosen]
         drop = f" (drop {measured[-1].drop:.3f} <= {max_drop:g})" if measured else ""
         return f"PTQ met gate.max_drop in the auto search: {auto.chosen.label} ships{drop}; QAT not needed"
-    reachable = [t for t in auto.trials if t.quantized_nodes and t.meets(max_drop)]
+    reachable = [t for t in auto.trials if t.quantized_nodes and t.meets(max_drop, spare=False)]
     if reachable:  # INT8 was accurate enough but slower than FP32: QAT would not make it faster
         return (
             f"PTQ met gate.max_drop in the auto search ({reachable[0].candidate.label}), but no INT8 model was "
