@@ -215,6 +215,7 @@ def test_a_module_that_parses_argv_at_import_is_a_named_error(tmp_path: Path) ->
         resolve_callable("cli_module.py:f", tmp_path, "data.calibration")
 
 
+@pytest.mark.slow
 def test_a_build_whose_data_function_exits_0_ends_with_exit_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "exiting.py").write_text(
         "import sys\n\ndef calibration():\n    sys.exit(0)\n\ndef evaluation():\n    sys.exit(0)\n"

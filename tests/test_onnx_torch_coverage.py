@@ -152,6 +152,7 @@ def test_transformer_exports_match_onnxruntime(exports: dict[str, onnx.ModelProt
     _assert_matches_onnxruntime(exports[name], _token_feeds(seed=1))
 
 
+@pytest.mark.slow
 def test_gradients_reach_a_matmul_inside_the_exported_bert(exports: dict[str, onnx.ModelProto]) -> None:
     """The proxy's use: a zero tap on a MatMul output gets d(output)/d(tap), equal to a finite difference."""
     model = exports["bert_dynamo"]

@@ -177,6 +177,7 @@ def test_fp32_state_matches_single_process(distributed_runs: dict, references: d
     assert biggest < 1e-6
 
 
+@pytest.mark.slow
 def test_zero_int8_matches_single_process(distributed_runs: dict, references: dict, noise: tuple) -> None:
     biggest, mean = differences(distributed_runs[("zero", "int8")]["weights"], references["int8"][0])
     assert biggest <= 0.1 * noise[0] and mean <= 0.01 * noise[1]
