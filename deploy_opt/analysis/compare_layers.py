@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 
 from deploy_opt.config.build import CompareConfig
-from deploy_opt.evaluation.numerics import json_db, noise_db, power_db
+from deploy_opt.evaluation.numerics import json_db, noise_db, power_db, relative_noise
 from dopt_common.errors import ModelError
 from dopt_common.ort import create_session
 from exporters.ort.qdq import INITIALIZER_SUFFIX, OUTPUT_SUFFIX
@@ -293,14 +293,6 @@ def _dequantized_types(qdq: onnx.ModelProto) -> dict[str, int]:
     }
 
 
-def _noise(sqnr_db: float | None) -> float:
-    return 0.0 if sqnr_db is None or math.isinf(sqnr_db) else 10 ** (-sqnr_db / 10)
-
-
-def _db(noise: float) -> float:
-    return noise_db(noise)
-
-
 def _table(
     rows: list[Row],
     qdq: onnx.ModelProto,
@@ -381,14 +373,14 @@ def _drop(
         if source is None or (source.kind != "weight" and source.name not in accumulated):
             return None  # an input left unpaired: its noise is unknown, so is what the output should be
         if source.name in accumulated:
-            noise += _noise(accumulated[source.name].sqnr_db)
+            noise += relative_noise(accumulated[source.name].sqnr_db)
         if name == source.post and source.name in own:
-            noise += _noise(own[source.name].sqnr_db)
+            noise += relative_noise(own[source.name].sqnr_db)
             quantized = True
     measured = accumulated[row.name].sqnr_db
     if math.isinf(measured):
         return None
-    return _db(noise) - measured if quantized and noise > 0 else None
+    return noise_db(noise) - measured if quantized and noise > 0 else None
 
 
 def _finite(value: float | None) -> float | None:

@@ -29,6 +29,11 @@ def noise_db(relative_noise: float) -> float:
     return power_db(1.0, relative_noise)
 
 
+def relative_noise(db: float | None) -> float:
+    """The inverse of :func:`noise_db`: an SQNR back to noise power relative to the signal (0 for None or inf)."""
+    return 0.0 if db is None or math.isinf(db) else 10.0 ** (-db / 10.0)
+
+
 def sqnr_db(reference: Any, test: Any) -> float:
     """The SQNR of ``test`` against ``reference`` (arrays of one size, compared in float64); +inf when equal."""
     a = np.asarray(reference, dtype=np.float64).ravel()

@@ -28,7 +28,7 @@ import onnx
 from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, make_variant, quantized_nodes
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, sqnr_db
+from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, relative_noise, sqnr_db
 from deploy_opt.evaluation.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
@@ -122,11 +122,11 @@ def proxy_scores(
     scores = {}
     for node in nodes:
         noise = [
-            10 ** (-local[i.float_name]["qdq_err"] / 10)
+            relative_noise(local[i.float_name]["qdq_err"])
             for i in node.inputs
             if i.role == "activation" and i.float_name in local
         ]
-        noise += [10 ** (-weights[node.weight] / 10)] if node.weight in weights else []
+        noise += [relative_noise(weights[node.weight])] if node.weight in weights else []
         output = node.outputs[0]
         entry = {"local_sqnr_db": noise_db(sum(noise))}  # +inf: no quantized input adds noise
         if output in qdq_acts and output in fp32_acts:
