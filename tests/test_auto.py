@@ -46,11 +46,11 @@ def test_a_trial_meets_the_gate_only_with_a_standard_error_to_spare() -> None:
 
 
 def test_the_standard_error_is_that_of_the_paired_mean_drop() -> None:
-    from deploy_opt.autotune.search import _standard_error
+    from deploy_opt.evaluation.uncertainty import standard_error
 
     drops = np.array([0.0, 100.0, 0.0, 0.0])  # one of four detections lost
-    assert _standard_error(drops) == pytest.approx(np.std(drops, ddof=1) / 2)
-    assert _standard_error(np.array([3.0])) == 0.0
+    assert standard_error(drops) == pytest.approx(np.std(drops, ddof=1) / 2)
+    assert standard_error(np.array([3.0])) == 0.0
 
 
 def test_untimed_the_trial_with_the_fewest_fp32_nodes_wins() -> None:

@@ -52,6 +52,7 @@ from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
+from deploy_opt.evaluation.uncertainty import standard_error
 from dopt_common.ort import create_session
 from exporters.ort.graph import PLACEMENTS, quantized_nodes
 
@@ -120,7 +121,7 @@ class _Context:
             speedup,
             nodes,
             time.perf_counter() - started,
-            drop_error=_standard_error(self.metric.drop(self.baseline_scores, scores)),
+            drop_error=standard_error(self.metric.drop(self.baseline_scores, scores)),
         )
         self.trials.append(trial)
         if self.bar is not None:
@@ -236,11 +237,6 @@ def _context(
         calibration,
         work,
     )
-
-
-def _standard_error(drops: np.ndarray) -> float:
-    """The standard error of a mean drop from its per-sample values (0 for fewer than two samples)."""
-    return float(np.std(drops, ddof=1) / np.sqrt(drops.size)) if drops.size > 1 else 0.0
 
 
 def _placement_trials(

@@ -63,6 +63,11 @@ def drop_interval(
     return Interval(float(diff.mean()), low, high)
 
 
+def standard_error(drops: np.ndarray) -> float:
+    """The standard error of a mean drop from its per-sample values (0 for fewer than two samples)."""
+    return float(np.std(drops, ddof=1) / np.sqrt(drops.size)) if drops.size > 1 else 0.0
+
+
 def speedup_interval(
     fp32_ms: Sequence[float], int8_ms: Sequence[float], seed: int = 0, rounds: int = BOOTSTRAP_ROUNDS
 ) -> Interval:
