@@ -5,6 +5,7 @@ The SVG charts are parsed as XML; the calibration figure is inspected as a matpl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -210,3 +211,26 @@ def test_auto_qat_does_not_start_when_ptq_is_far_from_the_gate() -> None:
     far = auto_search_reason(search(QAT_REACH * 1.0 + 0.5), 1.0)
     assert far is not None and "does not close that much" in far and INPUTS.label in far
     assert auto_search_reason(search(2.0), 1.0) is None  # within reach: QAT trains
+
+
+def test_auto_qat_trains_only_within_what_the_search_left_of_its_budget(tiny_model: Path, tmp_path: Path) -> None:
+    from conftest import write_config
+
+    from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.qat import MIN_AUTO_QAT_S, _within_auto_budget, budget_reason
+
+    def search(seconds: float) -> AutoSearch:
+        return AutoSearch(None, (Trial("placement", INPUTS, 80.0, 2.0, None, 1.0, 1.5, 6, 1.0),), "", seconds, 32)
+
+    spent = budget_reason(search(240.0 - MIN_AUTO_QAT_S + 1.0), 240.0)
+    assert spent is not None and "auto.budget_s 240" in spent and "enabled: true" in spent
+    assert budget_reason(search(100.0), 240.0) is None and budget_reason(None, 240.0) is None
+    data = 'data: {calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", metric: cosine}\n'
+    text = f"name: t\nmodel: {{onnx: {tiny_model}}}\n" + data
+    config, _ = load_build_config(write_config(tmp_path, text), "cpu-server", [])
+    assert config.quantization.qat.enabled == "auto" and config.auto.budget_s == 240.0
+    assert _within_auto_budget(config, search(200.0)).quantization.qat.budget_s == 40.0
+    assert _within_auto_budget(config, None) is config  # manual mode: no search shares its budget
+    qat = dataclasses.replace(config.quantization.qat, enabled=True)
+    asked = dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=qat))
+    assert _within_auto_budget(asked, search(230.0)).quantization.qat.budget_s == 600.0  # asked for: its own budget

@@ -59,8 +59,11 @@ def session(path: Path) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def score(artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_name: str, base_dir: Path) -> dict:
-    """The metric's mean per artifact (a failing artifact gets its error as a string instead)."""
+def score(
+    artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_name: str, base_dir: Path
+) -> tuple[dict[str, float | str], dict[str, list[float]]]:
+    """The metric's mean per artifact (a failing artifact gets its error as a string instead), and each
+    artifact's per-sample scores in one order (for the paired comparison of two tools on the same samples)."""
     from deploy_opt.evaluation.metrics import resolve_metric
 
     metric = resolve_metric(metric_name, base_dir)
@@ -71,7 +74,7 @@ def score(artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_
             sessions[name] = session(path)
         except Exception as exc:  # a peer's file ORT cannot load is a result, not a crash of the runner
             results[name] = f"ORT cannot load it: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    totals = {name: [0.0, 0] for name in sessions}
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
     for inputs, label, _ in evaluation:
         reference = sessions[fp32].run(None, inputs)[0] if label is None else np.asarray(label)
         for name, s in list(sessions.items()):
@@ -79,13 +82,12 @@ def score(artifacts: dict[str, Path], fp32: str, evaluation: list[Item], metric_
                 scores = metric.score(np.asarray(s.run(None, inputs)[0]), reference)
             except Exception as exc:  # noqa: BLE001 - reported in the row
                 results[name] = f"evaluation failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-                del sessions[name]
+                del sessions[name], samples[name]
                 continue
-            totals[name][0] += float(np.sum(scores))
-            totals[name][1] += int(np.size(scores))
+            samples[name].extend(float(v) for v in np.ravel(scores))
     for name in sessions:
-        results[name] = totals[name][0] / max(totals[name][1], 1)
-    return results
+        results[name] = sum(samples[name]) / max(len(samples[name]), 1)
+    return results, samples
 
 
 def fixed_batch(path: Path) -> int | None:

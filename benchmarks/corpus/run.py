@@ -15,6 +15,7 @@ batch where the file fixes it), interleaved, in one loop per batch size. Logs go
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -166,7 +167,7 @@ def score_rows(entry: Model, rows: list[results.Row], artifacts: dict[str, Path]
     metric = config["data"]["metric"]
     everything = {"FP32": fp32, **artifacts}
     test = measure.load_data(entry.path, "test")  # the build chose on its evaluation split; judge on another
-    values = measure.score(everything, "FP32", test, metric, entry.path.parent)
+    values, samples = measure.score(everything, "FP32", test, metric, entry.path.parent)
     fixed = measure.fixed_batch(fp32)
     sizes = [fixed] if fixed else list(BATCHES)
     speed = measure.speedups(everything, "FP32", test[0][0], sizes)
@@ -174,7 +175,8 @@ def score_rows(entry: Model, rows: list[results.Row], artifacts: dict[str, Path]
     out = []
     for row in rows:
         if row.tool in artifacts:
-            out.append(_with_scores(row, metric, base, values.get(row.tool), speed.get(row.tool, {})))
+            scored = _with_scores(row, metric, base, values.get(row.tool), speed.get(row.tool, {}))
+            out.append(dataclasses.replace(scored, sample_scores=[round(v, 4) for v in samples.get(row.tool, [])]))
         else:
             out.append(_with_scores(row, metric, base, None, {}))
     return out

@@ -50,6 +50,9 @@ class ActivationRanges:
     guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
     # method: auto, per tensor: each candidate method's propagated output SQNR in dB (the evidence for the choice)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
+    # choose_ranges' wall time (method auto's propagated error dominates it): what choosing again for another
+    # scheme costs (rescheme), which the auto search counts before it starts one
+    choice_seconds: float = 0.0
 
     @classmethod
     def empty(cls, samples: int) -> ActivationRanges:
@@ -134,6 +137,7 @@ def choose_ranges(
     config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
 ) -> ActivationRanges:
     """Each tensor's range by its method (``auto``: by propagated output error), then the guards."""
+    started = time.perf_counter()
     cal = config.calibration
     symmetric = config.quantization.activations == "symmetric"
     observed, signed, absolute = stats.observed, stats.signed, stats.absolute
@@ -167,6 +171,7 @@ def choose_ranges(
         plotted=stats.plotted,
         guards=guards,
         evidence=evidence,
+        choice_seconds=time.perf_counter() - started,
     )
 
 

@@ -217,7 +217,7 @@ class QuantizationConfig:
 class AutoConfig:
     """The auto search (``quantization.mode: auto``): its time budget and when INT8 is worth shipping."""
 
-    budget_s: float = 240.0
+    budget_s: float = 240.0  # the search's, shared with an automatic QAT after it (quantization.qat.enabled: auto)
     # INT8 ships only where it is at least this much faster than FP32 on this machine (ModelOpt's autotune uses
     # 1.02); null: never judge by latency (CI runners, where speed is noise).
     min_gain: float | None = 1.02

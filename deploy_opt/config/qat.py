@@ -36,7 +36,8 @@ class QATConfig:
     ``optimizer``: ``adamw`` (fp32 state) or ``int8adamw`` (deploy_opt's block-wise 8-bit state).
     ``learn_scales``: learn the activation scales (LSQ); off, they stay those of the PTQ ``scales.json``.
     ``budget_s``: wall-clock limit of the training loop; a run over it keeps its best checkpoint so far. With
-    ``enabled: auto`` (not asked for by the user) at most 90 s, so a default build stays within minutes.
+    ``enabled: auto`` (not asked for by the user) at most 90 s, and after an auto search at most what the search
+    left of ``auto.budget_s`` (``pipeline/qat.py``), so a default build stays within minutes.
     ``eval_every``: steps between held-out evaluations (for ``qat.png``); null: five evaluations per run.
     """
 

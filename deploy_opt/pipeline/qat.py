@@ -60,6 +60,7 @@ def fine_tune(
     if why is not None:
         log.info("QAT skipped: %s", why)
         return dataclasses.replace(precision, qat={"ran": False, "why": why})
+    config = _within_auto_budget(config, precision.auto)
     work = stage / ".qat"
     try:
         start, setup = _start(config, fp32_path, precision, calibration, work)
@@ -119,6 +120,9 @@ def _skip_reason(
     searched = auto_search_reason(precision.auto, config.gate.max_drop)
     if searched is not None:
         return searched
+    spent = budget_reason(precision.auto, config.auto.budget_s)
+    if spent is not None:
+        return spent
     if int8_nodes(precision.shipped.path, config.quantization.op_types):
         before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
         drop = metric.drop(before["ort_fp32"], before["ptq"])
@@ -159,6 +163,33 @@ def auto_search_reason(auto: AutoSearch | None, max_drop: float) -> str | None:
             "not close that much; FP32 ships (quantization.qat.enabled: true trains anyway)"
         )
     return None
+
+
+# ``enabled: auto`` trains within what the auto search left of ``auto.budget_s``, so that a default build stays
+# within minutes (a PP-OCRv4 recogniser's search spent its 240 s, then QAT's 161 s made a 7.8-minute build); less
+# than this is too few steps to move a model.
+MIN_AUTO_QAT_S = 30.0
+
+
+def budget_reason(auto: AutoSearch | None, budget_s: float) -> str | None:
+    """Why ``enabled: auto`` does not train after an auto search that spent ``auto.budget_s`` (None: it may)."""
+    if auto is None or budget_s - auto.seconds >= MIN_AUTO_QAT_S:
+        return None
+    return (
+        f"the auto search spent {auto.seconds:.0f} s of auto.budget_s {budget_s:g}, which an automatic fine-tune "
+        f"shares (it needs {MIN_AUTO_QAT_S:g} s); FP32 ships (raise auto.budget_s, or set "
+        "quantization.qat.enabled: true to train anyway)"
+    )
+
+
+def _within_auto_budget(config: BuildConfig, auto: AutoSearch | None) -> BuildConfig:
+    """``enabled: auto`` after an auto search trains at most for what the search left of ``auto.budget_s``."""
+    qat = config.quantization.qat
+    if qat.enabled is True or auto is None:
+        return config
+    left = max(MIN_AUTO_QAT_S, config.auto.budget_s - auto.seconds)
+    budgeted = dataclasses.replace(qat, budget_s=min(qat.budget_s, left))
+    return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=budgeted))
 
 
 @dataclasses.dataclass(frozen=True)

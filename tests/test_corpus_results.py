@@ -1,0 +1,43 @@
+"""benchmarks/corpus/results.py's bar: deploy_opt loses no more than the best peer, where a gap within one
+standard error of the paired per-sample difference is noise, not a loss."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus"
+
+
+@pytest.fixture(scope="module")
+def results():  # noqa: ANN201 - the benchmark harness module, imported by path
+    sys.path.insert(0, str(CORPUS))
+    try:
+        import results as module
+    finally:
+        sys.path.remove(str(CORPUS))
+    return module
+
+
+def _row(results, tool: str, correct: list[int], outcome: str = "exit 0, ships INT8"):  # noqa: ANN001, ANN202
+    value = 100.0 * sum(correct) / len(correct)
+    scores = [100.0 * c for c in correct]
+    return results.Row("m", tool, "top1", 97.27, value, {"1": 1.0}, outcome=outcome, sample_scores=scores)
+
+
+def test_one_flipped_sample_above_fp32_is_noise_and_five_are_a_loss(results) -> None:
+    fp32 = [1] * 249 + [0] * 7  # 97.27 top-1 on 256 test samples, as the FP32 model that ships
+    ours = _row(results, "deploy_opt", fp32, "exit 1, ships FP32 (no node quantized)")
+    lucky = _row(results, "ort-minmax", [1] * 250 + [0] * 6)  # one more right: 97.66
+    line = results.verdict([ours, lucky])
+    assert "holds within noise" in line and "0.39 ± 0.39" in line and "256 test samples" in line
+    better = _row(results, "ort-minmax", [1] * 254 + [0] * 2)  # five more right: a real gap
+    assert "LOSES MORE" in results.verdict([ours, better])
+    # rows stored before per-sample scores: the plain rule
+    unpaired = dataclasses.replace(_row(results, "ort-minmax", [1] * 250 + [0] * 6), sample_scores=None)
+    assert "LOSES MORE" in results.verdict([ours, unpaired])
+    worse = _row(results, "ort-minmax", fp32[2:] + [0, 0])
+    assert "drop 0.00 vs best peer ort-minmax 0.79: holds;" in results.verdict([ours, worse])
