@@ -165,9 +165,12 @@ def auto_search_reason(auto: AutoSearch | None, max_drop: float) -> str | None:
     return None
 
 
-# ``enabled: auto`` trains within what the auto search left of ``auto.budget_s``, so that a default build stays
-# within minutes (a PP-OCRv4 recogniser's search spent its 240 s, then QAT's 161 s made a 7.8-minute build); less
-# than this is too few steps to move a model.
+# ``enabled: auto`` is the default, so it must keep a default build within minutes: it trains at most this long
+# (a YOLOv8n at 320x320 ran 2.5 s a step here, and its 600 s default budget made a 15-minute build), and after
+# an auto search at most what the search left of ``auto.budget_s`` (a PP-OCRv4 recogniser's search spent its
+# 240 s, then QAT's 161 s made a 7.8-minute build); less than ``MIN_AUTO_QAT_S`` is too few steps to move a model.
+# ``enabled: true`` trains for ``budget_s``.
+AUTO_QAT_S = 90.0
 MIN_AUTO_QAT_S = 30.0
 
 
@@ -183,11 +186,12 @@ def budget_reason(auto: AutoSearch | None, budget_s: float) -> str | None:
 
 
 def _within_auto_budget(config: BuildConfig, auto: AutoSearch | None) -> BuildConfig:
-    """``enabled: auto`` after an auto search trains at most for what the search left of ``auto.budget_s``."""
+    """``enabled: auto`` trains at most ``AUTO_QAT_S``, and after an auto search at most what the search left of
+    ``auto.budget_s`` (``budget_reason`` already kept it from starting with less than ``MIN_AUTO_QAT_S``)."""
     qat = config.quantization.qat
-    if qat.enabled is True or auto is None:
+    if qat.enabled is True:
         return config
-    left = max(MIN_AUTO_QAT_S, config.auto.budget_s - auto.seconds)
+    left = AUTO_QAT_S if auto is None else min(AUTO_QAT_S, config.auto.budget_s - auto.seconds)
     budgeted = dataclasses.replace(qat, budget_s=min(qat.budget_s, left))
     return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=budgeted))
 

@@ -19,15 +19,9 @@ from deploy_opt.qat.student import Student, run_student
 __all__ = ["TrainingRun", "qat_settings", "split_minibatches", "train_student"]
 
 
-# ``enabled: auto`` is the default, so it must keep a default build within minutes: it trains at most this long
-# (a YOLOv8n at 320x320 ran 2.5 s a step here, and its 600 s default budget made a 15-minute build).
-# ``enabled: true`` trains for ``budget_s``.
-AUTO_BUDGET_S = 90.0
-
-
 def qat_settings(qat: QATConfig) -> LoopSettings:
-    """The loop's settings from the ``quantization.qat`` section."""
-    budget = min(qat.budget_s, AUTO_BUDGET_S) if qat.enabled == "auto" else qat.budget_s
+    """The loop's settings from the ``quantization.qat`` section (``budget_s`` as the QAT stage set it: an
+    automatic fine-tune's is bounded there, ``pipeline/qat.py``)."""
     return LoopSettings(
         "quantization.qat",
         qat.steps,
@@ -36,7 +30,7 @@ def qat_settings(qat: QATConfig) -> LoopSettings:
         qat.optimizer,
         qat.distill.loss,
         qat.distill.temperature,
-        budget,
+        qat.budget_s,
         qat.evaluation_interval,
         qat.validation,
     )
