@@ -175,3 +175,47 @@ def test_when_no_int8_model_meets_the_gate_fp32_ships_and_is_never_called_int8(t
     assert "int8_nodes" in failed and not result.gate.passed
     summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")
     assert "quantizes no node" in summary
+
+
+def test_smoothquant_starts_from_the_most_accurate_base_that_pays() -> None:
+    """PP-OCRv4's recogniser: the most accurate placement ran at 0.45x, so smoothing it could not ship."""
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import Base, smoothquant_base
+
+    slow, fast = (Candidate("outputs", s, None, (), "chain") for s in ("symmetric", "asymmetric"))
+    plain = Candidate("outputs", "asymmetric", None, ())
+    trials = [
+        Trial("placement", slow, 96.8, 0.05, None, 30.0, 0.45, 40, 9.0),
+        Trial("placement", fast, 94.0, 2.8, None, 9.0, 1.73, 40, 9.0),
+        Trial("placement", plain, 88.2, 8.6, None, 12.0, 1.31, 40, 9.0),
+    ]
+    bases = [Base(c, Path("model.onnx"), None, None) for c in (slow, fast, plain)]  # type: ignore[arg-type]
+    auto = SimpleNamespace(auto=SimpleNamespace(min_gain=1.02))
+    timed = SimpleNamespace(trials=trials, probe=object(), config=auto)
+    assert smoothquant_base(timed, bases) is bases[1]  # type: ignore[arg-type]
+    # Untimed every base pays, and when none pays the most accurate of all is still SmoothQuant's best hope.
+    assert smoothquant_base(SimpleNamespace(trials=trials, probe=None, config=auto), bases) is bases[0]  # type: ignore[arg-type]
+    slower = [dataclasses.replace(t, speedup=0.9) for t in trials]
+    assert smoothquant_base(SimpleNamespace(trials=slower, probe=object(), config=auto), bases) is bases[0]  # type: ignore[arg-type]
+
+
+def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
+    """FP32 shipping because the budget ran out is not 'FP32 is fastest here' alone: the verdict names the fast
+    model the fallback never reached, and the setting that lets the search go on."""
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _verdict
+
+    slow, fast = (Candidate("outputs", s, None, (), "chain") for s in ("symmetric", "asymmetric"))
+    trials = [
+        Trial("placement", slow, 96.8, 0.05, None, 30.0, 0.42, 40, 9.0),
+        Trial("placement", fast, 94.0, 2.395, None, 9.0, 1.99, 40, 9.0),
+    ]
+    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    spent = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False)
+    verdict = _verdict(spent, None)  # type: ignore[arg-type]
+    assert verdict.startswith("FP32 is fastest here within the time budget: ")
+    assert "outputs+chain asym ran at 1.99x with drop 2.395 when auto.budget_s ran out" in verdict
+    finished = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: True)
+    assert _verdict(finished, None).endswith("under the 1.02x that INT8 must gain; FP32 ships")  # type: ignore[arg-type]

@@ -72,3 +72,19 @@ def test_untracked_tensors_get_ranges_only_and_bad_bins_are_refused() -> None:
     assert observer.ranges()["b"] == (0.0, 4.0) and "b" not in observer.abs_histograms()
     with pytest.raises(CalibrationError, match="even number"):
         StreamingObserver({"a"}, bins=63)
+
+
+def test_a_large_batch_is_binned_on_a_strided_subset_and_its_range_stays_exact() -> None:
+    from calibrators.activations.streaming import BINNED, sampling_stride
+
+    assert sampling_stride(BINNED) == 1 and sampling_stride(BINNED + 1) == 2 and sampling_stride(8 * BINNED) == 11
+    rng = np.random.default_rng(4)
+    batch = rng.normal(0, 1, (3, 8, 160, 1000)).astype(np.float32)  # 3.7 times BINNED values
+    batch[0, 0, 0, 1] = 25.0  # an outlier that the strided subset skips: the range still holds it
+    observer = StreamingObserver({"t"}, bins=2048)
+    observer.update("t", batch)
+    stride = sampling_stride(batch.size)
+    assert stride == 5 and observer.ranges()["t"] == (float(batch.min()), 25.0)
+    hist = observer.abs_histograms()["t"]
+    assert hist.counts.sum() == -(-batch.size // stride)  # every fifth value, from the first
+    assert 3.6 <= mse_amax(hist) <= 4.2  # the subset's thresholds are the Gaussian's
