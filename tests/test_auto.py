@@ -216,6 +216,36 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
     spent = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False)
     verdict = _verdict(spent, None)  # type: ignore[arg-type]
     assert verdict.startswith("FP32 is fastest here within the time budget: ")
-    assert "outputs+chain asym ran at 1.99x with drop 2.395 when auto.budget_s ran out" in verdict
+    assert "the fastest model measured, outputs+chain asym at 1.99x, missed max_drop with drop 2.395" in verdict
     finished = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: True)
     assert _verdict(finished, None).endswith("under the 1.02x that INT8 must gain; FP32 ships")  # type: ignore[arg-type]
+
+
+def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
+    """MobileNet-v2 with 48 of 53 convs float confirmed at 1.07x, above min_gain, but the build's benchmark timed
+    it at 0.97x: the confirming timing's interval decides, as the gate's does."""
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _verdict
+
+    noisy = dataclasses.replace(_trial(0.0, 1.07), step="confirm", speedup_low=0.97)
+    assert not noisy.pays(1.02) and dataclasses.replace(noisy, speedup_low=1.01).pays(1.02)
+    assert _trial(0.0, 1.07).pays(1.02)  # a first timing has no interval: min_gain alone
+    assert noisy.to_json()["speedup_ci95_low"] == 0.97
+    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    ctx = SimpleNamespace(trials=[_trial(0.0, 1.03), noisy], config=config, time_left=lambda extra=0.0: True)
+    verdict = _verdict(ctx, None)  # type: ignore[arg-type]
+    assert "runs at 1.070x FP32, but its 95% interval reaches down to 0.970x: not surely faster than FP32" in verdict
+
+
+def test_the_latency_probe_gives_the_speedup_with_its_interval(tmp_path: Path) -> None:
+    import tiny_onnx
+
+    from deploy_opt.autotune.latency import LatencyProbe
+    from dopt_common.ort import create_session
+
+    path = tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    feed = {"x": np.zeros((8, tiny_onnx.FEATURES), np.float32)}
+    probe = LatencyProbe(create_session(path, threads=1), feed, 1, min_rounds=20, min_seconds=0.05)
+    ms, speed = probe.speedup_interval(path.read_bytes())
+    assert ms > 0 and speed.low <= speed.value <= speed.high and 0.2 < speed.value < 5  # the same model twice

@@ -55,7 +55,8 @@ def _assert_consistent(out: Path) -> dict:
     if smoothing:
         assert smoothing["smoothed_sha256"] == scales.provenance["model_sha256"]
     source = smoothing["source_sha256"] if smoothing else scales.provenance["model_sha256"]
-    assert source == build["artifacts"]["model.onnx"]["sha256"]
+    if not scales.provenance.get("qat"):  # QAT's scales were computed on its trained graph, not on model.onnx
+        assert source == build["artifacts"]["model.onnx"]["sha256"]
     onnx.checker.check_model(str(out / "model.int8.onnx"))
     # align verify passes on the published folder, as build.json says, and compare.json names no divergence.
     assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
@@ -119,6 +120,8 @@ def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> 
         "gate.max_drop=0",
         "--set",
         "gate.min_speedup=1000",
+        "--set",
+        "quantization.mode=manual",  # the gate's failure is under test, not a search for max_drop 0
         "--output-dir",
         str(tmp_path),
         "-q",
@@ -129,14 +132,20 @@ def test_failed_gate_still_writes_every_artifact_and_exits_1(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
+def test_minilm_builds_with_dynamic_batch_and_sequence_and_qat_ends_no_worse_than_its_start(tmp_path: Path) -> None:
+    """One MiniLM build (the slowest build of the suite, so one does for both): dynamic batch and sequence through
+    the export, the stratified calibration and the Q/DQ model; and QAT, whose model scores no worse on the
+    decision samples than its PTQ start (the digits half of that check is tests/test_qat.py's)."""
+    qat = ["quantization.qat.steps=12", "quantization.qat.batch_size=8", "quantization.qat.eval_every=6"]
     config, profile = load_build_config(
         example_config("minilm"),
         "ci",
-        ["calibration.samples=48", "data.eval_samples=32", "benchmark.batch_sizes=[1,2]", "benchmark.repeats=3"],
+        ["calibration.samples=48", "data.eval_samples=32", "benchmark.enabled=false"]
+        + ["quantization.mode=manual", "quantization.qat.enabled=true", *qat],
     )
     result = run_build(config, profile, tmp_path, progress=False)
     build = _assert_consistent(result.out_dir)
+    _assert_qat_no_worse_than_its_start(build)
     assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 16  # the other 16 decide
     assert build["metrics"]["decision"]["samples"] == 16 and build["metrics"]["resolution"] is None
     assert build["calibration"]["stratify"] == "deploy_opt.demo.minilm:length_stratum"
@@ -151,6 +160,12 @@ def test_minilm_builds_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
         ids = np.random.default_rng(0).integers(1000, 2000, (batch, seq), dtype=np.int64)
         (emb,) = int8.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
         assert emb.shape == (batch, 384) and np.all(np.isfinite(emb))
+
+
+def _assert_qat_no_worse_than_its_start(build: dict) -> None:
+    from test_qat import assert_qat_no_worse_than_its_start
+
+    assert_qat_no_worse_than_its_start(build)
 
 
 @pytest.mark.slow

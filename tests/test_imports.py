@@ -35,8 +35,6 @@ BLOCKER = textwrap.dedent(f"""
                 raise ImportError(f"blocked for the test: {{name}}")
     sys.meta_path.insert(0, Block())
 """)
-# Every module light enough for the core: all but those where layering.py allows torch at top level.
-TORCH_ONLY = HEAVY_ALLOWED
 
 
 def all_modules() -> list[str]:
@@ -51,7 +49,8 @@ def all_modules() -> list[str]:
     return found
 
 
-CORE = [m for m in all_modules() if not any(m == p or m.startswith(p + ".") for p in TORCH_ONLY)]
+# Every module light enough for the core: all but those where layering.py allows torch at top level.
+CORE = [m for m in all_modules() if not any(m == p or m.startswith(p + ".") for p in HEAVY_ALLOWED)]
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:

@@ -126,7 +126,7 @@ def test_a_chain_variant_equals_the_real_exclusion(tmp_path: Path, excluded: tup
     """With Relu quantized too (chain coverage), excluding its producer leaves the Relu float, as the writer does.
 
     Excluding a Relu that the writer removed (its clip done by the producer's Q/DQ) cannot be derived from the
-    Q/DQ model: the auto search writes those variants (``search._variant``).
+    Q/DQ model: the auto search writes those variants (``context.variant_model``).
     """
     import foreign_onnx
 

@@ -241,31 +241,21 @@ def tiny_qdq(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("example", "overrides"),
-    [
-        ("digits", ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]),
-        (
-            "minilm",
-            [
-                "calibration.samples=48",
-                "data.eval_samples=32",
-                "quantization.qat.steps=12",
-                "quantization.qat.batch_size=8",
-                "quantization.qat.eval_every=6",
-            ],
-        ),
-    ],
-)
-def test_qat_never_ends_worse_than_its_ptq_start(tmp_path, example: str, overrides: list[str]) -> None:
-    """On the demo and on MiniLM (defaults otherwise), the model QAT writes scores no worse than its PTQ start,
-    measured by ORT on the held-out evaluation set; the shipped model passes align verify."""
+def test_qat_never_ends_worse_than_its_ptq_start(tmp_path) -> None:
+    """On the demo (defaults otherwise), the model QAT writes scores no worse than its PTQ start, measured by ORT
+    on the held-out evaluation set; the shipped model passes align verify. MiniLM's is checked on the MiniLM build
+    of tests/test_build.py."""
     from deploy_opt.config.profiles import example_config, load_build_config
     from deploy_opt.pipeline.build import run_build
 
-    sets = ["quantization.mode=manual", "benchmark.enabled=false", "quantization.qat.enabled=true", *overrides]
-    config, profile = load_build_config(example_config(example), "ci", sets)
-    build = run_build(config, profile, tmp_path, progress=False).build
+    sets = ["quantization.mode=manual", "benchmark.enabled=false", "quantization.qat.enabled=true"]
+    sets += ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]
+    config, profile = load_build_config(example_config("digits"), "ci", sets)
+    assert_qat_no_worse_than_its_start(run_build(config, profile, tmp_path, progress=False).build)
+
+
+def assert_qat_no_worse_than_its_start(build: dict) -> None:
+    """QAT ran with finite losses, the shipped model aligns, and it decides no worse than QAT's PTQ start."""
     qat = build["qat"]
     start = qat["rows"].get("ptq_all_int8", qat["rows"]["ptq"])
     assert qat["ran"] and all(np.isfinite(v) for _, v in qat["training"]["train_loss"])

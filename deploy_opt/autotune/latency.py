@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_opt.evaluation.uncertainty import Interval, speedup_interval
 from dopt_common.ort import create_session
 
 
@@ -29,6 +30,17 @@ class LatencyProbe:
 
     def speedup(self, model: bytes, scale: float = 1.0) -> tuple[float, float]:
         """(median ms of ``model``, FP32 median ÷ its median); ``scale`` stretches the time limits."""
+        times, fp32_times = self._rounds(model, scale)
+        ms = statistics.median(times)
+        return ms, statistics.median(fp32_times) / ms
+
+    def speedup_interval(self, model: bytes, scale: float = 1.0) -> tuple[float, Interval]:
+        """(median ms of ``model``, the speedup with its 95% interval from the interleaved rounds as pairs)."""
+        times, fp32_times = self._rounds(model, scale)
+        return statistics.median(times), speedup_interval(fp32_times, times)
+
+    def _rounds(self, model: bytes, scale: float) -> tuple[list[float], list[float]]:
+        """Milliseconds of ``model`` and of FP32, one of each per round, alternately."""
         session = create_session(model, threads=self.threads)
         for s in (session, self.fp32):
             s.run(None, self.feed)
@@ -44,5 +56,4 @@ class LatencyProbe:
                 break
             if rounds >= self.min_rounds and elapsed > self.min_seconds * scale:
                 break
-        ms, fp32_ms = statistics.median(times[0]), statistics.median(times[1])
-        return ms, fp32_ms / ms
+        return times[0], times[1]

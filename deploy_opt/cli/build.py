@@ -8,37 +8,32 @@ import argparse
 def cmd_build(args: argparse.Namespace) -> int:
     from deploy_opt.config.profiles import load_build_config
     from deploy_opt.pipeline.build import run_build
-    from deploy_opt.report.record import size_line
+    from deploy_opt.report.outcome import BuildOutcome
 
     config, profile = load_build_config(args.config, args.profile, args.overrides)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet, wait=args.wait)
-    build = result.build
-    metrics = build["metrics"]
-    fp32_ships = (build.get("quantization") or {}).get("quantized_nodes") == 0
-    shipped = "shipped FP32 (no INT8 node)" if fp32_ships else "INT8"
-    ci = metrics.get("drop_ci95")
+    outcome = BuildOutcome.from_json(result.build)
+    shipped = "shipped FP32 (no INT8 node)" if outcome.fp32_ships else "INT8"
+    ci = outcome.drop_ci95
     interval = f", 95% CI {ci[0]:.3f} to {ci[1]:.3f}" if ci else ""
     print(
-        f"built {result.out_dir}/: {metrics['name']} ORT FP32 {metrics['ort_fp32']:.3f} → "
-        f"{shipped} {metrics['ort_int8']:.3f} (drop {metrics['drop']:.3f}{interval}, {metrics['samples']} judged "
-        "samples)"
+        f"built {result.out_dir}/: {outcome.metric} ORT FP32 {outcome.fp32_score:.3f} → {shipped} "
+        f"{outcome.shipped_score:.3f} (drop {outcome.drop:.3f}{interval}, {outcome.samples} judged samples)"
     )
-    if metrics.get("split"):
-        print(f"  split: {metrics['split']}")
-    print(f"  size: {size_line(build.get('artifacts') or {})}")
-    if build.get("auto"):
-        print(f"  auto: {build['auto']['verdict']}")
-    qat = build.get("qat")
-    if qat:
-        print(f"  qat: {qat['shipped'] + ' ships; ' + qat['why'] if qat['ran'] else 'not run: ' + qat['why']}")
-    for size, row in ((build.get("benchmark") or {}).get("batches") or {}).items():
-        ci = row.get("speedup_ci95")
+    if outcome.split:
+        print(f"  split: {outcome.split}")
+    print(f"  size: {outcome.size}")
+    if outcome.auto_verdict:
+        print(f"  auto: {outcome.auto_verdict}")
+    if outcome.qat_line:
+        print(f"  qat: {outcome.qat_line}")
+    for row in outcome.batches:
+        ci = row.speedup_ci95
         print(
-            f"  batch {size}: FP32 {row['ort_fp32']['median_ms']:.3f} ms, {shipped} "
-            f"{row['ort_int8']['median_ms']:.3f} ms (medians), speedup {row['speedup']:.2f}x"
-            + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
+            f"  batch {row.size}: FP32 {row.fp32_ms:.3f} ms, {shipped} {row.shipped_ms:.3f} ms (medians), speedup "
+            f"{row.speedup:.2f}x" + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
         )
-    print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in (build.get("timings_s") or {}).items()))
+    print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in outcome.timings_s))
     for line in result.gate.lines():
         print(f"  {line}")
     if result.kept is not None:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
-from deploy_opt.train.optimizers import BlockwiseOptimizer, _check_range, _config
+from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, check_range, state_config
 from deploy_opt.train.state_io import local_tensor, moment_code, read_moment, write_moment
 from dopt_common.errors import ConfigError
 
@@ -63,20 +63,20 @@ class Int8Sophia(BlockwiseOptimizer):
         second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
         compiled: bool | None = None,
     ) -> None:
-        _check_range("lr", lr, 0.0)
-        _check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
-        _check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
-        _check_range("rho", rho, 0.0)
+        check_range("lr", lr, 0.0)
+        check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
+        check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
+        check_range("rho", rho, 0.0)
         if not rho > 0:
             raise ConfigError(f"rho = {rho!r} must be > 0 (the paper uses 0.01-0.05)")
-        _check_range("eps", eps, 0.0)
-        _check_range("weight_decay", weight_decay, 0.0)
+        check_range("eps", eps, 0.0)
+        check_range("weight_decay", weight_decay, 0.0)
         if isinstance(update_period, bool) or not isinstance(update_period, int) or update_period < 1:
             raise ConfigError(
                 f"update_period must be a positive integer (steps between Hessian estimates), "
                 f"got {update_period!r}; the paper uses 10"
             )
-        config = _config(
+        config = state_config(
             "Int8Sophia", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps, second_moment_code
         )
         defaults = {"lr": lr, "betas": tuple(betas), "rho": rho, "weight_decay": weight_decay, "eps": eps}

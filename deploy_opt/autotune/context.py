@@ -1,0 +1,195 @@
+"""What every trial of the auto search shares: the base models trials vary, the context (models, scorer, latency
+probe, clock) that measures each trial, and the choices among bases that several steps make."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from deploy_opt.analysis.sensitivity.analyze import SubsetScorer
+from deploy_opt.analysis.sensitivity.variants import exclusion_variant
+from deploy_opt.autotune.candidates import Candidate, configured
+from deploy_opt.autotune.latency import LatencyProbe
+from deploy_opt.autotune.trials import Trial
+from deploy_opt.build.benchmark import feed_of_size
+from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.quantize import QuantizedModel, quantize
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.evaluation.sources import Batch
+from deploy_opt.evaluation.uncertainty import standard_error
+from dopt_common.ort import create_session
+from exporters.ort.graph import quantized_nodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Base:
+    """A fully quantized candidate (only the static fallback in FP32): what fallback and latency trials vary."""
+
+    candidate: Candidate
+    source: Path  # the FP32 model it quantizes (SmoothQuant-ed or not)
+    model: QuantizedModel
+    smoothing: dict[str, Any] | None
+
+
+@dataclass
+class SearchContext:
+    """What every trial needs: the models, the scorer, the latency probe and the clock."""
+
+    config: BuildConfig
+    fp32_path: Path
+    fp32: onnx.ModelProto
+    scorer: SubsetScorer
+    baseline: float
+    baseline_scores: np.ndarray  # FP32's per-sample scores, which each trial's are paired with
+    metric: Metric
+    probe: LatencyProbe | None
+    deadline: float
+    trials: list[Trial]
+    calibration: CalibrationSet
+    work: Path  # the search's scratch folder: trials that must be written go there
+    models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
+    bar: Any = None  # tqdm over the time budget: trials so far, the last one, and the time left at most
+    calibration_s: float = 0.0  # the first calibration's wall time: what SmoothQuant's calibration costs again
+
+    def time_left(self, extra: float = 0.0) -> bool:
+        """Whether another trial fits: one like the last few, plus ``extra`` seconds of work before it (a ViT-S
+        trial takes 45 s, so a search that started its last trial just before the deadline ran 52 s over its
+        budget; choosing a ViT-S's ranges again for the symmetric scheme took 44 s more)."""
+        recent = [t.seconds for t in self.trials[-3:]]
+        expected = statistics.median(recent) if recent else 0.0
+        return time.perf_counter() + expected + extra < self.deadline
+
+    def measure(self, step: str, candidate: Candidate, model: onnx.ModelProto, predicted: float | None = None) -> Trial:
+        started = time.perf_counter()
+        data = model.SerializeToString()
+        self.models[candidate] = data
+        scores = self.scorer.sample_scores(data)
+        value = float(np.mean(scores))
+        latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
+        nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
+        trial = Trial(
+            step,
+            candidate,
+            value,
+            self.metric.drop(self.baseline, value),
+            predicted,
+            latency,
+            speedup,
+            nodes,
+            time.perf_counter() - started,
+            drop_error=standard_error(self.metric.drop(self.baseline_scores, scores)),
+        )
+        self.trials.append(trial)
+        if self.bar is not None:
+            self.bar.update(min(trial.seconds, self.bar.total - self.bar.n))
+            self.bar.set_postfix_str(f"trial {len(self.trials)}: {step} {candidate.label} drop {trial.drop:.3f}")
+        log.info(
+            "auto %-11s %-24s drop %.3f ± %.3f%s",
+            step,
+            candidate.label,
+            trial.drop,
+            trial.drop_error,
+            f", {speedup:.2f}x FP32" if speedup is not None else "",
+        )
+        return trial
+
+
+def new_context(
+    config: BuildConfig,
+    fp32_path: Path,
+    held: list[Batch],
+    metric: Metric,
+    started: float,
+    calibration: CalibrationSet,
+    work: Path,
+) -> SearchContext:
+    threads = config.benchmark.threads
+    fp32 = onnx.load(str(fp32_path))
+    session = create_session(fp32_path, threads=threads)
+    references = [session.run(None, b.inputs)[0] for b in held]
+    scorer = SubsetScorer(held, references, metric, threads)
+    timed = config.auto.min_gain is not None and "ort-cpu" in config.deploy.targets and config.benchmark.enabled
+    batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
+    probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
+    deadline = started + config.auto.budget_s
+    baseline = scorer.sample_scores(fp32)
+    return SearchContext(
+        config,
+        fp32_path,
+        fp32,
+        scorer,
+        float(np.mean(baseline)),
+        baseline,
+        metric,
+        probe,
+        deadline,
+        [],
+        calibration,
+        work,
+    )
+
+
+def paying(ctx: SearchContext, bases: list[Base]) -> list[Base]:
+    """The bases faster than FP32 by ``auto.min_gain`` (all of them when the search is not timed)."""
+    measured = {t.candidate: t for t in ctx.trials}
+    return [b for b in bases if ctx.probe is None or measured[b.candidate].pays(ctx.config.auto.min_gain)]
+
+
+def most_accurate(trials: list[Trial], bases: list[Base]) -> Base:
+    """The base SmoothQuant and the fallback start from: the smallest drop, near-ties going to "inputs".
+
+    In the inputs placement a node kept float really reads a float input, and SmoothQuant's Mul sits before the
+    quantized tensor; "outputs" keeps quantizing a quantized producer's output whatever reads it, so neither
+    step can remove that error there. Drops within 0.01 points (or 1 %) of the best count as tied: which of two
+    such bases measures better depends on the CPU's int8 kernels (7- or 8-bit weights), not on the model.
+    """
+    measured = {t.candidate: t for t in trials}
+    best = min(measured[b.candidate].drop for b in bases)
+    near = [b for b in bases if measured[b.candidate].drop <= best + max(0.01, 0.01 * abs(best))]
+    return min(
+        near,
+        key=lambda b: (
+            b.candidate.placement != "inputs",
+            measured[b.candidate].drop,
+            -(measured[b.candidate].speedup or 0.0),
+        ),
+    )
+
+
+def base_of(trial: Trial, bases: list[Base]) -> Base:
+    settings = dataclasses.replace(trial.candidate, excluded=())
+    return next(b for b in bases if dataclasses.replace(b.candidate, excluded=()) == settings)
+
+
+def variant_model(
+    ctx: SearchContext, base: Base, candidate: Candidate, qdq: onnx.ModelProto, source: onnx.ModelProto
+) -> onnx.ModelProto:
+    """``base`` with ``candidate.excluded`` in FP32: derived from its Q/DQ model, or written again for chains.
+
+    Chain coverage lets ORT's writer remove a Relu or Clip and do its clip in the producer's Q/DQ pair; excluding
+    that producer would take the clip away with the pair, so those variants are written by the writer itself.
+    """
+    op_types = candidate.op_types(ctx.config.quantization.op_types)
+    if candidate.coverage != "chain":
+        return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
+    folder = ctx.work / f"variant-{len(ctx.trials)}"
+    written = quantize(
+        configured(ctx.config, candidate),
+        base.source,
+        ctx.calibration,
+        folder,
+        ranges=base.model.ranges,
+        smoothing=base.smoothing,
+    )
+    return onnx.load(str(written.path))

@@ -1,0 +1,85 @@
+"""The auto search's refinements of a base: the fallback (fewest FP32 nodes that meet ``max_drop``, in the proxy's
+order) and the latency trials (low-intensity nodes back to FP32 where that is faster)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+
+from deploy_opt.analysis.sensitivity.analyze import SubsetScorer, analyze, pick_subset
+from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
+from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
+from deploy_opt.autotune.context import Base, SearchContext, most_accurate, paying, variant_model
+from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
+from deploy_opt.autotune.trials import Trial
+from deploy_opt.evaluation.sources import Batch
+
+
+def fallback_bases(ctx: SearchContext, bases: list[Base]) -> list[Base]:
+    """The bases the fallback starts from, in turn while time is left: the most accurate base that pays, then
+    the fastest of the paying bases about as accurate (within a quarter of its drop, or a tenth of ``max_drop``).
+
+    Every float node the fallback adds costs speed, so a base already slower than FP32 cannot end faster (ORT
+    CPU's "inputs" placement of a CNN runs float convs between Q/DQ pairs). Which of the two ends faster is not
+    known before: on a YOLOv8n the faster chained base (1.45x, drop 9.9) needed 159 float nodes, the more
+    accurate plain one 17. So both are searched, and the fastest trial that meets ``max_drop`` wins. Untimed,
+    or when no base pays, the most accurate of all.
+    """
+    measured = {t.candidate: t for t in ctx.trials}
+    fast_enough = paying(ctx, bases) if ctx.probe is not None else []
+    if not fast_enough:
+        return [most_accurate(ctx.trials, bases)]
+    accurate = most_accurate(ctx.trials, fast_enough)
+    best = measured[accurate.candidate].drop
+    band = best + max(0.25 * abs(best), 0.1 * ctx.config.gate.max_drop)
+    near = [b for b in fast_enough if measured[b.candidate].drop <= band]
+    fastest = max(near, key=lambda b: measured[b.candidate].speedup or 0.0)
+    return [accurate] if fastest is accurate else [accurate, fastest]
+
+
+def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
+    """Fewest FP32 nodes, in the proxy's order, that meet max_drop: doubling prefixes, then bisection."""
+    config = ctx.config
+    qdq = onnx.load(str(base.model.path))
+    subset = pick_subset(held, config.sensitivity.subset, config.seed)
+    threads = config.benchmark.threads
+    scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
+    op_types = base.candidate.op_types(config.quantization.op_types)
+    record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
+    order = [group[0] for group in sensitivity_order(record, "node") if group[0] not in base.candidate.excluded]
+    predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
+    source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
+
+    def attempt(count: int) -> Trial:
+        excluded = base.candidate.excluded + tuple(order[:count])
+        rest = [predicted[n] for n in order[count:]]
+        guess = sum(rest) if rest and all(p is not None for p in rest) else None
+        candidate = dataclasses.replace(base.candidate, excluded=excluded)
+        variant = variant_model(ctx, base, candidate, qdq, source)
+        return ctx.measure("fallback", candidate, variant, guess)
+
+    low, high, count = 0, None, 1
+    while order and ctx.time_left():
+        if attempt(count).meets(config.gate.max_drop):
+            high = count
+            break
+        if count == len(order):
+            break
+        low, count = count, min(count * 2, len(order))
+    while high is not None and high - low > 1 and ctx.time_left():
+        middle = (low + high) // 2
+        low, high = (low, middle) if attempt(middle).meets(config.gate.max_drop) else (middle, high)
+
+
+def latency_trials(ctx: SearchContext, accurate: Trial, base: Base) -> None:
+    """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
+    qdq = onnx.load(str(base.model.path))
+    source = onnx.load(str(base.source))
+    lengths = reduction_lengths(source, ctx.config.quantization.op_types)
+    live = {n: k for n, k in lengths.items() if n not in accurate.candidate.excluded}
+    for _, group in intensity_groups(live):
+        if not ctx.time_left():
+            return
+        candidate = dataclasses.replace(accurate.candidate, excluded=accurate.candidate.excluded + group)
+        ctx.measure("latency", candidate, variant_model(ctx, base, candidate, qdq, source))
