@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,11 +114,13 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(
 ) -> None:
     old = _old_report(tmp_path, "digits-mlp")
     before = _tree(old)
-    temp = set(Path(tempfile.gettempdir()).glob("deploy_opt.*"))
+    # The build's own temp folder: another test worker's exports come and go in the shared one meanwhile.
+    temp = Path(tempfile.mkdtemp(prefix="killed-build."))
     build = subprocess.Popen(
         [sys.executable, "-m", "deploy_opt", "build", "--profile", "ci", "--output-dir", str(tmp_path)],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     assert build.stderr is not None
     deadline, seen = time.monotonic() + 180, []
@@ -131,7 +134,8 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(
     returncode = build.wait(timeout=120)
     assert "Traceback" not in rest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["digits-mlp"]  # no staging left
-    assert set(Path(tempfile.gettempdir()).glob("deploy_opt.*")) <= temp  # nor the exporter's temp folders
+    assert not list(temp.glob("deploy_opt.*"))  # nor the exporter's temp folders
+    shutil.rmtree(temp)
     if stage == "publish" and returncode in (0, 1):  # it finished first: then the new report is there, whole
         assert json.loads((old / "build.json").read_text())["name"] == "digits-mlp"
         return
