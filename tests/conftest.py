@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -116,3 +117,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = _cuda_runtime() if gpu else None
     for item in gpu if reason else []:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def assert_qat_no_worse_than_its_start(build: dict) -> None:
+    """QAT ran with finite losses, the shipped model aligns, and it decides no worse than QAT's PTQ start."""
+    qat = build["qat"]
+    start = qat["rows"].get("ptq_all_int8", qat["rows"]["ptq"])
+    assert qat["ran"] and all(math.isfinite(v) for _, v in qat["training"]["train_loss"])
+    assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
+    # QAT chooses on the decision half of the evaluation data, so its rows are that half's numbers
+    decided = build["metrics"]["decision"]
+    assert decided["drop"] <= start["drop"] + 1e-9, qat["rows"]
+    shipped = {"qat": "qat", "ptq_all_int8": "ptq_all_int8"}.get(qat["shipped"], "ptq")
+    assert decided["drop"] == pytest.approx(qat["rows"][shipped]["drop"])

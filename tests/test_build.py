@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import tiny_cnn_config, write_config
+from conftest import assert_qat_no_worse_than_its_start, tiny_cnn_config, write_config
 
 from calibrators.scales.format import load_scale_file
 from deploy_opt.analysis.align import verify_alignment
@@ -145,7 +145,7 @@ def test_minilm_builds_with_dynamic_batch_and_sequence_and_qat_ends_no_worse_tha
     )
     result = run_build(config, profile, tmp_path, progress=False)
     build = _assert_consistent(result.out_dir)
-    _assert_qat_no_worse_than_its_start(build)
+    assert_qat_no_worse_than_its_start(build)
     assert build["metrics"]["name"] == "cosine" and build["metrics"]["samples"] == 16  # the other 16 decide
     assert build["metrics"]["decision"]["samples"] == 16 and build["metrics"]["resolution"] is None
     assert build["calibration"]["stratify"] == "deploy_opt.demo.minilm:length_stratum"
@@ -160,12 +160,6 @@ def test_minilm_builds_with_dynamic_batch_and_sequence_and_qat_ends_no_worse_tha
         ids = np.random.default_rng(0).integers(1000, 2000, (batch, seq), dtype=np.int64)
         (emb,) = int8.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
         assert emb.shape == (batch, 384) and np.all(np.isfinite(emb))
-
-
-def _assert_qat_no_worse_than_its_start(build: dict) -> None:
-    from test_qat import assert_qat_no_worse_than_its_start
-
-    assert_qat_no_worse_than_its_start(build)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import build_tiny  # noqa: E402
+from conftest import assert_qat_no_worse_than_its_start, build_tiny  # noqa: E402
 
 from calibrators.scales.format import load_scale_file  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
@@ -252,19 +252,6 @@ def test_qat_never_ends_worse_than_its_ptq_start(tmp_path) -> None:
     sets += ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]
     config, profile = load_build_config(example_config("digits"), "ci", sets)
     assert_qat_no_worse_than_its_start(run_build(config, profile, tmp_path, progress=False).build)
-
-
-def assert_qat_no_worse_than_its_start(build: dict) -> None:
-    """QAT ran with finite losses, the shipped model aligns, and it decides no worse than QAT's PTQ start."""
-    qat = build["qat"]
-    start = qat["rows"].get("ptq_all_int8", qat["rows"]["ptq"])
-    assert qat["ran"] and all(np.isfinite(v) for _, v in qat["training"]["train_loss"])
-    assert build["alignment"]["verdict"].startswith("pass"), build["alignment"]
-    # QAT chooses on the decision half of the evaluation data, so its rows are that half's numbers
-    decided = build["metrics"]["decision"]
-    assert decided["drop"] <= start["drop"] + 1e-9, qat["rows"]
-    shipped = {"qat": "qat", "ptq_all_int8": "ptq_all_int8"}.get(qat["shipped"], "ptq")
-    assert decided["drop"] == pytest.approx(qat["rows"][shipped]["drop"])
 
 
 def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer() -> None:
