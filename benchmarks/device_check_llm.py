@@ -77,17 +77,11 @@ def _ppl(
     model: torch.nn.Module, tokenizer: Any, device: torch.device, settings: dict[str, int], kv_bits: int | None = None
 ) -> float:
     """Held-out perplexity; ``kv_bits`` 8 or 4 simulates lmdeploy's quantized KV cache (deploy_opt.llm.kv_cache)."""
-    from deploy_opt.llm.checks import perplexity
+    from deploy_opt.llm.checks import PerplexityWindow, perplexity
     from deploy_opt.llm.text_data import pydoc_texts
 
-    result = perplexity(
-        OnDevice(model, device),
-        tokenizer,
-        pydoc_texts("evaluation"),
-        max_seq_len=settings["eval_seq_len"],
-        max_tokens=settings["eval_tokens"],
-        kv_bits=kv_bits,
-    )
+    window = PerplexityWindow(max_seq_len=settings["eval_seq_len"], max_tokens=settings["eval_tokens"], kv_bits=kv_bits)
+    result = perplexity(OnDevice(model, device), tokenizer, pydoc_texts("evaluation"), window)
     return float(result["ppl"])
 
 
@@ -101,7 +95,7 @@ def run_llm(
 ) -> dict[str, Any]:
     """Quantize the model with each of METHODS on ``device``; wall time and perplexity before and after."""
     from deploy_opt.llm.gguf_model import load_model_folder
-    from deploy_opt.llm.quantize_engine import quantize_model
+    from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
     from deploy_opt.llm.text_data import pydoc_texts, stratified_text_samples
 
     settings = SETTINGS[settings_name]
@@ -126,7 +120,7 @@ def run_llm(
         model.to(device)
         _sync(device)
         begin = time.perf_counter()
-        result = quantize_model(model, samples, method=method, group_size=group, progress=False, **options)
+        result = quantize_model(model, samples, EngineSettings(method, group_size=group, **options), progress=False)
         _sync(device)
         seconds = time.perf_counter() - begin
         with torch.no_grad():

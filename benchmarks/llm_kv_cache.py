@@ -19,14 +19,19 @@ from pathlib import Path
 
 
 def measure(name: str, model, tokenizer, args: argparse.Namespace) -> dict:
-    from deploy_opt.llm.checks import perplexity
+    from deploy_opt.llm.checks import PerplexityWindow, perplexity
     from deploy_opt.llm.kv_cache import kv_memory
     from deploy_opt.llm.text_data import pydoc_texts
 
     rows = {}
     for label, bits in (("fp16 (none)", None), ("int8", 8), ("int4", 4)):
         start = time.perf_counter()
-        result = perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=512, max_tokens=4096, kv_bits=bits)
+        result = perplexity(
+            model,
+            tokenizer,
+            pydoc_texts("evaluation"),
+            PerplexityWindow(max_seq_len=512, max_tokens=4096, kv_bits=bits),
+        )
         memory = kv_memory(model.config, args.session_len, bits)
         rows[label] = {
             "ppl": result["ppl"],

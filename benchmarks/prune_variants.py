@@ -21,7 +21,7 @@ from deploy_opt.build.inputs import load_inputs
 from deploy_opt.config.loader import parse_override
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.evaluation.metrics import resolve_metric
-from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
+from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure
 
@@ -58,7 +58,7 @@ def main() -> None:
         clear_gradients(student)
         scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
         row = {"variant": variant or "config", "pruned": score_model(student, *scored)}
-        run = distill_student(student, original, config.prune.distill, names, train, evaluation, metric, 0, True)
+        run = distill_student(student, original, config.prune.distill, DistillData(names, train, evaluation, metric))
         row |= {
             "distilled": score_model(student.eval(), *scored),
             "seconds": round(run.seconds),

@@ -23,7 +23,7 @@ import torch
 from deploy_opt.build.inputs import load_inputs, training_batches
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.evaluation.metrics import resolve_metric
-from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
+from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure
 
@@ -65,7 +65,7 @@ def main() -> None:
     )
     for name, student, distill, fresh in runs:
         results[f"{name} before"] = score_model(student, *scored)
-        run = distill_student(student, original, distill, names, train, evaluation, metric, 0, True, fresh=fresh)
+        run = distill_student(student, original, distill, DistillData(names, train, evaluation, metric), fresh=fresh)
         results[name] = score_model(student.eval(), *scored)
         results[f"{name} seconds"] = round(run.seconds, 1)
     print(json.dumps({"metric": metric.name, "samples": sum(b.size for b in evaluation)} | results, indent=1))

@@ -15,6 +15,7 @@ from calibrators.activations.collect import select_tensors
 from calibrators.qparams import activation_scale, bias_scales, weight_scales
 from calibrators.scales.format import ScaleFile
 from deploy_opt.analysis.compare import SAMPLES_FILE, compare_backends, fixed_samples, output_metrics
+from deploy_opt.analysis.comparison import ComparedModels, Comparison
 from deploy_opt.config.build import CompareConfig, resolve_config
 from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import ConfigError
@@ -76,19 +77,11 @@ def test_every_cpu_backend_is_compared_and_written(tiny_model: Path, qdq_model: 
     samples = _samples()
     extra = {"numpy_fp32": lambda feed: [tiny_onnx.reference(feed["x"])]}
     out = tmp_path / "report"
-    record = compare_backends(
-        tiny_model,
-        qdq_model,
-        samples,
-        out,
-        config=CompareConfig(),
-        seed=0,
-        torch_model=_torch_tiny(),
-        extra_runners=extra,
-        judge_top1=True,
-    )
+    models = ComparedModels(tiny_model, qdq_model, _torch_tiny(), extra, judge_top1=True)
+    record = compare_backends(models, samples, out, config=CompareConfig(), seed=0)
     written = json.loads((out / "compare.json").read_text())
-    assert written == json.loads(json.dumps(record))
+    assert written == json.loads(json.dumps(record.to_json()))
+    assert Comparison.from_json(written) == record  # the typed record reads back as written
     assert written["format"] == "deploy_opt.analysis.compare/1" and written["seed"] == 0
     assert written["reference"] == "torch_fp32"
     backends = written["backends"]
@@ -141,11 +134,12 @@ def test_a_broken_backend_fails_the_verdict(tiny_model: Path, qdq_model: Path, t
         "noise_int8": lambda feed: [rng.normal(0, 1, (len(feed["x"]), 4)).astype(np.float32)],
         "crash_int8": lambda feed: 1 / 0,
     }
-    record = compare_backends(tiny_model, qdq_model, _samples(), tmp_path, config=CompareConfig(), extra_runners=extra)
-    assert record["reference"] == "ort_fp32_cpu"
-    assert record["backends"]["noise_int8"]["pass"] is False
-    assert record["backends"]["crash_int8"]["status"].startswith("failed: ZeroDivisionError")
-    assert record["verdict"] == "fail" and len(record["failures"]) == 2
+    models = ComparedModels(tiny_model, qdq_model, extra_runners=extra)
+    record = compare_backends(models, _samples(), tmp_path, config=CompareConfig())
+    assert record.reference == "ort_fp32_cpu"
+    assert record.backends["noise_int8"].passed is False
+    assert record.backends["crash_int8"].status.startswith("failed: ZeroDivisionError")
+    assert record.verdict == "fail" and len(record.failures) == 2
 
 
 def test_same_seed_gives_the_same_samples() -> None:
@@ -193,16 +187,16 @@ def test_one_wrong_scale_is_the_first_divergence(
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * np.float32(factor), scale.name))
     broken = tmp_path / "broken.onnx"
     onnx.save(model, str(broken))
-    record = compare_backends(tiny_model, broken, _samples(), tmp_path, config=CompareConfig())
-    first = record["first_divergence"]
+    record = compare_backends(ComparedModels(tiny_model, broken), _samples(), tmp_path, config=CompareConfig())
+    first = record.first_divergence
     assert first is not None and (first["tensor"], first["node"]) == (tensor, node)
     assert first["sqnr_db"] < first["threshold"] == CompareConfig().min_quant_sqnr_db
-    assert record["verdict"] == "fail"
+    assert record.verdict == "fail"
 
 
 def test_healthy_layers_keep_a_margin(tiny_model: Path, qdq_model: Path, tmp_path: Path) -> None:
-    record = compare_backends(tiny_model, qdq_model, _samples(), tmp_path, config=CompareConfig())
-    quant = [row["quant_sqnr_db"] for row in record["layers"] if row["quant_sqnr_db"] is not None]
+    record = compare_backends(ComparedModels(tiny_model, qdq_model), _samples(), tmp_path, config=CompareConfig())
+    quant = [row["quant_sqnr_db"] for row in record.layers if row["quant_sqnr_db"] is not None]
     assert len(quant) >= 5  # x, h0, h2, h3 and the weights
     assert min(quant) > CompareConfig().min_quant_sqnr_db + 8
 

@@ -17,6 +17,7 @@ from calibrators.qparams import activation_scale, bias_scales, weight_scales
 from calibrators.scales.format import ScaleFile
 from deploy_opt.analysis.compare import compare_backends
 from deploy_opt.analysis.compare_layers import plan_rows
+from deploy_opt.analysis.comparison import ComparedModels
 from deploy_opt.config.build import CompareConfig
 from exporters.ort.qdq import write_ort_qdq
 
@@ -128,7 +129,7 @@ def test_compare_json_sets_pre_relu_against_pre_relu(models: tuple[Path, Path], 
     fp32, qdq = models
     x = _x(2, 64)
     out = tmp_path / "report"
-    compare_backends(fp32, qdq, {"x": x}, out, config=CompareConfig())
+    compare_backends(ComparedModels(fp32, qdq), {"x": x}, out, config=CompareConfig())
     written = json.loads((out / "compare.json").read_text())
     layers = {row["name"]: row for row in written["layers"]}
     # The Q/DQ model's own tensors, read by ORT (graph optimizations off: the Q/DQ graph as written), against numpy.
@@ -153,7 +154,7 @@ def test_a_wrong_scale_on_the_removed_relu_still_diverges(models: tuple[Path, Pa
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) / np.float32(50), scale.name))
     broken = tmp_path / "broken.onnx"
     onnx.save(model, str(broken))
-    record = compare_backends(fp32, broken, {"x": _x(2, 64)}, tmp_path, config=CompareConfig())
-    first = record["first_divergence"]
+    record = compare_backends(ComparedModels(fp32, broken), {"x": _x(2, 64)}, tmp_path, config=CompareConfig())
+    first = record.first_divergence
     assert first is not None and (first["tensor"], first["reason"]) == ("r", "quantization")
-    assert record["verdict"] == "fail"
+    assert record.verdict == "fail"

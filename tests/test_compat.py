@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from deploy_opt.analysis import compat_data
 from deploy_opt.analysis.compat import TARGETS, check_compat
-from deploy_opt.analysis.compat_report import render_compat_markdown, write_compat
+from deploy_opt.analysis.compat_report import CompatReport, render_compat_markdown, write_compat
 from dopt_common.errors import ConfigError, ModelError
 
 TRT_VERSIONS = ("8.6", "9.3", "10.0", "10.1")
@@ -46,11 +46,11 @@ def _ort_loads(model: onnx.ModelProto) -> bool:
     return True
 
 
-def _assert_columns(report: dict, model: onnx.ModelProto) -> None:
-    rows = [r for r in report["nodes"] if r["graph"] == "main"]
+def _assert_columns(report: CompatReport, model: onnx.ModelProto) -> None:
+    rows = [r for r in report.nodes if r["graph"] == "main"]
     assert [r["op_type"] for r in rows] == [n.op_type for n in model.graph.node]
     assert [r["graph_index"] for r in rows] == list(range(len(model.graph.node)))
-    for row in report["nodes"]:
+    for row in report.nodes:
         assert {"ort_cpu", "ort_cuda", "int8_cpu", "tensorrt", "min_opset", "min_ort", "min_tensorrt"} <= set(row)
         assert isinstance(row["ort_cpu"]["kernel"], bool) and isinstance(row["ort_cuda"]["kernel"], bool)
         assert tuple(row["tensorrt"]) == TRT_VERSIONS
@@ -61,22 +61,22 @@ def test_every_node_of_the_tiny_model_has_every_column(tiny_model: Path, tmp_pat
     report = check_compat(tiny_model, TARGETS)
     model = onnx.load(str(tiny_model))
     _assert_columns(report, model)
-    assert report["format"] == "deploy_opt.analysis.compat/1"
-    assert report["model"]["opsets"] == {"ai.onnx": 17}
-    assert [r["name"] for r in report["nodes"]] == [n.name for n in model.graph.node]
+    assert report.format == "deploy_opt.analysis.compat/1"
+    assert report.model["opsets"] == {"ai.onnx": 17}
+    assert [r["name"] for r in report.nodes] == [n.name for n in model.graph.node]
     # ORT runs this model on CPU, so the CPU column must say so for every node.
     assert _ort_loads(model)
-    assert all(r["ort_cpu"]["kernel"] and r["status"]["ort-cpu"] == "ok" for r in report["nodes"])
-    assert report["summary"]["ort-cpu"] == {"ok": 5, "fallback": 0, "fail": 0}
-    assert report["flagged"] == []
+    assert all(r["ort_cpu"]["kernel"] and r["status"]["ort-cpu"] == "ok" for r in report.nodes)
+    assert report.summary["ort-cpu"] == {"ok": 5, "fallback": 0, "fail": 0}
+    assert report.flagged == ()
     json_path, md_path = write_compat(report, tmp_path)
-    assert json.loads(json_path.read_text()) == report
+    assert json.loads(json_path.read_text()) == report.to_json()
     text = md_path.read_text()
     assert all(n.name in text for n in model.graph.node) and "| target | ok | fallback | fail |" in text
 
 
 def test_sources_say_where_each_column_comes_from(tiny_model: Path) -> None:
-    sources = check_compat(tiny_model)["sources"]
+    sources = check_compat(tiny_model).sources
     assert ort.__version__ in sources["ort_cpu"] and "registry" in sources["ort_cpu"]
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert "registry" in sources["ort_cuda"]
@@ -94,9 +94,9 @@ def test_an_op_tensorrt_does_not_support_is_flagged_for_tensorrt() -> None:
     assert all(not table[(v, "Det")].supported for v in TRT_VERSIONS)  # the CSV says N for Det
     model = _det_model()
     report = check_compat(model, ("ort-cpu", "tensorrt"))
-    (row,) = report["nodes"]
+    (row,) = report.nodes
     assert row["status"]["tensorrt"] == "fail" and row["min_tensorrt"] is None
-    assert [(f["name"], f["target"]) for f in report["flagged"]] == [("det", "tensorrt")]
+    assert [(f["name"], f["target"]) for f in report.flagged] == [("det", "tensorrt")]
     assert _ort_loads(model) and row["status"]["ort-cpu"] == "ok"  # ORT itself runs it
     assert "⚠ det" in render_compat_markdown(report)
 
@@ -104,18 +104,18 @@ def test_an_op_tensorrt_does_not_support_is_flagged_for_tensorrt() -> None:
 def test_an_op_without_a_cuda_kernel_falls_back_to_cpu_on_ort_cuda() -> None:
     if compat_data.cuda_kernels().has_op("Det", ""):
         pytest.skip("this CUDA kernel table has Det")
-    (row,) = check_compat(_det_model(), ("ort-cuda",))["nodes"]
+    (row,) = check_compat(_det_model(), ("ort-cuda",)).nodes
     assert row["status"]["ort-cuda"] == "fallback" and "CPU" in row["reasons"]["ort-cuda"]
 
 
 def test_an_op_newer_than_tensorrt_86_opsets_needs_tensorrt_10() -> None:
     model = _model([helper.make_node("Gelu", ["x"], ["y"])], [_float("x", [2, 4])], [_float("y", [2, 4])], opset=20)
     report = check_compat(model, ("tensorrt",), tensorrt_version="8.6")
-    (row,) = report["nodes"]
+    (row,) = report.nodes
     assert row["since_version"] == row["min_opset"] == onnx.defs.get_schema("Gelu", 20).since_version == 20
     assert row["min_tensorrt"] == "10.0"
     assert not row["tensorrt"]["8.6"]["supported"] and "opset 17" in row["tensorrt"]["8.6"]["reason"]
-    assert row["status"]["tensorrt"] == "fail" and report["warnings"]  # model opset 20 > 8.6's 17
+    assert row["status"]["tensorrt"] == "fail" and report.warnings  # model opset 20 > 8.6's 17
     assert row["min_ort"] == "1.17"  # the first release implementing opset 20
     assert _ort_loads(model) and row["status"]["ort-cpu"] == "ok"
 
@@ -124,10 +124,10 @@ def test_a_custom_domain_op_is_a_failure_on_ort_cpu() -> None:
     node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example", name="custom")
     model = _model([node], [_float("x", [2])], [_float("y", [2])], extra_opsets=[("com.example", 1)])
     report = check_compat(model, ("ort-cpu", "tensorrt"))
-    (row,) = report["nodes"]
+    (row,) = report.nodes
     assert row["domain"] == "com.example" and row["opset"] == 1 and row["since_version"] is None
     assert row["status"] == {"ort-cpu": "fail", "ort-cuda": "fail", "tensorrt": "fail"}
-    assert {f["target"] for f in report["flagged"]} == {"ort-cpu", "tensorrt"}
+    assert {f["target"] for f in report.flagged} == {"ort-cpu", "tensorrt"}
     assert not _ort_loads(model)  # ORT agrees: it cannot create a session
 
 
@@ -150,7 +150,7 @@ def _qdq_model(zero_point: int) -> onnx.ModelProto:
 
 def test_a_qdq_node_without_an_int8_kernel_runs_in_float_on_cpu() -> None:
     report = check_compat(_qdq_model(0), ("ort-cpu", "tensorrt"))
-    rows = {r["name"]: r for r in report["nodes"]}
+    rows = {r["name"]: r for r in report.nodes}
     assert rows["conv"]["quantized"] and rows["conv"]["int8_cpu"]["kernel"]
     assert "QLinearConv" in rows["conv"]["int8_cpu"]["kernels"] and rows["conv"]["status"]["ort-cpu"] == "ok"
     assert rows["sin"]["quantized"] and not rows["sin"]["int8_cpu"]["kernel"]
@@ -160,7 +160,7 @@ def test_a_qdq_node_without_an_int8_kernel_runs_in_float_on_cpu() -> None:
 
 
 def test_a_nonzero_zero_point_fails_tensorrt_at_parse_time() -> None:
-    rows = {r["name"]: r for r in check_compat(_qdq_model(3), ("tensorrt",))["nodes"]}
+    rows = {r["name"]: r for r in check_compat(_qdq_model(3), ("tensorrt",)).nodes}
     for name in ("q", "dq"):
         assert rows[name]["tensorrt"]["10.1"]["restriction"] == "applies"  # the table's clause, and the importer's
         assert rows[name]["status"]["tensorrt"] == "fail" and "non-zero zero point" in rows[name]["reasons"]["tensorrt"]
@@ -172,12 +172,13 @@ def test_every_node_of_onnx_s_own_test_models_is_reported(path: str, tmp_path: P
     report = check_compat(path, TARGETS)
     model = onnx.load(path, load_external_data=False)
     _assert_columns(report, model)
-    assert report["model"]["nodes"] == len(report["nodes"]) >= len(model.graph.node) > 0
-    assert sum(report["summary"]["ort-cpu"].values()) == len(report["nodes"])
+    assert report.model["nodes"] == len(report.nodes) >= len(model.graph.node) > 0
+    assert sum(report.summary["ort-cpu"].values()) == len(report.nodes)
     json_path, md_path = write_compat(report, tmp_path, name="compat.int8")
     assert json_path.name == "compat.int8.json" and json.loads(json_path.read_text())["nodes"]
+    assert CompatReport.from_json(json.loads(json_path.read_text())).to_json() == report.to_json()  # reads back
     text = md_path.read_text()
-    assert "## Per op type" in text and text.count("\n| ") >= len(report["nodes"])
+    assert "## Per op type" in text and text.count("\n| ") >= len(report.nodes)
 
 
 def test_the_data_files_load_and_cover_every_tensorrt_version() -> None:
@@ -211,7 +212,7 @@ def test_bad_arguments_name_the_value(tiny_model: Path, call, error, match) -> N
 def test_tensorrt_parser_is_skipped_cleanly_without_tensorrt(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec  # as on a machine without tensorrt, whether or not this one has it
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt" else real(name, *a))
-    parser = check_compat(tiny_model, ("tensorrt",))["tensorrt_parser"]
+    parser = check_compat(tiny_model, ("tensorrt",)).tensorrt_parser
     assert parser["ran"] is False and "not installed" in parser["reason"]
 
 
@@ -219,6 +220,6 @@ def test_tensorrt_parser_is_skipped_cleanly_without_tensorrt(tiny_model: Path, m
 def test_tensorrt_parser_confirms_the_table(tiny_model: Path) -> None:
     pytest.importorskip("tensorrt")
     report = check_compat(tiny_model, ("tensorrt",))
-    if not report["tensorrt_parser"]["ran"]:
-        pytest.skip(report["tensorrt_parser"]["reason"])
-    assert all(r["tensorrt_parser"] for r in report["nodes"]) and report["summary"]["tensorrt"]["fail"] == 0
+    if not report.tensorrt_parser["ran"]:
+        pytest.skip(report.tensorrt_parser["reason"])
+    assert all(r["tensorrt_parser"] for r in report.nodes) and report.summary["tensorrt"]["fail"] == 0

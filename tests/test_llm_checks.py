@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from deploy_opt.llm.checks import perplexity, stability_run  # noqa: E402
+from deploy_opt.llm.checks import PerplexityWindow, StabilitySettings, perplexity, stability_run  # noqa: E402
 from deploy_opt.llm.gguf_model import MARKER, gguf_to_hf_folder, load_model_folder, smollm2_gguf  # noqa: E402
 from deploy_opt.llm.text_data import pydoc_texts  # noqa: E402
 from deploy_opt.report.gate import parse_max_increase, ppl_gate  # noqa: E402
@@ -54,7 +54,7 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 def test_perplexity_of_random_weights_is_about_the_vocabulary_size(tiny) -> None:
     model, tokenizer = tiny
-    result = perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=128, max_tokens=512)
+    result = perplexity(model, tokenizer, pydoc_texts("evaluation"), PerplexityWindow(max_seq_len=128, max_tokens=512))
     vocab = model.config.vocab_size
     assert 0.5 * vocab < result["ppl"] < 2 * vocab
     assert result["windows"] == 4 and result["tokens"] == 512 - 4
@@ -65,7 +65,7 @@ def test_perplexity_of_one_window_matches_the_models_own_loss(tiny) -> None:
     model, tokenizer = tiny
     text = pydoc_texts("evaluation")[-1].text
     ids = _ids(tokenizer, text)[-60:]
-    result = perplexity(model, tokenizer, text, max_seq_len=64, max_tokens=60)
+    result = perplexity(model, tokenizer, text, PerplexityWindow(max_seq_len=64, max_tokens=60))
     with torch.no_grad():
         window = torch.tensor([ids])
         hf_loss = float(model(input_ids=window, labels=window).loss)
@@ -80,7 +80,7 @@ def test_sliding_window_scores_each_token_once_with_its_context(tiny) -> None:
     model, tokenizer = tiny
     text = pydoc_texts("evaluation")[0].text
     ids = _ids(tokenizer, text)[-40:]
-    result = perplexity(model, tokenizer, text, max_seq_len=8, stride=1, max_tokens=40)
+    result = perplexity(model, tokenizer, text, PerplexityWindow(max_seq_len=8, stride=1, max_tokens=40))
     assert result["tokens"] == 39
     nll = []
     with torch.no_grad():
@@ -95,12 +95,12 @@ def test_sliding_window_scores_each_token_once_with_its_context(tiny) -> None:
 def test_perplexity_refuses_nan_logits_and_bad_settings(tiny, hooked) -> None:
     model, tokenizer = tiny
     with pytest.raises(ConfigError, match="stride=600 is larger"):
-        perplexity(model, tokenizer, "some text here", max_seq_len=512, stride=600)
+        perplexity(model, tokenizer, "some text here", PerplexityWindow(max_seq_len=512, stride=600))
     with pytest.raises(InputError, match="at least 2 tokens"):
         perplexity(model, tokenizer, "")
     hooked(lambda out: out * float("nan"))
     with pytest.raises(NumericsError, match="NaN/Inf"):
-        perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=64, max_tokens=128)
+        perplexity(model, tokenizer, pydoc_texts("evaluation"), PerplexityWindow(max_seq_len=64, max_tokens=128))
 
 
 # ---- stability run ----------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_perplexity_refuses_nan_logits_and_bad_settings(tiny, hooked) -> None:
 def _stability(tiny, **kwargs):
     model, tokenizer = tiny
     settings = {"generations": 4, "max_new_tokens": 20, "max_seq_len": 96} | kwargs
-    return stability_run(model, tokenizer, pydoc_texts("prompts"), **settings)
+    return stability_run(model, tokenizer, pydoc_texts("prompts"), StabilitySettings(**settings))
 
 
 def _repeat(out):
@@ -191,7 +191,7 @@ def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, hooked) -> Non
 def test_stability_run_refuses_bad_settings(tiny) -> None:
     model, tokenizer = tiny
     with pytest.raises(ConfigError, match="must exceed max_new_tokens"):
-        stability_run(model, tokenizer, ["hi"], max_new_tokens=64, max_seq_len=64)
+        stability_run(model, tokenizer, ["hi"], StabilitySettings(max_new_tokens=64, max_seq_len=64))
     with pytest.raises(InputError, match="non-empty prompts"):
         stability_run(model, tokenizer, [])
 
@@ -271,5 +271,5 @@ def test_smollm2_gguf_converts_to_a_working_folder(tmp_path: Path) -> None:
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, prompt.input_ids.shape[1] :])
-    result = perplexity(model, tokenizer, pydoc_texts("evaluation"), max_seq_len=512, max_tokens=1024)
+    result = perplexity(model, tokenizer, pydoc_texts("evaluation"), PerplexityWindow(max_seq_len=512, max_tokens=1024))
     assert 3 < result["ppl"] < 30  # a real language model on English docs, far below the 49,152-token vocabulary

@@ -12,7 +12,7 @@ import torch
 from calibrators.groupwise.awq import search_awq_scale
 from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
 from calibrators.groupwise.rtn import QuantizedWeight, output_error, rtn_quantize
-from deploy_opt.llm.quantize_engine import quantize_model
+from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
 from dopt_common.errors import ConfigError
 from exporters.lmdeploy import (
     AWQ_ORDER,
@@ -46,7 +46,7 @@ def samples() -> list[torch.Tensor]:
 
 def _quantized(base_model, samples, **kwargs):
     model = copy.deepcopy(base_model)
-    return model, quantize_model(model, samples, progress=False, **kwargs)
+    return model, quantize_model(model, samples, EngineSettings(**kwargs), progress=False)
 
 
 # ---------- the engine ----------
@@ -91,7 +91,7 @@ def test_group_size_that_divides_nothing_is_refused_before_work(base_model, samp
         r"use one of 32, 64, -1"
     )
     with pytest.raises(ConfigError, match=message):
-        quantize_model(model, samples, method="gptq", group_size=128, progress=False)
+        quantize_model(model, samples, EngineSettings(method="gptq", group_size=128), progress=False)
     before, after = base_model.state_dict(), model.state_dict()
     assert all(torch.equal(before[key], after[key]) for key in before)
 
@@ -99,7 +99,8 @@ def test_group_size_that_divides_nothing_is_refused_before_work(base_model, samp
 @pytest.mark.parametrize("bad", [dict(method="hqq"), dict(bits=3)])
 def test_bad_settings_raise_config_error(base_model, samples, bad):
     with pytest.raises(ConfigError):
-        quantize_model(copy.deepcopy(base_model), samples, **{"method": "gptq", "group_size": 32, **bad})
+        settings = EngineSettings(**{"method": "gptq", "group_size": 32, **bad})
+        quantize_model(copy.deepcopy(base_model), samples, settings)
 
 
 def test_keep_pattern_leaves_modules_float(base_model, samples):

@@ -92,12 +92,12 @@ def test_gguf_export_reads_back_exactly_and_reloads_as_the_same_model(
     assert types["blk.0.attn_q.weight"] == qtype and types["blk.0.attn_norm.weight"] == "F32"
     assert types["token_embd.weight"] == "F32"  # not quantized: copied from the source as it was
     # transformers reads the written file back as the model the checks measured.
-    from deploy_opt.llm.checks import perplexity
+    from deploy_opt.llm.checks import PerplexityWindow, perplexity
     from deploy_opt.llm.gguf_model import load_model_folder
     from deploy_opt.llm.text_data import pydoc_texts
 
     reloaded, tokenizer = load_model_folder(path)
-    again = perplexity(reloaded, tokenizer, pydoc_texts("evaluation"), max_seq_len=64, max_tokens=256)
+    again = perplexity(reloaded, tokenizer, pydoc_texts("evaluation"), PerplexityWindow(max_seq_len=64, max_tokens=256))
     assert again["ppl"] == pytest.approx(report["perplexity"]["quantized"]["ppl"], rel=1e-5)
     assert report["serve"]["servable"] is False and report["serve"]["llama_cpp_command"][0] == "llama-server"
     llama = record["llama_cpp"]

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 from deploy_opt.llm.kv_cache import check_engine_policy, fake_quantize, kv_bits, kv_memory, simulated_kv_cache  # noqa: E402
 from deploy_opt.report.gate import apply_ppl_gate  # noqa: E402
+from deploy_opt.report.llm_report import LLMReport  # noqa: E402
 from dopt_common.errors import ConfigError  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def test_the_gate_judges_the_kv_cache_checks() -> None:
             },
         }
 
-    passed = apply_ppl_gate(report(10.6, True), "10%")
+    passed = apply_ppl_gate(LLMReport.from_json(report(10.6, True)), "10%")
     assert passed.passed and [c.name for c in passed.criteria] == [
         "max_ppl_increase",
         "stability",
@@ -102,5 +103,5 @@ def test_the_gate_judges_the_kv_cache_checks() -> None:
         "stability_kv_cache",
     ]
     assert "with the int4 KV cache" in passed.criteria[2].text and "1 excused" in passed.criteria[1].text
-    assert not apply_ppl_gate(report(11.5, True), "10%").passed
-    assert not apply_ppl_gate(report(10.6, False), "10%").passed
+    assert not apply_ppl_gate(LLMReport.from_json(report(11.5, True)), "10%").passed
+    assert not apply_ppl_gate(LLMReport.from_json(report(10.6, False)), "10%").passed

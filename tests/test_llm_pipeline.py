@@ -13,6 +13,7 @@ import tiny_llama
 
 from deploy_opt.llm.config import load_llm_config
 from deploy_opt.llm.pipeline import run_quantize_llm
+from deploy_opt.report.llm_report import LLMReport
 from dopt_common.errors import ConfigError, InputError, OutputError
 
 
@@ -39,7 +40,8 @@ def _config(folder: Path, method: str | None, **quant):
 def test_each_method_writes_a_checked_checkpoint(tiny_folder: Path, tmp_path: Path, method: str) -> None:
     result = run_quantize_llm(_config(tiny_folder, method), tmp_path, progress=False)
     report = json.loads((result.out_dir / "quantize_report.json").read_text())
-    assert report == json.loads(json.dumps(result.report))
+    assert report == json.loads(json.dumps(result.report.to_json()))
+    assert LLMReport.from_json(report).to_json() == report  # the typed record reads back as written
     assert report["format"] == "deploy_opt.llm_quantize/1" and report["method"] == method
     # Per-layer errors for the 7 Linears of each of the 2 layers; embeddings and lm_head kept.
     layers = report["quantization"]["layers"]
@@ -90,7 +92,7 @@ def test_the_default_writes_a_checkpoint_lmdeploy_serves(
     folder = request.getfixturevalue("tiny_folder" if hidden == 64 else "tiny_folder_128")
     config = _config(folder, None)
     assert (config.quantization.method, config.quantization.group_size) == ("auto", "auto")
-    report = run_quantize_llm(config, tmp_path, progress=False).report
+    report = run_quantize_llm(config, tmp_path, progress=False).report.to_json()
     scheme = report["scheme"]
     assert (scheme["method"], scheme["group_size"], scheme["desc_act"]) == (method, group, False)
     assert scheme["requested"]["method"] == "auto" and "method auto" in scheme["reason"]
@@ -104,7 +106,7 @@ def test_the_default_writes_a_checkpoint_lmdeploy_serves(
 @pytest.mark.slow
 def test_an_act_order_gptq_checkpoint_quantizes_but_serve_refuses_it(tiny_folder_128: Path, tmp_path: Path) -> None:
     config = _config(tiny_folder_128, "gptq", group_size=128, desc_act=True)
-    report = run_quantize_llm(config, tmp_path, progress=False).report
+    report = run_quantize_llm(config, tmp_path, progress=False).report.to_json()
     qconfig = json.loads((tmp_path / config.name / "checkpoint" / "config.json").read_text())["quantization_config"]
     assert qconfig["desc_act"] is True and report["serve"]["servable"] is False
     assert "--no-desc-act" in report["serve"]["reason"] and "serve_command" not in report
@@ -140,7 +142,7 @@ def test_evaluation_text_that_is_also_calibration_text_is_refused(tiny_folder: P
 def test_torchao_int8_weight_only_runs_with_the_same_checks(tiny_folder: Path, tmp_path: Path) -> None:
     pytest.importorskip("torchao")
     result = run_quantize_llm(_config(tiny_folder, "torchao-int8-wo"), tmp_path, progress=False)
-    report = result.report
+    report = result.report.to_json()
     assert report["checkpoint"]["format"] == "torchao" and "serve_command" not in report
     assert report["perplexity"]["increase"] < 0.05  # int8 weight-only barely moves a model
     assert report["checkpoint"]["reload"]["max_logit_diff"] < 1e-3
@@ -164,7 +166,7 @@ def test_default_name_kv_checks_and_another_models_folder(tiny_folder: Path, tmp
     }
     result = run_quantize_llm(load_llm_config(None, flags), tmp_path, progress=False)
     assert result.out_dir.name == "model-rtn-g32"  # <model folder>-<method>-g<group>
-    report = result.report
+    report = result.report.to_json()
     kv = report["kv_cache"]
     assert kv["kv_cache"] == "int8" and kv["perplexity"]["kv_bits"] == 8
     quantized_ppl = report["perplexity"]["quantized"]["ppl"]

@@ -13,6 +13,7 @@ import pytest
 from deploy_opt.llm import serve as serve_mod
 from deploy_opt.llm.config import ServeConfig, load_llm_config
 from deploy_opt.report.gate import apply_ppl_gate, parse_increase
+from deploy_opt.report.llm_report import LLMReport  # noqa: E402
 from dopt_common.errors import ConfigError, DeployOptError, InputError, ReportError
 
 
@@ -236,10 +237,10 @@ def test_perplexity_gate() -> None:
     assert parse_increase("5%") == pytest.approx(0.05) and parse_increase(0.05) == 0.05
     with pytest.raises(ReportError, match="'five'"):
         parse_increase("five")
-    assert apply_ppl_gate(_report(10.0, 10.4), "5%").passed
-    failed = apply_ppl_gate(_report(10.0, 10.6), "5%")
+    assert apply_ppl_gate(LLMReport.from_json(_report(10.0, 10.4)), "5%").passed
+    failed = apply_ppl_gate(LLMReport.from_json(_report(10.0, 10.6)), "5%")
     assert not failed.passed and "+6.0%" in failed.criteria[0].text
-    assert not apply_ppl_gate(_report(10.0, 10.1, stable=False), "5%").passed
+    assert not apply_ppl_gate(LLMReport.from_json(_report(10.0, 10.1, stable=False)), "5%").passed
 
 
 def test_gate_command_reads_a_quantize_report(tmp_path: Path) -> None:

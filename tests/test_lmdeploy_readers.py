@@ -170,14 +170,15 @@ def llama(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def checkpoints(llama, tmp_path_factory: pytest.TempPathFactory):
     """(fmt, group, act-order) → (folder, {Linear: QuantizedWeight}, the model holding our dequantized weights)."""
-    from deploy_opt.llm.quantize_engine import quantize_model
+    from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
 
     gen = torch.Generator().manual_seed(0)
     samples = [torch.randint(3, 500, (1, 64), generator=gen) for _ in range(8)]
     made = {}
     for fmt, group, desc_act in (("gptq", 128, False), ("gptq", 64, True), ("awq", 128, False), ("awq", 64, False)):
         model = copy.deepcopy(llama)
-        result = quantize_model(model, samples, method=fmt, group_size=group, desc_act=desc_act, progress=False)
+        settings = EngineSettings(method=fmt, group_size=group, desc_act=desc_act)
+        result = quantize_model(model, samples, settings, progress=False)
         folder = tmp_path_factory.mktemp(f"{fmt}{group}") / "checkpoint"
         write_quantized_checkpoint(model, result.weights, folder, fmt=fmt)
         made[fmt, group, desc_act] = (folder, result.weights, model)
@@ -371,7 +372,7 @@ def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_pat
         "calibration": {"samples": 8, "max_seq_len": 32},
         "checks": {"eval_tokens": 64, "eval_seq_len": 32, "generations": 1, "max_new_tokens": 4},
     }
-    report = run_quantize_llm(load_llm_config(None, flags), tmp_path / "out", progress=False).report
+    report = run_quantize_llm(load_llm_config(None, flags), tmp_path / "out", progress=False).report.to_json()
     assert (report["scheme"]["method"], report["scheme"]["group_size"]) == ("awq", 128)
     assert "MistralForCausalLM is not in TurboMind's list" in report["scheme"]["reason"]
     assert report["serve"]["servable"] and report["serve"]["backend"] == "pytorch"

@@ -16,6 +16,7 @@ import tiny_onnx
 
 from calibrators.activations.histogram import Histogram
 from deploy_opt.analysis.compare import compare_backends, fixed_samples, output_metrics
+from deploy_opt.analysis.comparison import ComparedModels
 from deploy_opt.autotune.candidates import Candidate
 from deploy_opt.autotune.trials import AutoSearch, Trial
 from deploy_opt.config.build import CompareConfig
@@ -185,10 +186,8 @@ def test_the_report_names_what_shipped_from_build_json_settings() -> None:
 def test_a_cosine_build_reports_no_top1_agreement(tiny_model: Path, tmp_path: Path) -> None:
     batches = [Batch(inputs, label) for inputs, label in tiny_onnx.evaluation()]
     samples = fixed_samples(batches, 16, 0)
-    record = compare_backends(
-        tiny_model, tiny_model, samples, tmp_path, config=CompareConfig(), seed=0, judge_top1=False
-    )
-    outputs = [o for b in record["backends"].values() for o in (b.get("outputs") or {}).values()]
+    record = compare_backends(ComparedModels(tiny_model, tiny_model), samples, tmp_path, config=CompareConfig(), seed=0)
+    outputs = [o for b in record.backends.values() for o in (b.outputs or {}).values()]
     assert outputs and all("top1_agreement" not in o for o in outputs)
     scores = np.random.default_rng(0).normal(size=(8, 4))
     assert output_metrics(scores, scores)["top1_agreement"] == 1.0  # class scores keep it

@@ -62,6 +62,7 @@ def test_a_real_divergence_still_shows_in_words(fused_build: Path, tmp_path: Pat
     record = json.loads((folder / "compare.json").read_text())
     record |= {
         "verdict": "fail",
+        "failures": ["layer 'h2' (node 'fc2') diverges: quantization"],
         "first_divergence": {
             "tensor": "h2",
             "node": "fc2",

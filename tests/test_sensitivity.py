@@ -12,6 +12,7 @@ import pytest
 from conftest import fragile_config, unmeetable_gate
 
 from deploy_opt.analysis.sensitivity.fallback import head_nodes
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.analysis.sensitivity.variants import all_roles, make_variant, quantized_nodes
 from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import ConfigError
@@ -30,6 +31,7 @@ def test_the_fragile_layer_ranks_first(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "keep_head: false", "sensitivity: {enabled: true, mode: exhaustive}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     record = json.loads((result.out_dir / "sensitivity.json").read_text())
+    assert SensitivityRecord.from_json(record).to_json() == record  # the typed record reads back as written
     nodes = {n["name"]: n for n in record["nodes"]}
     assert set(nodes) == {"fc1", "fc2", "fc3"} and all(n["exact"] for n in nodes.values())
     assert nodes["fc2"]["rank"] == 1

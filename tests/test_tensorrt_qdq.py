@@ -7,7 +7,9 @@ CPU and TensorRT keeps ORT's form in model.int8.onnx and writes model.trt.onnx b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +21,7 @@ from onnx import numpy_helper
 from calibrators.scales.format import load_scale_file
 from deploy_opt.analysis.align import verify_alignment
 from deploy_opt.analysis.compat import check_compat
+from deploy_opt.analysis.compat_report import CompatReport
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.pipeline.build import run_build
 from exporters.ort.qdq import compare_scales, read_qdq_scales
@@ -42,8 +45,8 @@ def _zero_points(model: onnx.ModelProto) -> list[np.ndarray]:
     return [numpy_helper.to_array(inits[n.input[2]]) for n in qdq if len(n.input) > 2 and n.input[2]]
 
 
-def _tensorrt_fails(report: dict) -> list[dict]:
-    return [f for f in report["flagged"] if f["target"] == "tensorrt" and f["status"] == "fail"]
+def _tensorrt_fails(report: CompatReport) -> list[Mapping[str, Any]]:
+    return [f for f in report.flagged if f["target"] == "tensorrt" and f["status"] == "fail"]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import dataclasses
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,15 @@ import numpy as np
 import onnx
 
 from deploy_opt.analysis.compare_layers import compare_layers
+from deploy_opt.analysis.comparison import (
+    FORMAT,
+    SAMPLES_FILE,
+    BackendVerdict,
+    ComparedModels,
+    Comparison,
+    ComparisonSamples,
+    Runner,
+)
 from deploy_opt.config.build import CompareConfig
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
 from deploy_opt.evaluation.numerics import json_db, power_db
@@ -31,11 +40,17 @@ from dopt_common.files import atomic_path, sha256_file, write_json
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
-FORMAT = "deploy_opt.analysis.compare/1"
-SAMPLES_FILE = "compare_samples.npz"
-Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
-__all__ = ["FORMAT", "SAMPLES_FILE", "CompareConfig", "compare_backends", "fixed_samples", "write_comparison"]
+__all__ = [
+    "FORMAT",
+    "SAMPLES_FILE",
+    "CompareConfig",
+    "ComparedModels",
+    "Comparison",
+    "compare_backends",
+    "fixed_samples",
+    "write_comparison",
+]
 
 
 def fixed_samples(batches: Iterable[Batch], count: int, seed: int) -> dict[str, np.ndarray]:
@@ -73,73 +88,63 @@ def _stack(rows: list[np.ndarray], name: str) -> np.ndarray:
 
 
 def compare_backends(
-    fp32_path: str | Path,
-    int8_path: str | Path,
+    models: ComparedModels,
     samples: dict[str, np.ndarray],
     out_dir: str | Path,
     *,
     config: CompareConfig,
     seed: int | None = None,
-    torch_model: Any = None,
-    extra_runners: Mapping[str, Runner] = {},
-    threads: int | None = None,
-    judge_top1: bool = False,
-) -> dict[str, Any]:
-    """Run ``samples`` on every available backend and per layer; write compare.json and return its record.
-
-    ``extra_runners`` map a backend name to a function ``feed -> outputs``; a name containing ``fp32`` gets the
-    FP32 tolerances, any other name the INT8 ones. Top-1 agreement is reported and judged only with ``judge_top1``
-    (outputs that are class scores; an embedding's argmax means nothing).
-    """
+) -> Comparison:
+    """Run ``samples`` on every available backend and per layer; write compare.json and return its record."""
     started = time.perf_counter()
-    fp32_path, int8_path = Path(fp32_path), Path(int8_path)
+    fp32_path, int8_path = Path(models.fp32_path), Path(models.int8_path)
     graph = onnx.load(str(fp32_path), load_external_data=False).graph
     output_names = [o.name for o in graph.output]
     batch_size = _fixed_batch(graph) or config.batch_size
     total = len(next(iter(samples.values())))
     keep = max(total - total % batch_size, min(total, batch_size))  # whole batches for a fixed batch size
     samples = {k: v[:keep] for k, v in samples.items()}
-    runners = _runners(fp32_path, int8_path, torch_model, extra_runners, threads)
-    reference = "torch_fp32" if torch_model is not None else "ort_fp32_cpu"
+    runners = _runners(fp32_path, int8_path, models.torch_model, models.extra_runners, models.threads)
+    reference = "torch_fp32" if models.torch_model is not None else "ort_fp32_cpu"
     outputs: dict[str, list[np.ndarray]] = {}
-    backends: dict[str, dict[str, Any]] = {}
+    backends: dict[str, BackendVerdict] = {}
     for name, runner in runners.items():
-        precision = precision_of(name)
         if isinstance(runner, str):
-            backends[name] = {"status": runner, "precision": precision, "pass": None}
+            backends[name] = BackendVerdict(runner, precision_of(name), None)
             continue
         try:
             outputs[name] = _run(runner, samples, batch_size)
-            backends[name] = {"status": "ran", "precision": precision}
         except Exception as exc:  # a backend that breaks on the samples is a finding, not a crash
-            first = one_line(exc)
-            backends[name] = {"status": f"failed: {type(exc).__name__}: {first}", "precision": precision, "pass": False}
+            status = f"failed: {type(exc).__name__}: {one_line(exc)}"
+            backends[name] = BackendVerdict(status, precision_of(name), False)
     if reference not in outputs:
-        raise InputError(f"the reference backend {reference} could not run: {backends[reference]['status']}")
+        raise InputError(f"the reference backend {reference} could not run: {backends[reference].status}")
     for name, outs in outputs.items():
-        is_reference = name == reference
-        backends[name] |= _judge(is_reference, outputs[reference], outs, output_names, config, name, judge_top1)
-    layers = compare_layers(fp32_path, int8_path, samples, dataclasses.replace(config, batch_size=batch_size), threads)
-    failures = [f"{name}: {'; '.join(b['failures'])}" for name, b in backends.items() if b.get("failures")]
-    failures += [f"{name}: {b['status']}" for name, b in backends.items() if b["status"].startswith("failed")]
+        backends[name] = _judge(
+            name == reference, outputs[reference], outs, output_names, config, name, models.judge_top1
+        )
+    backends = {name: backends[name] for name in runners}  # in the runners' order
+    layers = compare_layers(
+        fp32_path, int8_path, samples, dataclasses.replace(config, batch_size=batch_size), models.threads
+    )
+    failures = [f"{name}: {'; '.join(b.failures)}" for name, b in backends.items() if b.failures]
+    failures += [f"{name}: {b.status}" for name, b in backends.items() if b.status.startswith("failed")]
     first = layers["first_divergence"]
     if first:
         failures.append(f"layer '{first['tensor']}' (node '{first['node']}') diverges: {first['reason']}")
-    record = {
-        "format": FORMAT,
-        "seed": seed,
-        "reference": reference,
-        "outputs": output_names,
-        "backends": backends,
-        "layer_status": layers["status"],
-        "layer_criterion": layers["criterion"],
-        "first_divergence": first,
-        "layers": layers["layers"],
-        "tolerances": {k: v for k, v in vars(config).items() if k not in ("enabled", "samples", "seed", "batch_size")},
-        "verdict": "fail" if failures else "pass",
-        "failures": failures,
-        "timings_s": round(time.perf_counter() - started, 2),
-    }
+    record = Comparison(
+        seed=seed,
+        reference=reference,
+        outputs=tuple(output_names),
+        backends=backends,
+        layer_status=layers["status"],
+        layer_criterion=layers["criterion"],
+        first_divergence=first,
+        layers=tuple(layers["layers"]),
+        tolerances={k: v for k, v in vars(config).items() if k not in ("enabled", "samples", "seed", "batch_size")},
+        failures=tuple(failures),
+        timings_s=round(time.perf_counter() - started, 2),
+    )
     return write_comparison(out_dir, record, samples)
 
 
@@ -148,23 +153,22 @@ def precision_of(name: str) -> str:
     return "fp32" if "fp32" in name else "int8"
 
 
-def write_comparison(out_dir: str | Path, record: dict[str, Any], samples: dict[str, np.ndarray]) -> dict[str, Any]:
+def write_comparison(out_dir: str | Path, record: Comparison, samples: dict[str, np.ndarray]) -> Comparison:
     """Write compare_samples.npz and compare.json (atomically) into ``out_dir``; return the record as written."""
     folder = Path(out_dir)
     with atomic_path(folder / SAMPLES_FILE) as tmp, open(tmp, "wb") as handle:
         np.savez(handle, **samples)
-    record = {
-        "format": record.get("format", FORMAT),
-        "samples": {
-            "file": SAMPLES_FILE,
-            "sha256": sha256_file(folder / SAMPLES_FILE),
-            "count": int(next(iter(samples.values())).shape[0]),
-            "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in samples.items()},
-        },
-        **{k: v for k, v in record.items() if k != "format"},
-    }
-    write_json(folder / "compare.json", record)
-    log.info("compare.json: %s (%s)", record.get("verdict"), "; ".join(record.get("failures", [])) or "all within")
+    record = dataclasses.replace(
+        record,
+        samples=ComparisonSamples(
+            file=SAMPLES_FILE,
+            sha256=sha256_file(folder / SAMPLES_FILE),
+            count=int(next(iter(samples.values())).shape[0]),
+            inputs={k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in samples.items()},
+        ),
+    )
+    write_json(folder / "compare.json", record.to_json())
+    log.info("compare.json: %s (%s)", record.verdict, "; ".join(record.failures) or "all within")
     return record
 
 
@@ -231,13 +235,15 @@ def _judge(
     config: CompareConfig,
     backend: str,
     judge_top1: bool,
-) -> dict[str, Any]:
+) -> BackendVerdict:
     """Per-output metrics against the reference and the backend's pass/fail."""
     precision = precision_of(backend)
     if is_reference:
-        return {"reference": True, "pass": True}
+        return BackendVerdict("ran", precision, True, reference=True)
     if len(outputs) != len(reference):
-        return {"pass": False, "failures": [f"{len(outputs)} outputs, the reference has {len(reference)}"]}
+        return BackendVerdict(
+            "ran", precision, False, failures=(f"{len(outputs)} outputs, the reference has {len(reference)}",)
+        )
     if len(names) != len(reference):
         names = [str(i) for i in range(len(reference))]
     metrics = {
@@ -257,7 +263,7 @@ def _judge(
             failures.append(f"{name}: cosine {m['cosine']:.5f} < {min_cos}")
         if judge_top1 and m["top1_agreement"] is not None and m["top1_agreement"] < config.min_top1_agreement:
             failures.append(f"{name}: top-1 agreement {m['top1_agreement']:.3f} < {config.min_top1_agreement}")
-    return {"outputs": metrics, "pass": not failures, "failures": failures}
+    return BackendVerdict("ran", precision, not failures, outputs=metrics, failures=tuple(failures))
 
 
 def output_metrics(reference: np.ndarray, test: np.ndarray, class_scores: bool = True) -> dict[str, Any]:

@@ -21,13 +21,13 @@ from google.protobuf.message import DecodeError
 from onnx import defs, shape_inference
 
 from deploy_opt.analysis import compat_data as data
+from deploy_opt.analysis.compat_report import CompatReport
 from deploy_opt.analysis.trt_qdq import qdq_problem
 from deploy_opt.analysis.trt_restrictions import NodeFacts, check_restrictions
 from dopt_common.errors import ConfigError, ModelError, ReportError
 
 log = logging.getLogger(__name__)
 
-FORMAT = "deploy_opt.analysis.compat/1"
 TARGETS = ("ort-cpu", "ort-cuda", "tensorrt")
 STATUSES = ("ok", "fallback", "fail")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -52,8 +52,8 @@ class _Graph:
 
 def check_compat(
     model: str | Path | onnx.ModelProto, targets: Sequence[str] = ("ort-cpu",), *, tensorrt_version: str | None = None
-) -> dict[str, Any]:
-    """The compat.json document for ``model``: one row per node (graph order) and the nodes flagged on ``targets``.
+) -> CompatReport:
+    """The compatibility report for ``model``: one row per node (graph order) and the nodes flagged on ``targets``.
 
     ``tensorrt_version`` picks the table version the "tensorrt" target is judged against (default: the installed
     TensorRT's, else the newest in the table).
@@ -81,16 +81,15 @@ def check_compat(
     parser = {"ran": False, "reason": "tensorrt is not a target"}
     if "tensorrt" in wanted:
         parser = _confirm_with_tensorrt(proto, path, rows)
-    return {
-        "format": FORMAT,
-        "model": {
+    return CompatReport(
+        model={
             "name": path.name if path else (proto.graph.name or "model"),
             "path": str(path) if path else None,
             "nodes": len(rows),
             "opsets": {data.shown_domain(d): v for d, v in graph.opsets.items()},
         },
-        "targets": list(wanted),
-        "sources": {
+        targets=tuple(wanted),
+        sources={
             "opset": f"onnx {onnx.__version__}: get_schema(op, max_inclusive_version=model opset, domain)",
             "ort_cpu": cpu.source,
             "ort_cuda": graph.cuda.source,
@@ -101,18 +100,18 @@ def check_compat(
             "min_ort": "deploy_opt/data/ort_opset_support.csv: ORT release -> opset (ORT's compatibility page)",
             "shape_inference": inference,
         },
-        "warnings": _model_warnings(graph),
-        "tensorrt_parser": parser,
-        "summary": {t: {s: sum(r["status"][t] == s for r in rows) for s in STATUSES} for t in TARGETS},
-        "flagged": [
+        warnings=tuple(_model_warnings(graph)),
+        tensorrt_parser=parser,
+        summary={t: {s: sum(r["status"][t] == s for r in rows) for s in STATUSES} for t in TARGETS},
+        flagged=tuple(
             {"index": r["index"], "name": r["name"], "op_type": r["op_type"], "target": t}
             | {"status": r["status"][t], "reason": r["reasons"].get(t, "")}
             for r in rows
             for t in wanted
             if r["status"][t] != "ok"
-        ],
-        "nodes": rows,
-    }
+        ),
+        nodes=tuple(rows),
+    )
 
 
 def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:

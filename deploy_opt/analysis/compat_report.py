@@ -1,37 +1,85 @@
-"""compat.md and compat.json: the compatibility report rendered for a person and written for tools."""
+"""compat.md and compat.json: the compatibility report as a typed record, rendered for a person, written for tools."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy_opt.analysis import compat_data as data
+from dopt_common.errors import ReportError
 from dopt_common.files import write_json, write_text
 
+FORMAT = "deploy_opt.analysis.compat/1"
 
-def render_compat_markdown(report: dict[str, Any]) -> str:
+
+@dataclass(frozen=True)
+class CompatReport:
+    """One model's compatibility on each target: a row per node, the flagged ones, counts and sources.
+
+    ``nodes`` and ``flagged`` keep compat.json's row layout (index, name, op_type, status and reasons per target,
+    kernels, TensorRT cells); ``summary`` counts ok / fallback / fail per target.
+    """
+
+    model: Mapping[str, Any]  # name, path, nodes, opsets
+    targets: tuple[str, ...]
+    sources: Mapping[str, Any]
+    warnings: tuple[str, ...]
+    tensorrt_parser: Mapping[str, Any]
+    summary: Mapping[str, Mapping[str, int]]
+    flagged: tuple[Mapping[str, Any], ...]
+    nodes: tuple[Mapping[str, Any], ...]
+    format: str = FORMAT
+
+    def counts(self) -> dict[str, Any]:
+        """The summary and the flagged count, for build.json."""
+        return {"summary": {t: dict(c) for t, c in self.summary.items()}, "flagged": len(self.flagged)}
+
+    def to_json(self) -> dict[str, Any]:
+        """compat.json as written."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.loads(json.dumps({"format": self.format, **fields}, default=list))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CompatReport:
+        """Read compat.json; another format or a missing field is a ReportError naming it."""
+        if data.get("format") != FORMAT:
+            raise ReportError(f"compat.json has format {data.get('format')!r}; this deploy_opt reads {FORMAT!r}")
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+        if missing:
+            raise ReportError(f"compat.json has no {missing}; run compat again to write it")
+        tuples = {"targets", "warnings", "flagged", "nodes"}
+        return cls(
+            **{f.name: tuple(data[f.name]) if f.name in tuples else data[f.name] for f in dataclasses.fields(cls)}
+        )
+
+
+def render_compat_markdown(report: CompatReport) -> str:
     """compat.md: summary per target, flagged nodes, a table per op type, then one row per node."""
-    targets, rows = report["targets"], report["nodes"]
+    targets, rows = report.targets, report.nodes
     versions = list(rows[0]["tensorrt"]) if rows else [v.version for v in data.tensorrt_versions()]
-    opsets = ", ".join(f"{d} {v}" for d, v in report["model"]["opsets"].items())
+    opsets = ", ".join(f"{d} {v}" for d, v in report.model["opsets"].items())
     lines = [
-        f"# Compatibility: {report['model']['name']}",
+        f"# Compatibility: {report.model['name']}",
         "",
-        f"{report['model']['nodes']} nodes; opsets: {opsets}; targets: {', '.join(targets)} "
-        f"(tensorrt judged as {report['sources']['tensorrt_target']['version']}).",
+        f"{report.model['nodes']} nodes; opsets: {opsets}; targets: {', '.join(targets)} "
+        f"(tensorrt judged as {report.sources['tensorrt_target']['version']}).",
         "",
-        *[f"- {name}: {_source_text(value)}" for name, value in report["sources"].items()],
-        *[f"- warning: {w}" for w in report["warnings"]],
+        *[f"- {name}: {_source_text(value)}" for name, value in report.sources.items()],
+        *[f"- warning: {w}" for w in report.warnings],
         "",
         "| target | ok | fallback | fail |",
         "|---|---|---|---|",
-        *[f"| {t} | {c['ok']} | {c['fallback']} | {c['fail']} |" for t, c in report["summary"].items() if t in targets],
+        *[f"| {t} | {c['ok']} | {c['fallback']} | {c['fail']} |" for t, c in report.summary.items() if t in targets],
     ]
-    if report["flagged"]:
+    if report.flagged:
         lines += ["", "## Flagged nodes", "", "| # | node | op | target | status | why |", "|---|---|---|---|---|---|"]
         lines += [
             f"| {f['index']} | {_md(f['name'])} | {f['op_type']} | {f['target']} | {f['status']} | {_md(f['reason'])} |"
-            for f in report["flagged"]
+            for f in report.flagged
         ]
     columns = ["ORT CPU", "ORT CUDA", "INT8 CPU", *[f"TRT {v}" for v in versions], "min opset", "min ORT", "min TRT"]
     by_op: dict[tuple[str, str, Any], list[dict[str, Any]]] = {}
@@ -83,7 +131,8 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def write_compat(report: dict[str, Any], out_dir: str | Path, *, name: str = "compat") -> tuple[Path, Path]:
+def write_compat(report: CompatReport, out_dir: str | Path, *, name: str = "compat") -> tuple[Path, Path]:
     """Write ``<name>.json`` and ``<name>.md`` into ``out_dir`` atomically; their paths."""
     out = Path(out_dir)
-    return write_json(out / f"{name}.json", report), write_text(out / f"{name}.md", render_compat_markdown(report))
+    json_path = write_json(out / f"{name}.json", report.to_json())
+    return json_path, write_text(out / f"{name}.md", render_compat_markdown(report))

@@ -48,7 +48,7 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     op_types = base.candidate.op_types(config.quantization.op_types)
     record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
     order = [group[0] for group in sensitivity_order(record, "node") if group[0] not in base.candidate.excluded]
-    predicted = {n["name"]: n["proxy"].get("predicted_drop") for n in record["nodes"]}
+    predicted = {n.name: n.proxy.get("predicted_drop") for n in record.nodes}
     source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
 
     def attempt(count: int) -> Trial:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.build.runtime import Runtimes
 from deploy_opt.build.splits import EvaluationSplit
 from deploy_opt.build.verify import Backends
@@ -151,7 +153,7 @@ class SensitivitySummary:
     """The top of the sensitivity ranking for build.json; the whole analysis is in sensitivity.json."""
 
     mode: str
-    metric: str
+    metric: dict[str, Any]  # the subset metric: name, higher_is_better, fp32, int8, subset_samples
     timings_s: dict[str, float]
     top: tuple[dict[str, Any], ...]  # rank, name, op_type, drop_both, proxy of the ten most sensitive nodes
     files: tuple[str, ...] = ("sensitivity.json", "sensitivity.png", "sensitivity.html")
@@ -166,14 +168,17 @@ class SensitivitySummary:
         }
 
 
-def sensitivity_summary(record: dict[str, Any] | None) -> SensitivitySummary | None:
+def sensitivity_summary(record: SensitivityRecord | None) -> SensitivitySummary | None:
     """The ten most sensitive nodes of the analysis (None when it did not run)."""
     if record is None:
         return None
-    top = sorted(record["nodes"], key=lambda n: n["rank"])[:10]
+    top = record.ranked()[:10]
     return SensitivitySummary(
-        mode=record["mode"],
-        metric=record["metric"],
-        timings_s=record["timings_s"],
-        top=tuple({k: n[k] for k in ("rank", "name", "op_type", "drop_both", "proxy")} for n in top),
+        mode=record.mode,
+        metric=dataclasses.asdict(record.metric),
+        timings_s=dict(record.timings_s),
+        top=tuple(
+            {"rank": n.rank, "name": n.name, "op_type": n.op_type, "drop_both": n.drop_both, "proxy": dict(n.proxy)}
+            for n in top
+        ),
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from deploy_opt.analysis.align import AlignReport, verify_alignment
 from deploy_opt.analysis.compare import compare_backends, fixed_samples
+from deploy_opt.analysis.comparison import ComparedModels, Comparison
 from deploy_opt.analysis.compat import check_compat
 from deploy_opt.analysis.compat_report import write_compat
 from deploy_opt.build.backends import write_backend_artifacts
@@ -22,20 +23,12 @@ from deploy_opt.evaluation.sources import Batch
 class Verification:
     """The cross-backend comparison (None when disabled) and the align verify verdict."""
 
-    comparison: dict[str, Any] | None
+    comparison: Comparison | None
     alignment: AlignReport
 
     def comparison_summary(self) -> dict[str, Any] | None:
         """The verdict and first divergence for build.json; the whole comparison is in compare.json."""
-        record = self.comparison
-        if record is None:
-            return None
-        return {
-            "file": "compare.json",
-            "verdict": record.get("verdict"),
-            "first_divergence": record.get("first_divergence"),
-            "backends": {name: b.get("status") for name, b in (record.get("backends") or {}).items()},
-        }
+        return None if self.comparison is None else self.comparison.summary()
 
     def alignment_summary(self) -> dict[str, Any]:
         """The align verify verdict and one line per artifact, for build.json."""
@@ -76,7 +69,7 @@ def write_backends(
     for name, model, judged in reports:
         report = check_compat(model, judged)
         write_compat(report, stage, name=name)
-        compat[name] = {"summary": report.get("summary"), "flagged": len(report.get("flagged") or [])}
+        compat[name] = report.counts()
     return Backends(artifacts, compat)
 
 
@@ -100,15 +93,7 @@ def compare_and_align(
                 from exporters.tensorrt.runner import engine_runner
 
                 extra["tensorrt_int8"] = stack.enter_context(engine_runner(stage / "model.engine"))
-            comparison = compare_backends(
-                *models,
-                fixed_samples(list(samples), compare.samples, seed),
-                stage,
-                config=compare,
-                seed=seed,
-                torch_model=torch_model,
-                extra_runners=extra,
-                threads=threads,
-                judge_top1=judge_top1,
-            )
+            compared = ComparedModels(*models, torch_model, extra, threads, judge_top1)
+            samples_ = fixed_samples(list(samples), compare.samples, seed)
+            comparison = compare_backends(compared, samples_, stage, config=compare, seed=seed)
     return Verification(comparison, verify_alignment(stage))

@@ -64,7 +64,7 @@ def cmd_compat(args: argparse.Namespace) -> int:
         raise DeployOptError(f"compat --targets: unknown {unknown}; use ort-cpu, ort-cuda, tensorrt")
     report = check_compat(args.model, targets)
     json_path, md_path = write_compat(report, args.output_dir)
-    for target, counts in (report.get("summary") or {}).items():
-        print(f"{target}: {counts}")
+    for target, counts in report.summary.items():
+        print(f"{target}: {dict(counts)}")
     print(f"report: {md_path} ({json_path.name})")
     return 0

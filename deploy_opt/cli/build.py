@@ -54,22 +54,18 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
         overrides.append(f"sensitivity.mode={args.mode}")
     config, profile = load_build_config(args.config or args.config_flag, args.profile, overrides)
     run = publish_sensitivity(config, profile, args.output_dir, progress=not args.quiet)
-    record, build = run.record, run.record["build"]
-    metric = record["metric"]
+    record, build, metric = run.record, run.record.build or {}, run.record.metric
     print(
-        f"sensitivity of {config.name} ({record['mode']}): {metric['name']} FP32 {build['ort_fp32']:.3f} → INT8 "
+        f"sensitivity of {config.name} ({record.mode}): {metric.name} FP32 {build['ort_fp32']:.3f} → INT8 "
         f"{build['ort_int8']:.3f} on the build's {build['samples']} evaluation samples"
     )
     print(
-        f"  on the subset of {metric['subset_samples']} samples: FP32 {metric['fp32']:.3f} → INT8 "
-        f"{metric['int8']:.3f}; {record['resolution']['text']}"
+        f"  on the subset of {metric.subset_samples} samples: FP32 {metric.fp32:.3f} → INT8 "
+        f"{metric.int8:.3f}; {(record.resolution or {}).get('text', '')}"
     )
-    for node in sorted(record["nodes"], key=lambda n: n["rank"])[:10]:
-        drop = "n/a" if node["drop_both"] is None else f"{node['drop_both']:.3f}"
-        print(
-            f"  {node['rank']:>3}. {node['name']} ({node['op_type']}): drop {drop}, "
-            f"proxy SQNR {proxy_key(node['proxy']):.1f} dB"
-        )
+    for node in record.ranked()[:10]:
+        drop = "n/a" if node.drop_both is None else f"{node.drop_both:.3f}"
+        print(f"  {node.rank:>3}. {node.name} ({node.op_type}): drop {drop}, proxy SQNR {proxy_key(node.proxy):.1f} dB")
     print(f"report: {run.out_dir}/sensitivity.html")
     return 0
 

@@ -16,16 +16,16 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile).sections if args.profile else None
     config = load_llm_config(args.config or args.config_flag, flags_to_mapping(args), profile)
     result = run_quantize_llm(config, args.output_dir, progress=not args.quiet)
-    ppl = result.report["perplexity"]
+    report = result.report
+    ppl = report.perplexity
     print(
-        f"quantized {config.model.path} with {result.report['method']} → {result.out_dir}/: perplexity "
-        f"{ppl['original']['ppl']:.3f} → {ppl['quantized']['ppl']:.3f} ({ppl['increase']:+.1%}), "
-        f"stability {'ok' if result.report['stability']['ok'] else 'FLAGGED'}"
+        f"quantized {config.model.path} with {report.method} → {result.out_dir}/: perplexity "
+        f"{ppl.before:.3f} → {ppl.after:.3f} ({ppl.increase:+.1%}), stability {'ok' if report.stable else 'FLAGGED'}"
     )
-    print(f"  scheme: {result.report['scheme']['reason']}")
+    print(f"  scheme: {(report.scheme or {}).get('reason', '')}")
     for line in result.gate.lines():
         print(f"  {line}")
-    serve = result.report.get("serve") or {}
+    serve = report.serve or {}
     if serve.get("servable"):
         print(f"  serve: {' '.join(serve['command'])}")
     elif serve:

@@ -9,6 +9,7 @@ from dopt_common.errors import DeployOptError, ReportError
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from deploy_opt.report.gate import apply_gate, apply_ppl_gate, load_build, write_junit
+    from deploy_opt.report.llm_report import LLMReport
     from deploy_opt.report.outcome import gate_settings
     from deploy_opt.report.trust import trust_criteria, with_criterion
 
@@ -17,11 +18,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
         limit = args.max_ppl_increase or gate_settings(build).max_ppl_increase
         if limit is None:
             raise DeployOptError("gate: no criterion to check; pass --max-ppl-increase, e.g. 5%")
-        result = apply_ppl_gate(build, limit)
+        report = LLMReport.from_json(build)
+        result = apply_ppl_gate(report, limit)
         for line in result.lines():
             print(line)
         if args.junit:
-            write_junit(result, args.junit, build.get("name", "quantize-llm"))
+            write_junit(result, args.junit, report.name)
         return 0 if result.passed else 1
     configured = gate_settings(build)
     max_drop = args.max_drop if args.max_drop is not None else configured.max_drop

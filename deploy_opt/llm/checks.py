@@ -14,6 +14,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deploy_opt.llm.text_data import DOC_SEPARATOR, TextDoc, pydoc_texts
@@ -53,22 +54,49 @@ def _progress(iterable: Any, enabled: bool, desc: str) -> Any:
     return tqdm(iterable, desc=desc, leave=False, disable=None)
 
 
+@dataclass(frozen=True)
+class PerplexityWindow:
+    """How perplexity is measured: the last ``max_tokens`` tokens in windows of ``max_seq_len`` every ``stride``.
+
+    ``kv_bits`` (8 or 4) simulates lmdeploy's quantized KV cache (``kv_cache.simulated_kv_cache``)."""
+
+    max_seq_len: int = 512
+    stride: int | None = None  # None: max_seq_len (disjoint windows)
+    max_tokens: int | None = 4096
+    progress: bool = False
+    kv_bits: int | None = None
+
+
+@dataclass(frozen=True)
+class StabilitySettings:
+    """The stability run: how many generations, how long, with what seed, and the KV cache simulated or not.
+
+    ``filler``: the text that fills the last run's context up to ``max_seq_len`` (default: pydoc calibration
+    text); ``chat`` None: use the tokenizer's chat template when it has one."""
+
+    generations: int = 8
+    max_new_tokens: int = 64
+    max_seq_len: int = 512
+    seed: int = 0
+    filler: str | None = None
+    chat: bool | None = None
+    progress: bool = False
+    kv_bits: int | None = None
+
+
 def perplexity(
     model: Any,
     tokenizer: Any,
     docs_or_text: str | Sequence[TextDoc | str],
-    max_seq_len: int = 512,
-    stride: int | None = None,
-    max_tokens: int | None = 4096,
-    progress: bool = False,
-    kv_bits: int | None = None,
+    window: PerplexityWindow = PerplexityWindow(),
 ) -> dict[str, Any]:
-    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32.
-
-    ``kv_bits`` (8 or 4) simulates lmdeploy's quantized KV cache (``kv_cache.simulated_kv_cache``)."""
+    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32."""
     import torch
 
     from deploy_opt.llm.kv_cache import simulated_kv_cache
+
+    max_seq_len, stride, max_tokens = window.max_seq_len, window.stride, window.max_tokens
+    progress, kv_bits = window.progress, window.kv_bits
 
     _positive_int("max_seq_len", max_seq_len, 2)
     stride = max_seq_len if stride is None else _positive_int("stride", stride)
@@ -88,9 +116,9 @@ def perplexity(
     with torch.no_grad(), simulated_kv_cache(kv_bits):
         for begin in _progress(starts, progress, "perplexity"):
             end = min(begin + max_seq_len, len(ids))
-            window = torch.tensor([ids[begin:end]], dtype=torch.long)
-            logits = model(input_ids=window, use_cache=kv_bits is not None).logits[0, :-1].float()
-            token_nll = -torch.log_softmax(logits, dim=-1).gather(1, window[0, 1:, None])[:, 0]
+            chunk = torch.tensor([ids[begin:end]], dtype=torch.long)
+            logits = model(input_ids=chunk, use_cache=kv_bits is not None).logits[0, :-1].float()
+            token_nll = -torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
             fresh = token_nll[-min(end - prev_end, token_nll.numel()) :]
             if not torch.isfinite(fresh).all():
                 raise NumericsError(
@@ -201,23 +229,21 @@ def _judge(new: list[int], eos: Any, finite: bool, error: str) -> tuple[list[str
 
 
 def stability_run(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[TextDoc | str],
-    *,
-    generations: int = 8,
-    max_new_tokens: int = 64,
-    max_seq_len: int = 512,
-    seed: int = 0,
-    filler: str | None = None,
-    chat: bool | None = None,
-    progress: bool = False,
-    kv_bits: int | None = None,
+    model: Any, tokenizer: Any, prompts: Sequence[TextDoc | str], settings: StabilitySettings = StabilitySettings()
 ) -> dict[str, Any]:
     """Greedy and sampled generations; flags NaN/Inf logits and degenerate repetition. The last one fills the
-    context with real text (``filler``, default pydoc calibration text) so positions up to max_seq_len run.
-    ``kv_bits`` (8 or 4) runs it all with lmdeploy's quantized KV cache simulated."""
+    context with real text (``settings.filler``) so positions up to max_seq_len run. ``settings.kv_bits`` (8 or 4)
+    runs it all with lmdeploy's quantized KV cache simulated."""
     from deploy_opt.llm.kv_cache import simulated_kv_cache
+
+    generations, max_new_tokens, max_seq_len = settings.generations, settings.max_new_tokens, settings.max_seq_len
+    seed, filler, chat, progress, kv_bits = (
+        settings.seed,
+        settings.filler,
+        settings.chat,
+        settings.progress,
+        settings.kv_bits,
+    )
 
     _positive_int("generations", generations)
     _positive_int("max_new_tokens", max_new_tokens)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
 from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate
+from deploy_opt.report.llm_report import LLMReport, PerplexityChange
 from deploy_opt.report.record import versions
 from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.files import ensure_writable_dir, write_json
@@ -25,7 +25,6 @@ from dopt_common.names import run_dir
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
 log = logging.getLogger(__name__)
-REPORT_FORMAT = "deploy_opt.llm_quantize/1"
 PACKAGES = ("deploy_opt", "torch", "transformers", "torchao", "gguf", "tokenizers", "safetensors")
 CHECK_PROMPT = "What is the capital of France? Answer in one word."
 
@@ -35,7 +34,7 @@ class LLMResult:
     """Where the run landed, its report and its gate verdict."""
 
     out_dir: Path
-    report: dict[str, Any]
+    report: LLMReport
     gate: GateResult
 
 
@@ -113,109 +112,83 @@ def refuse_other_model(out_dir: Path, source: Path) -> None:
 
 def _run(
     config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path, progress: bool
-) -> tuple[dict[str, Any], GateResult]:
-    from deploy_opt.llm.checks import perplexity, stability_run
+) -> tuple[LLMReport, GateResult]:
+    from deploy_opt.llm.checks import PerplexityWindow, StabilitySettings, perplexity, stability_run
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
     cal, checks = config.calibration, config.checks
     model, tokenizer, scheme = loaded.model, loaded.tokenizer, loaded.scheme
     evaluation_docs, selection, source = loaded.evaluation_docs, loaded.selection, loaded.source
 
-    stability_kwargs = {
-        "generations": checks.generations,
-        "max_new_tokens": checks.max_new_tokens,
-        "max_seq_len": cal.max_seq_len,
-        "seed": config.seed,
-        "progress": progress,
-    }
+    settings = StabilitySettings(
+        generations=checks.generations,
+        max_new_tokens=checks.max_new_tokens,
+        max_seq_len=cal.max_seq_len,
+        seed=config.seed,
+        progress=progress,
+    )
+    window = PerplexityWindow(max_seq_len=checks.eval_seq_len, max_tokens=checks.eval_tokens, progress=progress)
     with times.stage("perplexity_original"):
-        ppl_kwargs = {"max_seq_len": checks.eval_seq_len, "max_tokens": checks.eval_tokens, "progress": progress}
-        original = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
-        baseline = stability_run(model, tokenizer, pydoc_texts("prompts"), **stability_kwargs)
+        original = perplexity(model, tokenizer, evaluation_docs, window)
+        baseline = stability_run(model, tokenizer, pydoc_texts("prompts"), settings)
 
     with times.stage("quantize"):
         checkpoint = stage / "checkpoint"
         engine, fmt = _quantize(config, scheme, model, tokenizer, selection.tensors(), checkpoint, progress, source)
 
     with times.stage("checks"):
-        quantized = perplexity(model, tokenizer, evaluation_docs, **ppl_kwargs)
-        stability = judge_against_baseline(
-            baseline, stability_run(model, tokenizer, pydoc_texts("prompts"), **stability_kwargs)
-        )
+        quantized = perplexity(model, tokenizer, evaluation_docs, window)
+        stability = judge_against_baseline(baseline, stability_run(model, tokenizer, pydoc_texts("prompts"), settings))
 
     kv = None
     if checks.kv_cache != "none":
         with times.stage("kv_cache"):
-            kv = _kv_record(
-                checks, model, tokenizer, evaluation_docs, (ppl_kwargs, stability_kwargs), quantized, original, baseline
+            from deploy_opt.llm.kv_report import KVCheck, kv_checks
+
+            check = KVCheck(
+                checks.kv_cache, checks.session_len, evaluation_docs, pydoc_texts("prompts"), window, settings
             )
+            kv = kv_checks(model, tokenizer, check, quantized, baseline)
+            kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
 
     with times.stage("reload"):
         reload = engine["gguf"]["read_back"] if fmt == "gguf" else _check_reload(model, tokenizer, checkpoint, fmt)
 
-    report: dict[str, Any] = {
-        "format": REPORT_FORMAT,
-        "name": name,
-        "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
-        "method": scheme.method,
-        "scheme": scheme.to_json(),
-        "checkpoint": {"folder": "checkpoint", "format": fmt, "reload": reload},
-        "calibration": selection.to_report(),
-        "quantization": engine,
-        "perplexity": {
-            "original": original,
-            "quantized": quantized,
-            "increase": quantized["ppl"] / original["ppl"] - 1,
-            "text": "held-out pydoc_data.topics (disjoint from calibration)"
+    served = _serve_records(config, fmt, engine, checkpoint, out_dir)
+    typed = LLMReport(
+        name=name,
+        method=scheme.method,
+        scheme=scheme.to_json(),
+        checkpoint={"folder": "checkpoint", "format": fmt, "reload": reload},
+        perplexity=PerplexityChange(
+            original,
+            quantized,
+            "held-out pydoc_data.topics (disjoint from calibration)"
             if checks.eval_texts == ("pydoc",)
             else list(checks.eval_texts),
+        ),
+        stability=stability,
+        kv_cache=kv,
+        serve=served.pop("serve", None),
+        sections={
+            "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
+            "calibration": selection.to_report(),
+            "quantization": engine,
+            "timings_s": times.seconds,
+            "config": config.to_dict(),
+            "seed": config.seed,
+            "versions": _versions(),
+            **served,  # serve_command, when servable
         },
-        "stability": stability,
-        "kv_cache": kv,
-        "timings_s": times.seconds,
-        "config": config.to_dict(),
-        "seed": config.seed,
-        "versions": _versions(),
-    }
-    report |= _serve_records(config, fmt, engine, checkpoint, out_dir)
+    )
     limit = config.gate.max_ppl_increase
-    gate = apply_ppl_gate(report, limit) if limit is not None else GateResult(True, ())
-    report["gate"] = gate.to_json()
-    write_json(stage / "quantize_report.json", report)
+    gate = apply_ppl_gate(typed, limit) if limit is not None else GateResult(True, ())
+    typed = dataclasses.replace(typed, gate=gate.to_json())
+    write_json(stage / "quantize_report.json", typed.to_json())
     from deploy_opt.report.llm_train_pages import write_llm_page
 
     write_llm_page(stage)
-    return report, gate
-
-
-def _kv_record(
-    checks: Any,
-    model: Any,
-    tokenizer: Any,
-    docs: Sequence[TextDoc],
-    kwargs: tuple[dict[str, Any], dict[str, Any]],
-    quantized: dict[str, Any],
-    original: dict[str, Any],
-    baseline: Any,
-) -> dict[str, Any]:
-    """Perplexity and stability with lmdeploy's quantized KV cache simulated, and the increase over the original."""
-    from deploy_opt.llm.kv_report import kv_checks
-
-    ppl_kwargs, stability_kwargs = kwargs
-    kv = kv_checks(
-        model,
-        tokenizer,
-        checks.kv_cache,
-        checks.session_len,
-        docs,
-        pydoc_texts("prompts"),
-        ppl_kwargs,
-        stability_kwargs,
-        quantized,
-        baseline,
-    )
-    kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
-    return kv
+    return typed, gate
 
 
 def _serve_records(
@@ -265,20 +238,18 @@ def _quantize(
         summary = quantize_torchao(model, scheme.method, group_size=scheme.group_size, keep=quant.keep)
         save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
         return summary, "torchao"
-    from deploy_opt.llm.quantize_engine import quantize_model
+    from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
     from exporters.lmdeploy import write_quantized_checkpoint
 
-    result = quantize_model(
-        model,
-        samples,
+    settings = EngineSettings(
         method=scheme.method,
         bits=quant.bits,
         group_size=scheme.group_size,
         desc_act=scheme.desc_act,
         sym=scheme.symmetric if scheme.method != "awq" else None,
         keep=quant.keep,
-        progress=progress,
     )
+    result = quantize_model(model, samples, settings, progress=progress)
     if quant.format == "gguf":
         return _write_gguf(model, result, source, checkpoint), "gguf"
     fmt = "awq" if scheme.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order

@@ -278,19 +278,31 @@ def _quantize_awq_layer(
 
 
 @dataclass(frozen=True)
-class Rounding:
-    """How GPTQ or RTN rounds one Linear's weight."""
+class EngineSettings:
+    """How the engine quantizes: the method, the code width and group, and what it leaves float.
 
-    method: str  # "gptq" | "rtn"
-    bits: int
-    group_size: int
-    sym: bool
-    desc_act: bool
-    percdamp: float
-    static_groups: bool
+    ``sym=None`` takes the method's usual choice: symmetric for gptq and rtn, asymmetric for awq (AutoAWQ).
+    ``desc_act`` and ``static_groups`` only apply to gptq (see ``calibrators/groupwise/gptq.py``: with static groups
+    the act-order stays inside the algorithm and the checkpoint has sequential g_idx). Modules whose name matches a
+    ``keep`` pattern are left as they are.
+    """
+
+    method: str = "gptq"  # "gptq" | "awq" | "rtn"
+    bits: int = 4
+    group_size: int = 128
+    desc_act: bool = True
+    sym: bool | None = None
+    keep: tuple[str, ...] = ("embed_tokens", "lm_head")
+    percdamp: float = 0.01
+    static_groups: bool = False
+
+    @property
+    def symmetric(self) -> bool:
+        """``sym``, or the method's usual choice when it is None."""
+        return (self.method != "awq") if self.sym is None else self.sym
 
 
-def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: Rounding) -> tuple:
+def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: EngineSettings) -> tuple:
     """(float reference, codes, Hessian, seconds) of one Linear rounded by GPTQ or RTN."""
     start = time.perf_counter()
     reference = layer.get_submodule(local).weight.detach().float().clone()
@@ -301,13 +313,13 @@ def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: Roun
             hessian,
             bits=rounding.bits,
             group_size=rounding.group_size,
-            sym=rounding.sym,
+            sym=rounding.symmetric,
             desc_act=rounding.desc_act,
             percdamp=rounding.percdamp,
             static_groups=rounding.static_groups,
         )
     else:
-        codes = rtn_quantize(reference, rounding.bits, rounding.group_size, rounding.sym)
+        codes = rtn_quantize(reference, rounding.bits, rounding.group_size, rounding.symmetric)
     return reference, codes, hessian, time.perf_counter() - start
 
 
@@ -337,30 +349,21 @@ def _apply_codes(
 def quantize_model(
     model: torch.nn.Module,
     samples: Sequence[torch.Tensor],
+    settings: EngineSettings = EngineSettings(),
     *,
-    method: str = "gptq",
-    bits: int = 4,
-    group_size: int = 128,
-    desc_act: bool = True,
-    sym: bool | None = None,
-    keep: Sequence[str] = ("embed_tokens", "lm_head"),
-    percdamp: float = 0.01,
-    static_groups: bool = False,
     progress: bool = True,
 ) -> EngineResult:
     """Quantize every decoder-layer Linear of ``model`` in place (dequantized float32 weights) and return codes.
 
-    ``sym=None`` takes the method's usual choice: symmetric for gptq and rtn, asymmetric for awq (AutoAWQ).
-    ``desc_act`` and ``static_groups`` only apply to gptq (see ``calibrators/groupwise/gptq.py``: with static groups the
-    act-order stays inside the algorithm and the checkpoint has sequential g_idx). Norms are never quantized
-    (awq rescales them); modules whose name matches a ``keep`` pattern are left as they are.
+    Norms are never quantized (awq rescales them); see ``EngineSettings`` for the choices.
     """
+    method, bits, group_size = settings.method, settings.bits, settings.group_size
     if method not in METHODS:
         raise ConfigError(f"method '{method}' is not an engine method; use one of {', '.join(METHODS)}")
     check_bits(bits)
-    sym = (method != "awq") if sym is None else sym
+    sym = settings.symmetric
     samples = _check_samples(samples)
-    targets = target_linears(model, keep)
+    targets = target_linears(model, settings.keep)
     check_targets(targets, group_size)
     from tqdm.auto import tqdm
 
@@ -385,8 +388,7 @@ def quantize_model(
             if method == "awq":
                 done = _quantize_awq_layer(layer, names, stats, leader, bits=bits, group_size=group_size, sym=sym)
             else:
-                rounding = Rounding(method, bits, group_size, sym, desc_act, percdamp, static_groups)
-                done = {local: _round_linear(layer, local, stats[leader[local]], rounding) for local in names}
+                done = {local: _round_linear(layer, local, stats[leader[local]], settings) for local in names}
             records += _apply_codes(layer, names, done, weights, method)
         if index + 1 < len(layers):
             inputs = [(out, kwargs) for out, (_, kwargs) in zip(_run_layer(layer, inputs), inputs, strict=True)]
@@ -396,7 +398,7 @@ def quantize_model(
         method=method,
         bits=bits,
         group_size=group_size,
-        desc_act=desc_act and method == "gptq",
+        desc_act=settings.desc_act and method == "gptq",
         sym=sym,
         records=tuple(records),
         weights=weights,

@@ -34,6 +34,7 @@ from deploy_opt.pipeline.precision import (
 )
 from deploy_opt.pipeline.prune import ORIGINAL_DIR, PrunedModel, finish_prune, prune_model
 from deploy_opt.pipeline.qat import fine_tune, int8_nodes
+from deploy_opt.prune.distill import DistillData
 from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate, load_build
 from deploy_opt.report.trust import alignment_criterion, with_criterion
@@ -181,18 +182,14 @@ def _export_models(
     pruned = original = None
     if config.prune.enabled:
         with times.stage("prune"):
-            pruned = prune_model(
-                config.prune,
-                str(config.model.factory),
-                inputs.torch_model,
-                [s.name for s in inputs.specs],
-                [*inputs.calibration.batches, *training_batches(config, inputs.specs)],
-                evaluation,
-                metric,
-                stage,
-                config.seed,
-                progress,
+            data = DistillData(
+                names=[s.name for s in inputs.specs],
+                batches=[*inputs.calibration.batches, *training_batches(config, inputs.specs)],
+                evaluation=evaluation,
+                metric=metric,
             )
+            factory = str(config.model.factory)
+            pruned = prune_model(config.prune, factory, inputs.torch_model, data, stage, config.seed, progress)
         inputs = dataclasses.replace(inputs, torch_model=pruned.model)
     with times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])

@@ -20,6 +20,7 @@ from deploy_opt.analysis.sensitivity.mixed_precision import (
     static_fallback,
     with_excluded,
 )
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
@@ -57,7 +58,7 @@ class Precision:
     full: QuantizedModel  # every node quantized (the shipped model when there is no fallback)
     shipped: QuantizedModel
     fallback: FallbackChoice
-    sensitivity: dict[str, Any] | None
+    sensitivity: SensitivityRecord | None
     auto: AutoSearch | None = None  # the auto search's record (quantization.mode: auto)
     setup: BuildConfig | None = None  # the settings ``full`` was written with (QAT writes its model with them)
     smoothing: dict[str, Any] | None = None

@@ -19,10 +19,8 @@ from typing import Any
 from deploy_opt.build.runtime import BenchmarkRecord
 from deploy_opt.build.summary import MetricsRecord
 from deploy_opt.config.prune import PruneConfig
-from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.prune.checkpoint import save_pruned
-from deploy_opt.prune.distill import distill_student, reference_targets, run_model, score_model
+from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure, torch_pruning
 from deploy_opt.qat.loop import curve_batches
@@ -44,19 +42,17 @@ def prune_model(
     prune: PruneConfig,
     factory: str,
     original: Any,
-    names: Sequence[str],
-    batches: Sequence[Batch],
-    evaluation: Sequence[Batch],
-    metric: Metric,
+    data: DistillData,
     stage: Path,
     seed: int = 0,
     progress: bool = True,
 ) -> PrunedModel:
     """Prune a copy of ``original`` as ``prune`` says, distil it from ``original``, save ``stage/pruned.pt``.
 
-    ``batches``: the training data (the calibration sample, plus ``data.train``); ``evaluation``: the evaluation
-    set, whose first samples give each stage's metric against the original (torch).
+    ``data.batches``: the training data (the calibration sample, plus ``data.train``); ``data.evaluation``: the
+    evaluation set, whose first samples give each stage's metric against the original (torch).
     """
+    names, batches, evaluation, metric = data.names, data.batches, data.evaluation, data.metric
     example = ordered_tensors(batches[0].head(2).inputs, names)
     original = original.eval()
     student = copy.deepcopy(original)
@@ -71,7 +67,7 @@ def prune_model(
     stages["pruned"] = _measure(student, example, scored)
     training = None
     if prune.distill.steps:
-        training = distill_student(student, original, prune.distill, names, batches, evaluation, metric, seed, progress)
+        training = distill_student(student, original, prune.distill, data, seed, progress)
         stages["distilled"] = _measure(student, example, scored)
     cut_rows = [asdict(c) | {"ratio": round(c.ratio, 4)} for c in cuts]
     save_pruned(stage / "pruned.pt", factory, original, student, {"cuts": cut_rows})

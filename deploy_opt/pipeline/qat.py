@@ -65,7 +65,8 @@ def fine_tune(
     try:
         start, setup = _start(config, fp32_path, precision, calibration, work)
         train = [*calibration.batches, *training_batches(config, specs)]
-        trained = _train(config, start, setup, precision.smoothing, calibration, train, held, metric, work, progress)
+        data = _StudentData(train, held, metric)
+        trained = _train(config, start, setup, precision.smoothing, calibration, data, work, progress)
     except (DeployOptError, RuntimeError, ValueError) as exc:
         if config.quantization.qat.enabled is True:
             raise
@@ -205,15 +206,20 @@ class _Trained:
     model: QuantizedModel  # the Q/DQ model written from them
 
 
+@dataclasses.dataclass(frozen=True)
+class _StudentData:
+    train: list[Batch]  # the calibration sample and data.train
+    held: list[Batch]  # what picks the best checkpoint
+    metric: Metric
+
+
 def _train(
     config: BuildConfig,
     start: _Start,
     setup: BuildConfig,
     smoothing: dict[str, Any] | None,
     calibration: CalibrationSet,
-    train: list[Batch],
-    held: list[Batch],
-    metric: Metric,
+    data: _StudentData,
     work: Path,
     progress: bool,
 ) -> _Trained:
@@ -226,7 +232,7 @@ def _train(
         weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0],
         qat.learn_scales,
     )
-    run = train_student(student, qat, train, held, metric, config.seed, progress)
+    run = train_student(student, qat, data.train, data.held, data.metric, config.seed, progress)
     graph = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
     provenance = {"smoothing": smoothing, "qat": _provenance(qat, run)}

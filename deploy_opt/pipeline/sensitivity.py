@@ -9,6 +9,7 @@ those of the build this command ran, saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt.analysis.sensitivity.heatmap import write_html
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.pipeline.build import run_build
@@ -34,7 +36,7 @@ class SensitivityRun:
     """Where the sensitivity report landed and its record (sensitivity.json)."""
 
     out_dir: Path
-    record: dict[str, Any]
+    record: SensitivityRecord  # its ``build`` holds the build figures it quotes
 
 
 def sensitivity_dir(output_root: Path, name: str) -> Path:
@@ -96,8 +98,9 @@ def publish_sensitivity(
         built = run_build(config, profile, stage / ".build", progress=progress)  # a working folder: dropped
         analysis = json.loads((built.out_dir / "sensitivity.json").read_text(encoding="utf-8"))
         published = Path(output_root) / config.name / "build.json"
-        record = {**analysis, "build": build_figures(_read_build(published), built.build, published)}
-        write_json(stage / "sensitivity.json", record)
+        figures = build_figures(_read_build(published), built.build, published)
+        record = dataclasses.replace(SensitivityRecord.from_json(analysis), build=figures)
+        write_json(stage / "sensitivity.json", record.to_json())
         shutil.copyfile(built.out_dir / "sensitivity.png", stage / "sensitivity.png")
-        write_html(record, stage / "sensitivity.png", stage / "sensitivity.html")
+        write_html(record.to_json(), stage / "sensitivity.png", stage / "sensitivity.html")
     return SensitivityRun(out_dir, record)

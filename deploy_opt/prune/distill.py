@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deploy_opt.config.prune import PruneDistillConfig
@@ -111,16 +112,24 @@ class _Hidden:
         return torch.stack(terms).mean()
 
 
+@dataclass(frozen=True)
+class DistillData:
+    """What distillation reads: the model's input names (in forward order), the training batches, and the
+    evaluation batches and metric its curve and best checkpoint are judged on."""
+
+    names: Sequence[str]
+    batches: Sequence[Batch]
+    evaluation: Sequence[Batch]
+    metric: Metric
+
+
 def distill_student(
     student: Any,
     teacher: Any,
     distill: PruneDistillConfig,
-    names: Sequence[str],
-    batches: Sequence[Batch],
-    evaluation: Sequence[Batch],
-    metric: Metric,
-    seed: int,
-    progress: bool,
+    data: DistillData,
+    seed: int = 0,
+    progress: bool = True,
     fresh: bool = False,
 ) -> TrainingRun:
     """Train ``student`` in place towards ``teacher``; it ends holding its best checkpoint.
@@ -130,6 +139,7 @@ def distill_student(
     """
     import torch
 
+    names, batches = data.names, data.batches
     student.train(fresh), teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -172,7 +182,7 @@ def distill_student(
         distill.validation,
     )
     try:
-        return run_distillation(trainee, settings, batches, evaluation, metric, seed, progress)
+        return run_distillation(trainee, settings, batches, data.evaluation, data.metric, seed, progress)
     finally:
         for handle in hidden.handles if hidden is not None else ():
             handle.remove()

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.analysis.comparison import read_comparison
 from deploy_opt.report import charts, html_parts
 from deploy_opt.report.layers import layer_rows
 
@@ -261,7 +263,7 @@ def _compat_verdict(summary: dict[str, Any], deployed: set[str]) -> str:
 SQNR_SHOWN = 40  # more bars than this do not read at a glance: the lowest are shown, and the chart says so
 
 
-def sqnr_chart(layers: list[dict[str, Any]], modules: dict[str, str]) -> str:
+def sqnr_chart(layers: Sequence[Mapping[str, Any]], modules: dict[str, str]) -> str:
     """Each quantized tensor's SQNR in graph order; over SQNR_SHOWN tensors, the lowest SQNR_SHOWN, counted."""
     measured = [layer for layer in layers if layer.get("quant_sqnr_db") is not None]
     shown = measured
@@ -284,12 +286,12 @@ def sqnr_chart(layers: list[dict[str, Any]], modules: dict[str, str]) -> str:
 
 
 def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> str:
-    data = _load(folder / "compare.json")
-    if not data:
+    if not (folder / "compare.json").is_file():
         return ""
+    data = read_comparison(folder / "compare.json")
     rows = []
-    for backend, record in (data.get("backends") or {}).items():
-        for output, numbers in (record.get("outputs") or {}).items():
+    for backend, record in data.backends.items():
+        for output, numbers in (record.outputs or {}).items():
             rows.append(
                 [
                     backend,
@@ -298,26 +300,26 @@ def _comparison(folder: Path, modules: dict[str, str], metric: str | None) -> st
                     numbers.get("sqnr_db"),
                     numbers.get("max_abs"),
                     numbers.get("top1_agreement"),
-                    "pass" if record.get("pass") else "fail",
+                    "pass" if record.passed else "fail",
                 ]
             )
-        if not record.get("outputs"):
-            rows.append([backend, "", None, None, None, None, record.get("status", "")])
+        if not record.outputs:
+            rows.append([backend, "", None, None, None, None, record.status])
     headers = ["backend", "output", "cosine", "SQNR (dB)", "max abs", "top-1 agreement", "status"]
     # top-1 agreement means something for class scores only: an embedding's argmax is no prediction
     if metric not in (None, "top1") or all(row[5] is None for row in rows):
         headers.pop(5)
         rows = [row[:5] + row[6:] for row in rows]
     table = html_parts.table(headers, rows, text_columns=(0, 1, len(headers) - 1))
-    verdict, first = data.get("verdict"), divergence_text(data.get("first_divergence"))
-    failing = [name for name, record in (data.get("backends") or {}).items() if record.get("pass") is False]
-    text = f"comparison {verdict or 'not judged'}; first diverging layer: {first}"
+    first = divergence_text(data.first_divergence)
+    failing = [name for name, record in data.backends.items() if record.passed is False]
+    text = f"comparison {data.verdict}; first diverging layer: {first}"
     text += f"; backends that fail: {', '.join(failing)}" if failing else ""
-    note = html_parts.verdict({"pass": True, "fail": False}.get(str(verdict)), text)
-    return note + table + sqnr_chart(data.get("layers") or [], modules)
+    note = html_parts.verdict(data.verdict == "pass", text)
+    return note + table + sqnr_chart(list(data.layers), modules)
 
 
-def divergence_text(first: dict[str, Any] | None) -> str:
+def divergence_text(first: Mapping[str, Any] | None) -> str:
     """compare.json's first divergence in words ("none" when there is none)."""
     if not first:
         return "none"

@@ -15,6 +15,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from deploy_opt.evaluation.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH
+from deploy_opt.report.llm_report import LLMReport
 from deploy_opt.report.record import BUILD_FORMAT
 from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text
@@ -121,23 +122,19 @@ def parse_increase(value: str | float) -> float:
         raise ReportError(str(exc)) from None
 
 
-def apply_ppl_gate(report: dict[str, Any], max_increase: str | float) -> GateResult:
+def apply_ppl_gate(report: LLMReport, max_increase: str | float) -> GateResult:
     """Judge a quantize_report.json: the held-out perplexity increase, original → quantized."""
-    try:
-        before = float(report["perplexity"]["original"]["ppl"])
-        after = float(report["perplexity"]["quantized"]["ppl"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReportError("quantize_report: perplexity.original/quantized.ppl missing; rerun quantize-llm") from exc
-    criteria = [ppl_gate(before, after, parse_increase(max_increase))]
-    stability = report.get("stability") or {}
-    if "ok" in stability:
+    before = report.perplexity.before
+    criteria = [ppl_gate(before, report.perplexity.after, parse_increase(max_increase))]
+    stability = report.stability or {}
+    if report.stable is not None:
         flagged = int(stability.get("flagged", 0))
         total = stability.get("generations", "?")
         text = f"stability run: {flagged} of {total} generations flagged (NaN/Inf logits, repetition)"
         if "baseline" in stability:
             text += f" that the FP model does not show ({stability.get('excused', 0)} excused: the FP model does too)"
-        criteria.append(Criterion("stability", flagged, 0, bool(stability["ok"]), text))
-    kv = report.get("kv_cache") or {}
+        criteria.append(Criterion("stability", flagged, 0, report.stable, text))
+    kv = report.kv_cache or {}
     if kv:
         limit = parse_increase(max_increase)
         criterion = ppl_gate(before, float(kv["perplexity"]["ppl"]), limit)

@@ -151,16 +151,24 @@ def _prepare_and_run(config: TrainConfig, out: Path, resume: bool, progress: boo
         log_path.unlink(missing_ok=True)
     with open(log_path, "a", encoding="utf-8") as log_file:
         write_event(log_file, _start_event(config, model, data, total_steps, resumed_at=state.step if resume else None))
-        return _run(config, model, data, optimizer, scheduler, state, total_steps, log_file, out, progress, stop_at)
+        session = _Session(model, optimizer, scheduler, state)
+        return _run(config, session, data, total_steps, log_file, out, progress, stop_at)
+
+
+@dataclass(frozen=True)
+class _Session:
+    """The objects a run trains and advances: the model, its optimizer and schedule, and the step counters."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: Progress
 
 
 def _run(
     config: TrainConfig,
-    model: torch.nn.Module,
+    session: _Session,
     data: TrainData,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    state: Progress,
     total_steps: int,
     log_file: Any,
     out: Path,
@@ -169,6 +177,7 @@ def _run(
 ) -> TrainResult:
     from tqdm.auto import tqdm
 
+    model, optimizer, scheduler, state = session.model, session.optimizer, session.scheduler, session.state
     started = time.perf_counter()
     end = total_steps if stop_at is None else min(stop_at, total_steps)
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
+from deploy_opt.analysis.sensitivity.record import NodeSensitivity, SensitivityRecord, SubsetMetric
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, make_variant, quantized_nodes
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, relative_noise, sqnr_db
@@ -33,7 +34,6 @@ from deploy_opt.evaluation.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
-FORMAT = "deploy_opt.analysis.sensitivity.analyze/1"
 PROXY_KEYS = ("propagated_sqnr_db", "predicted_drop", "local_sqnr_db", "node_sqnr_db", "sqnr_db", "cosine")
 
 
@@ -199,7 +199,7 @@ def analyze(
     mode: str,
     top_k: int,
     progress: Callable[[Any], Any] = lambda it: it,
-) -> dict[str, Any]:
+) -> SensitivityRecord:
     """The sensitivity record (``sensitivity.json``): metrics, per-node proxies and exact drops, ranking."""
     started = time.perf_counter()
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
@@ -237,35 +237,34 @@ def analyze(
     )
     rank = {n.name: i + 1 for i, n in enumerate(ranked)}
     fp32_shapes = {i.name: list(i.dims) for i in fp32.graph.initializer}
-    return {
-        "format": FORMAT,
-        "metric": {
-            "name": scorer.metric.name,
-            "higher_is_better": scorer.metric.higher_is_better,
-            "fp32": base_fp32,
-            "int8": base_int8,
-            "subset_samples": sum(b.size for b in scorer.batches),
-        },
-        "mode": mode,
-        "top_k": top_k,
-        "proxy": "linearised" if any("propagated_sqnr_db" in p for p in proxies.values()) else "local",
-        "nodes": [
-            {
-                "name": n.name,
-                "op_type": n.op_type,
-                "order": n.order,
-                "weight_shape": fp32_shapes.get(n.weight) if n.weight else None,
-                "macs": proxies[n.name]["macs"],
-                "mac_share": proxies[n.name]["macs"] / total_macs,
-                "proxy": {k: _recorded(k, proxies[n.name].get(k)) for k in PROXY_KEYS},
-                "drop_both": results.get(n.name, {}).get("drop_both"),
-                "drop_weight_only": results.get(n.name, {}).get("drop_weight_only"),
-                "drop_activation_only": results.get(n.name, {}).get("drop_activation_only"),
-                "recovered_all_but": results.get(n.name, {}).get("recovered_all_but"),
-                "rank": rank[n.name],
-                "exact": n.name in results,
-            }
+    return SensitivityRecord(
+        metric=SubsetMetric(
+            name=scorer.metric.name,
+            higher_is_better=scorer.metric.higher_is_better,
+            fp32=base_fp32,
+            int8=base_int8,
+            subset_samples=sum(b.size for b in scorer.batches),
+        ),
+        mode=mode,
+        top_k=top_k,
+        proxy="linearised" if any("propagated_sqnr_db" in p for p in proxies.values()) else "local",
+        nodes=tuple(
+            NodeSensitivity(
+                name=n.name,
+                op_type=n.op_type,
+                order=n.order,
+                weight_shape=fp32_shapes.get(n.weight) if n.weight else None,
+                macs=proxies[n.name]["macs"],
+                mac_share=proxies[n.name]["macs"] / total_macs,
+                proxy={k: _recorded(k, proxies[n.name].get(k)) for k in PROXY_KEYS},
+                drop_both=results.get(n.name, {}).get("drop_both"),
+                drop_weight_only=results.get(n.name, {}).get("drop_weight_only"),
+                drop_activation_only=results.get(n.name, {}).get("drop_activation_only"),
+                recovered_all_but=results.get(n.name, {}).get("recovered_all_but"),
+                rank=rank[n.name],
+                exact=n.name in results,
+            )
             for n in nodes
-        ],
-        "timings_s": {"proxy": round(proxy_time, 2), "exact": round(time.perf_counter() - started - proxy_time, 2)},
-    }
+        ),
+        timings_s={"proxy": round(proxy_time, 2), "exact": round(time.perf_counter() - started - proxy_time, 2)},
+    )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -125,16 +126,16 @@ def greedy_fallback(
     return FallbackSearch(tuple(excluded), False, steps, verdict)
 
 
-def sensitivity_order(record: dict[str, Any], by: str) -> list[list[str]]:
+def sensitivity_order(record: SensitivityRecord, by: str) -> list[list[str]]:
     """Groups of node names, most sensitive first: one node per group, or one op type per group."""
-    ranked = sorted(record["nodes"], key=lambda n: n["rank"])
+    ranked = record.ranked()
     if by == "node":
-        return [[n["name"]] for n in ranked]
+        return [[n.name] for n in ranked]
     groups: dict[str, list[str]] = {}
     weight: dict[str, float] = {}
     for n in ranked:
-        groups.setdefault(n["op_type"], []).append(n["name"])
-        weight[n["op_type"]] = weight.get(n["op_type"], 0.0) + float(n["drop_both"] or 0.0) + 1.0 / n["rank"]
+        groups.setdefault(n.op_type, []).append(n.name)
+        weight[n.op_type] = weight.get(n.op_type, 0.0) + float(n.drop_both or 0.0) + 1.0 / n.rank
     return [groups[op] for op in sorted(groups, key=lambda op: -weight[op])]
 
 

@@ -23,6 +23,7 @@ from deploy_opt.analysis.sensitivity.fallback import (
     sensitivity_order,
 )
 from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
+from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.config.build import BuildConfig
@@ -76,7 +77,7 @@ def fp32_references(fp32_path: Path, batches: list[Batch], threads: int) -> list
 
 def run_sensitivity(
     config: BuildConfig, fp32_path: Path, qdq_path: Path, evaluation: list[Batch], metric: Metric, stage: Path
-) -> dict[str, Any]:
+) -> SensitivityRecord:
     """Analyze every quantized node on a seeded evaluation subset and write the three report files."""
     from tqdm import tqdm
 
@@ -92,20 +93,22 @@ def run_sensitivity(
         subset=sens.subset,
         max_drop=config.gate.max_drop,
     )
-    # A new record: the analysis itself is never mutated.
-    record = {"model": config.name, **analysis, "resolution": resolution.to_json()}
     modules = module_paths(onnx.load(str(fp32_path), load_external_data=False))
+    nodes = analysis.nodes
     if modules:  # the PyTorch module beside each ONNX name, where the exporter recorded it
-        record["nodes"] = [{**n, "module": modules.get(str(n.get("name")), "")} for n in record.get("nodes") or []]
+        nodes = tuple(dataclasses.replace(n, module=modules.get(n.name, "")) for n in nodes)
+    # A new record: the analysis itself is never mutated.
+    record = dataclasses.replace(analysis, model=config.name, resolution=resolution.to_json(), nodes=nodes)
     write_sensitivity(record, stage)
     return record
 
 
-def write_sensitivity(record: dict[str, Any], folder: Path) -> None:
+def write_sensitivity(record: SensitivityRecord, folder: Path) -> None:
     """sensitivity.json, its heatmap (sensitivity.png) and its page (sensitivity.html) in ``folder``."""
-    write_json(folder / "sensitivity.json", record)
-    write_heatmap(record, folder / "sensitivity.png")
-    write_html(record, folder / "sensitivity.png", folder / "sensitivity.html")
+    data = record.to_json()
+    write_json(folder / "sensitivity.json", data)
+    write_heatmap(data, folder / "sensitivity.png")
+    write_html(data, folder / "sensitivity.png", folder / "sensitivity.html")
 
 
 def auto_fallback(
@@ -114,7 +117,7 @@ def auto_fallback(
     qdq_path: Path,
     evaluation: list[Batch],
     metric: Metric,
-    record: dict[str, Any],
+    record: SensitivityRecord,
 ) -> dict[str, Any]:
     """Greedy fallback in sensitivity order until the gate's max_drop holds on the evaluation set."""
     threads = config.benchmark.threads
