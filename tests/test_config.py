@@ -107,7 +107,7 @@ BAD_CONFIGS = [
         lambda d: d["model"].update(onnx="model.onnx"),
         None,
         [],
-        r"model: set exactly one of 'factory' .* or 'onnx'",
+        r"model: set exactly one of 'factory' .*, 'onnx' .* or 'hf'",
     ),
     ("neither-factory-nor-onnx", lambda d: d["model"].pop("factory"), None, [], r"set exactly one of 'factory'"),
     (

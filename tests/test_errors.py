@@ -11,7 +11,8 @@ import torch
 from bad_inputs import write_data_module
 
 from calibrators.activations.minmax import MinMaxObserver
-from deploy_opt.config.build import InputSpec
+from deploy_opt.config.data import DataConfig
+from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.evaluate import Runner, evaluate
 from deploy_opt.evaluation.metrics import resolve_metric
 from deploy_opt.evaluation.sources import (
@@ -25,6 +26,8 @@ from deploy_opt.evaluation.sources import (
 from dopt_common.errors import CalibrationError, CheckpointError, InputError, NumericsError, SourceError
 
 PIXELS = (InputSpec("pixels", ("batch", 64), "float32"),)
+
+DATA = DataConfig(calibration="c.py:f", evaluation="e.py:f")
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def test_a_data_function_that_raises_is_a_source_error(tmp_path: Path) -> None:
     )
     spec = InputSpec("x", ("batch", 2))
     with pytest.raises(SourceError, match=r"flaky\.py:data' raised RuntimeError at item 1: disk gone"):
-        list(iter_batches("flaky.py:data", (spec,), tmp_path, "data.calibration"))
+        list(iter_batches("flaky.py:data", (spec,), DATA, tmp_path, "data.calibration"))
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints

@@ -17,6 +17,7 @@ import pytest
 from conftest import build_tiny
 
 from deploy_opt.cli import main, resource_fault
+from deploy_opt.config.data import DataConfig
 from deploy_opt.config.loader import build_dataclass
 from deploy_opt.evaluation.sources import call_user, iter_batches, resolve_callable
 from deploy_opt.llm.config import LLMConfig
@@ -28,6 +29,8 @@ from dopt_common.runs import failed_dir, staged_dir, sweep_stale
 ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------------------- names
+
+DATA = DataConfig(calibration="c.py:f", evaluation="e.py:f")
 
 
 @pytest.mark.parametrize(
@@ -199,14 +202,14 @@ def test_sys_exit_or_keyboard_interrupt_in_user_code_is_a_named_error() -> None:
 
 
 def test_a_data_iterator_that_exits_midway_is_a_named_error(tmp_path: Path) -> None:
-    from deploy_opt.config.build import InputSpec
+    from deploy_opt.config.model import InputSpec
 
     (tmp_path / "midway.py").write_text(
         "import sys\nimport numpy as np\n\ndef data():\n    yield np.zeros((2, 4), np.float32), None\n    sys.exit(3)\n"
     )
     specs = (InputSpec("x", ("batch", 4), "float32"),)
     with pytest.raises(SourceError, match=r"at item 1 called sys.exit\(3\)"):
-        list(iter_batches("midway.py:data", specs, tmp_path, "data.evaluation"))
+        list(iter_batches("midway.py:data", specs, DATA, tmp_path, "data.evaluation"))
 
 
 def test_a_module_that_parses_argv_at_import_is_a_named_error(tmp_path: Path) -> None:

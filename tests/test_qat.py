@@ -290,7 +290,8 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     from conftest import HERE
 
     from deploy_opt.build.inputs import training_batches
-    from deploy_opt.config.build import InputSpec, resolve_config
+    from deploy_opt.config.build import resolve_config
+    from deploy_opt.config.model import InputSpec
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
     source = HERE / "tiny_onnx.py"

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
-from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
 
@@ -98,7 +99,7 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     ids: list[str] = []
     kept: list[Batch] | None = []
     stratify, key_fn = "", None
-    for batch in iter_batches(ref, specs, config.base_dir, "data.calibration"):
+    for batch in iter_batches(ref, specs, config.data, config.base_dir, "data.calibration"):
         if key_fn is None:
             stratify, key_fn = _key_function(config, batch.label)
         keys.extend(_stratum_keys(batch, key_fn, stratify))
@@ -130,7 +131,7 @@ def _second_pass(
     config: BuildConfig, specs: tuple[InputSpec, ...], selection: Selection, ids: list[str]
 ) -> list[Batch]:
     """Read the source again, keeping the chosen rows; they must be the samples the first pass saw."""
-    source = iter_batches(config.data.calibration, specs, config.base_dir, "data.calibration")
+    source = iter_batches(config.data.calibration, specs, config.data, config.base_dir, "data.calibration")
     batches = select_rows(source, set(selection.indices))
     if [i for b in batches for i in sample_ids(b)] != [ids[i] for i in selection.indices]:
         raise CalibrationError(
@@ -144,7 +145,11 @@ def evaluation_ids(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[st
     """The id of every evaluation sample (one light pass over the evaluation source, no inference)."""
     ref = config.data.evaluation
     limit = config.data.eval_samples
-    return [i for b in iter_batches(ref, specs, config.base_dir, "data.evaluation", limit) for i in sample_ids(b)]
+    return [
+        i
+        for b in iter_batches(ref, specs, config.data, config.base_dir, "data.evaluation", limit)
+        for i in sample_ids(b)
+    ]
 
 
 def refuse_overlap(calibration: CalibrationSet, evaluation: list[str]) -> None:

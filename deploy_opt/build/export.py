@@ -10,7 +10,8 @@ from typing import Any
 import onnx
 import onnx.version_converter
 
-from deploy_opt.config.build import DTYPES, BuildConfig, ExportConfig, InputSpec
+from deploy_opt.config.build import BuildConfig, ExportConfig
+from deploy_opt.config.model import DTYPES, InputSpec
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
 from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import InputError, ModelError, one_line
@@ -99,7 +100,8 @@ def prepare_fp32(
             opset=config.export.resolved_opset,
             external_data_mb=config.export.external_data_mb,
         )
-        info.update(source=config.model.factory, exporter=config.export.exporter, opset=config.export.resolved_opset)
+        source = config.model.factory or f"{config.model.hf} ({config.model.task})"
+        info.update(source=source, exporter=config.export.exporter, opset=config.export.resolved_opset)
     modules = module_paths(onnx.load(str(raw), load_external_data=False))  # the simplifier drops node metadata
     if config.export.simplify:
         info["simplifier"] = simplify_onnx(raw, out, config.export.external_data_mb)
@@ -120,7 +122,9 @@ def prepare_fp32(
         info.update({k: v for k, v in changes.items() if v})
     inputs = input_specs_from_onnx(proto)
     if config.model.inputs:
-        named = Path(config.model.onnx) if config.model.onnx else f"the export of {config.model.factory}"
+        named = (
+            Path(config.model.onnx) if config.model.onnx else f"the export of {config.model.factory or config.model.hf}"
+        )
         check_declared_inputs(config.model.inputs, inputs, named)  # the user's file, never the staging copy
         inputs = config.model.inputs
     info["opset"] = default_opset(proto)

@@ -11,7 +11,9 @@ from typing import Any
 
 from deploy_opt.build.calibration_set import CalibrationSet, choose_calibration, evaluation_ids, refuse_overlap
 from deploy_opt.build.export import input_specs_from_onnx
-from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.build.hf_model import load_hf_model
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.sources import Batch, iter_batches, load_torch_model
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
@@ -38,10 +40,12 @@ def load_inputs(config: BuildConfig) -> BuildInputs:
     """Load the model source and choose the calibration sample; refuse any overlap with the evaluation data."""
     base, model = config.base_dir, config.model
     torch_model = load_torch_model(model.factory, model.checkpoint, base) if model.factory else None
-    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(base) / model.onnx))
+    if model.hf is not None:
+        torch_model = load_hf_model(config)
+    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(base) / str(model.onnx)))
     calibration = choose_calibration(config, specs)
     refuse_overlap(calibration, evaluation_ids(config, specs))
-    stream = iter_batches(config.data.evaluation, specs, base, "data.evaluation", config.data.eval_samples)
+    stream = iter_batches(config.data.evaluation, specs, config.data, base, "data.evaluation", config.data.eval_samples)
     head = tuple(itertools.islice(stream, max(1, config.export.parity_batches)))
     if not head:
         raise InputError(f"data.evaluation '{config.data.evaluation}' yielded no samples; fix the data function")
@@ -53,6 +57,6 @@ def training_batches(config: BuildConfig, specs: tuple[InputSpec, ...]) -> list[
     ref = config.data.train
     if ref is None:
         return []
-    batches = list(iter_batches(ref, specs, config.base_dir, "data.train"))
+    batches = list(iter_batches(ref, specs, config.data, config.base_dir, "data.train"))
     log.info("%d extra training samples from data.train", sum(b.size for b in batches))
     return batches

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from deploy_opt.build.calibration_set import CalibrationSet, refuse_overlap
-from deploy_opt.config.build import DataConfig, InputSpec
+from deploy_opt.config.build import DataConfig
+from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.sources import Batch, iter_batches, sample_ids, select_rows
 from deploy_opt.evaluation.uncertainty import split_indices
 from dopt_common.errors import InputError
@@ -48,7 +49,7 @@ def split_evaluation(
     """``data.validation`` decides when given; else a held evaluation set is halved by ``seed``; a streamed one
     (nothing decides) is judged whole."""
     if data.validation is not None:
-        decide = tuple(iter_batches(data.validation, specs, base_dir, "data.validation"))
+        decide = tuple(iter_batches(data.validation, specs, data, base_dir, "data.validation"))
         if not decide:
             raise InputError(f"data.validation '{data.validation}' yielded no samples; fix the data function")
         refuse_overlap(calibration, [i for b in decide for i in sample_ids(b)])

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _commands() -> dict[str, Callable]:
     return {
+        "init": build.cmd_init,
         "build": build.cmd_build,
         "sensitivity": build.cmd_sensitivity,
         "gate": report.cmd_gate,

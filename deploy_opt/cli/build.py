@@ -70,6 +70,19 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from deploy_opt.pipeline.starter import write_starter
+    from dopt_common.errors import InputError
+
+    if not args.data:
+        raise InputError("init: give the data too: a folder with calibration/ and evaluation/ splits, or two paths")
+    made = write_starter(args.model, list(args.data), args.output, force=args.force)
+    labels = "with labels" if made.labelled else "without labels"
+    print(f"wrote {made.path}: {made.model_kind} model, {made.data_kind} data {labels}, metric {made.metric}")
+    print(f"next: python -m deploy_opt build {made.path}")
+    return 0
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
     from deploy_opt.config.profiles import list_profiles
 

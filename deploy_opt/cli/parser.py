@@ -68,6 +68,17 @@ Command = Callable[..., argparse.ArgumentParser]
 
 def _add_build_commands(sub: argparse._SubParsersAction, command: Command) -> None:
     """build, sensitivity, gate and report."""
+    init = command(sub, "init", "write a commented starter config from a model and its data (no Python needed)")
+    init.add_argument("model", type=Path, help="an .onnx file or a local Hugging Face model folder")
+    init.add_argument(
+        "data",
+        type=Path,
+        nargs="*",
+        help="a folder holding calibration/ and evaluation/ splits, or the two paths (.npz, image folder, .txt)",
+    )
+    init.add_argument("-o", "--output", type=Path, default=Path("deploy_opt.yaml"), help="default: deploy_opt.yaml")
+    init.add_argument("--force", action="store_true", help="replace an existing config")
+
     build = command(sub, "build", "export, calibrate, quantize, verify, evaluate, benchmark and gate")
     build.add_argument("config", nargs="?", help="build YAML or an example name (digits, minilm); default: digits")
     _add_profile(build, "hardware preset from profiles/ (see 'profiles'), or a path to one")

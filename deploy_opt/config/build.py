@@ -11,7 +11,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from deploy_opt.config.data import DataConfig
+from deploy_opt.config.hf import with_hf_defaults
 from deploy_opt.config.loader import build_dataclass, merge, parse_override
+from deploy_opt.config.model import ModelConfig
 from deploy_opt.config.prune import PruneConfig
 from deploy_opt.config.qat import QATConfig
 from dopt_common.errors import ConfigError
@@ -21,87 +24,6 @@ log = logging.getLogger(__name__)
 
 Activation = Literal["symmetric", "asymmetric"]
 Target = Literal["ort-cpu", "ort-cuda", "tensorrt"]
-DTYPES = ("float32", "float16", "int64", "int32", "bool")
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: its name, shape (strings are dynamic dims) and dtype."""
-
-    name: str
-    shape: tuple[int | str, ...]
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(
-                f"model.inputs '{self.name}': dtype '{self.dtype}' is not supported; use one of {', '.join(DTYPES)}"
-            )
-        for dim in self.shape:
-            if isinstance(dim, int) and dim <= 0:
-                raise ConfigError(
-                    f"model.inputs '{self.name}': dimension {dim} must be positive or a name like 'batch'"
-                )
-
-    @property
-    def dynamic_axes(self) -> dict[int, str]:
-        """Axis index → symbolic name, for every named dimension."""
-        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Where the model comes from: a torch factory (and checkpoint) or an existing ONNX file."""
-
-    factory: str | None = None
-    checkpoint: str | None = None
-    onnx: str | None = None
-    inputs: tuple[InputSpec, ...] = ()
-    outputs: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if (self.factory is None) == (self.onnx is None):
-            raise ConfigError("model: set exactly one of 'factory' (\"package.module:function\") or 'onnx' (a path)")
-        if self.checkpoint and not self.factory:
-            raise ConfigError("model.checkpoint needs model.factory: a checkpoint is loaded into a torch module")
-        if self.factory and not self.inputs:
-            raise ConfigError("model.inputs is required with model.factory: declare name, shape and dtype")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Calibration and evaluation sources, and the metric."""
-
-    calibration: str
-    evaluation: str
-    metric: str = "top1"
-    eval_samples: int | None = None
-    # Optional extra training data for quantization-aware training (same contract as calibration).
-    train: str | None = None
-    # Optional samples the auto search, fallback, QAT and pruning decide on; without it they decide on a seeded
-    # half of data.evaluation and the gate judges the other half.
-    validation: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.calibration == self.evaluation:
-            raise ConfigError(
-                f"data.calibration and data.evaluation are the same source '{self.calibration}': calibrating "
-                "on the evaluation samples hides accuracy loss; fix: point them at disjoint splits"
-            )
-        if self.eval_samples is not None and self.eval_samples <= 0:
-            raise ConfigError(f"data.eval_samples must be positive, got {self.eval_samples}")
-        if self.validation is not None and self.validation in (self.evaluation, self.calibration):
-            other = "evaluation" if self.validation == self.evaluation else "calibration"
-            raise ConfigError(
-                f"data.validation '{self.validation}' is also data.{other}: "
-                "deciding on the samples that are judged (or calibrated on) biases the verdict; fix: point it at "
-                "a split of its own, or leave it out to split the evaluation data"
-            )
-        if self.train is not None and self.train == self.evaluation:
-            raise ConfigError(
-                f"data.train and data.evaluation are the same source '{self.train}': training on the evaluation "
-                "samples hides accuracy loss; fix: point them at disjoint splits"
-            )
 
 
 @dataclass(frozen=True)
@@ -382,6 +304,9 @@ def resolve_config(raw: dict[str, Any], profile: dict[str, Any], overrides: list
     for text in overrides:
         data = merge(data, parse_override(text))
     config = dataclasses.replace(build_dataclass(BuildConfig, data, ""), base_dir=base_dir)
+    if config.model.hf is not None:
+        filled = with_hf_defaults(config.model, config.data, base_dir)  # reads the folder's config.json
+        config = dataclasses.replace(config, model=filled.model, data=filled.data)
     return _time_speedup_batch(_force_tensorrt_symmetric(config))
 
 

@@ -3,8 +3,10 @@
 Every built-in metric is in points: ``top1`` is accuracy in percent, ``cosine`` is the mean cosine
 similarity × 100, so a drop of 1.0 is one percentage point (0.01 cosine) for both. ``mse`` is lower-is-better;
 its drop is the increase in error. ``detection_f1`` is a YOLO detector's per-image F1 (× 100) against the reference
-detections (``detection.py``). A custom ``module:function`` metric takes ``(prediction, reference)``
-arrays of one batch and returns per-sample scores (or one float for the batch); higher is better.
+detections (``detection.py``). ``top5``, ``psnr`` (dB) and a CTC recogniser's ``char_accuracy`` and
+``word_accuracy`` (points) are in ``sequence_metrics.py``, with their output contracts. A custom
+``module:function`` metric takes ``(prediction, reference)`` arrays of one batch and returns per-sample scores
+(or one float for the batch); higher is better.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from deploy_opt.evaluation.detection import detection_f1
+from deploy_opt.evaluation.sequence_metrics import char_accuracy, psnr, top5, word_accuracy
 from deploy_opt.evaluation.sources import resolve_callable, user_code
 from dopt_common.errors import InputError
 
@@ -58,9 +61,13 @@ def mse(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 BUILTIN: dict[str, tuple[ScoreFn, bool]] = {
     "top1": (top1, True),
+    "top5": (top5, True),
     "cosine": (cosine, True),
     "mse": (mse, False),
+    "psnr": (psnr, True),
     "detection_f1": (detection_f1, True),
+    "char_accuracy": (char_accuracy, True),
+    "word_accuracy": (word_accuracy, True),
 }
 
 

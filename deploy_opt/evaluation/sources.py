@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from deploy_opt.config.build import InputSpec
+from deploy_opt.config.data import DataConfig
+from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.files import file_items, file_path
 from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
 from dopt_common.names import shown
 
@@ -250,14 +252,25 @@ def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[InputSpec, ...], wh
 
 
 def iter_batches(
-    ref: str, specs: tuple[InputSpec, ...], base_dir: str | Path, what: str, limit: int | None = None
+    ref: str,
+    specs: tuple[InputSpec, ...],
+    data: DataConfig,
+    base_dir: str | Path,
+    what: str,
+    limit: int | None = None,
 ) -> Iterator[Batch]:
-    """Yield validated batches from a data function, stopping after ``limit`` samples."""
-    source = call_user(resolve_callable(ref, base_dir, what), f"{what} '{ref}'")
-    if not isinstance(source, Iterable):
-        raise SourceError(f"{what} '{ref}' returned {type(source).__name__}, not an iterable of (inputs, label)")
+    """Yield validated batches from a data function or a data file (``files.py``), stopping after ``limit``
+    samples; ``data`` says how files are read (batch size, image preprocessing, tokenizer)."""
+    path = file_path(ref, base_dir)
+    if path is not None:
+        source: Iterable[Any] = file_items(path, specs, data, base_dir, what)
+    else:
+        source = call_user(resolve_callable(ref, base_dir, what), f"{what} '{ref}'")
+        if not isinstance(source, Iterable):
+            raise SourceError(f"{what} '{ref}' returned {type(source).__name__}, not an iterable of (inputs, label)")
+        source = _guarded(source, f"{what} '{ref}'")
     taken = 0
-    for index, item in enumerate(_guarded(source, f"{what} '{ref}'")):
+    for index, item in enumerate(source):
         batch = to_batch(item, specs, f"{what} batch {index}")
         if limit is not None and taken + batch.size > limit:
             batch = batch.head(limit - taken)

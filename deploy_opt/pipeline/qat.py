@@ -25,7 +25,8 @@ from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.inputs import training_batches
 from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
-from deploy_opt.config.build import BuildConfig, InputSpec
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch

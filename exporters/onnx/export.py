@@ -47,7 +47,7 @@ def export_onnx(
                     str(raw),
                     input_names=list(input_names),
                     output_names=list(output_names) or None,
-                    dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                    **_dynamic(dynamic_axes, input_names, exporter),
                     opset_version=opset,
                     dynamo=exporter == "dynamo",
                     external_data=True,
@@ -63,8 +63,36 @@ def export_onnx(
             exporter_log.setLevel(previous_level)
         proto = onnx.load(str(raw))
         _check_unique_names(proto, exporter)
+        if exporter == "dynamo":
+            _rename_dims(proto, dynamic_axes)
     log.info("exported %s with the %s exporter at opset %d", path, exporter, opset)
     return save_onnx(proto, path, external_data_mb=external_data_mb)
+
+
+def _dynamic(axes: Mapping[str, Mapping[int, str]], inputs: Sequence[str], exporter: str) -> dict[str, Any]:
+    """The dynamic axes as each exporter takes them: TorchScript by name; dynamo as ``dynamic_shapes`` in input
+    order (its own conversion from names fails on models whose inputs share a dimension, e.g. a transformer's
+    sequence axis across input_ids and attention_mask)."""
+    if exporter != "dynamo":
+        return {"dynamic_axes": {k: dict(v) for k, v in axes.items()}}
+    from torch.export import Dim
+
+    shapes = tuple({axis: Dim.DYNAMIC for axis in axes.get(name, {})} or None for name in inputs)
+    return {"dynamic_shapes": shapes}
+
+
+def _rename_dims(proto: onnx.ModelProto, axes: Mapping[str, Mapping[int, str]]) -> None:
+    """Give the dims dynamo named itself (s0, s43, ...) the names ``axes`` declares, everywhere in the graph."""
+    names: dict[str, str] = {}
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for axis, wanted in axes.get(value.name, {}).items():
+            if axis < len(dims) and dims[axis].dim_param:
+                names.setdefault(dims[axis].dim_param, wanted)
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
 
 
 def _check_unique_names(proto: onnx.ModelProto, exporter: str) -> None:

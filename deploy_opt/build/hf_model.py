@@ -1,0 +1,66 @@
+"""``model.hf: DIR``: a local Hugging Face transformers folder, loaded for export without a factory.
+
+The folder is loaded with the task's transformers ``AutoModel*`` class from disk only (``local_files_only``: no
+hub access) and wrapped so that its forward takes ``model.inputs`` positionally and returns the task's output
+tensors (config/hf.py lists them); the build's own exporter then writes it to ONNX (torch.onnx, with the parity
+check) with named dynamic axes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.hf import TASKS, hf_folder
+from dopt_common.deps import require
+from dopt_common.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+
+def load_hf_model(config: BuildConfig) -> Any:
+    """The folder's model in eval mode, wrapped to take ``model.inputs`` positionally and return ``outputs``."""
+    torch = require("torch", purpose="model.hf")
+    transformers = require("transformers", purpose="model.hf", extra="llm")
+    folder, task = hf_folder(config.base_dir, str(config.model.hf)), str(config.model.task)
+    auto = getattr(transformers, TASKS[task][0])
+    try:
+        model = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"model.hf '{config.model.hf}': transformers cannot load it as {task} ({exc})") from exc
+    names = [s.name for s in config.model.inputs]
+    wrapped = _task_model(torch, model, names, list(config.model.outputs))
+    log.info("model.hf: %s loaded as %s (%s → %s)", folder, task, names, list(config.model.outputs))
+    return wrapped.eval()
+
+
+def _task_model(torch: Any, model: Any, names: list[str], outputs: list[str]) -> Any:
+    """``model`` behind a forward with named parameters (torch.export matches dynamic shapes to them)."""
+
+    def pick(result: Any) -> Any:
+        picked = tuple(result[name] for name in outputs)
+        return picked[0] if len(picked) == 1 else picked
+
+    class TextModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
+            extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            return pick(self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **extra))
+
+    class ImageModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: Any) -> Any:
+            return pick(self.model(pixel_values=pixel_values, return_dict=True))
+
+    if names == ["pixel_values"]:
+        return ImageModel()
+    if names[:2] != ["input_ids", "attention_mask"] or names[2:] not in ([], ["token_type_ids"]):
+        raise ModelError(f"model.hf: model.inputs {names} are not input_ids, attention_mask[, token_type_ids]")
+    return TextModel()

@@ -1,0 +1,220 @@
+"""Data sources by file type, so a build needs no Python data module.
+
+- ``.npy`` / ``.npz``: arrays keyed by input name (an ``.npy`` feeds a one-input model), cut into batches of
+  ``data.batch_size`` along axis 0; an ``.npz`` may hold ``labels``. Float and integer arrays are cast to the
+  declared dtype of their kind (float64 → float32).
+- An image folder: the ImageFolder convention (each sub-folder is a class; ``data.classes`` gives their index
+  order, default sorted) or a flat folder without labels; ``data.preprocess`` turns each image into the input
+  tensor (``images.py``).
+- A ``.txt`` (one sample a line) or ``.jsonl`` (``text`` and an optional ``label`` a line), tokenized with the
+  ``tokenizer.json`` of ``data.tokenizer`` (a Hugging Face model folder), truncated to ``data.max_length`` and
+  padded per batch to its longest sample.
+
+Each yields ``(inputs, label)`` items, the data-function contract, which ``sources.iter_batches`` validates. A
+sample's id is then the hash of its content, so the same image, row or sentence in calibration and evaluation is
+refused as an overlap, and the same samples from an image folder and from an ``.npz`` of it are the same samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploy_opt.config.data import DataConfig
+from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.images import IMAGE_SUFFIXES, load_image
+from dopt_common.deps import require
+from dopt_common.errors import InputError
+
+log = logging.getLogger(__name__)
+ARRAY_SUFFIXES = (".npy", ".npz")
+TEXT_SUFFIXES = (".txt", ".jsonl")
+LABEL_KEYS = ("labels", "label")
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+Item = tuple[dict[str, np.ndarray], np.ndarray | None]
+
+
+def file_path(ref: str, base_dir: str | Path) -> Path | None:
+    """The path ``ref`` names when it is a file source (an array or text file, or a folder), else None."""
+    path = Path(ref) if Path(ref).is_absolute() else Path(base_dir) / ref
+    if path.suffix.lower() in ARRAY_SUFFIXES + TEXT_SUFFIXES or path.is_dir():
+        return path
+    return None
+
+
+def file_items(
+    path: Path, specs: tuple[InputSpec, ...], data: DataConfig, base_dir: str | Path, what: str
+) -> Iterator[Item]:
+    """The items of the file source at ``path``, by its type (``base_dir``: where data.tokenizer is relative to)."""
+    if not path.exists():
+        raise InputError(f"{what} '{path}' does not exist; fix the path (relative paths are from the config file)")
+    suffix = path.suffix.lower()
+    if suffix in ARRAY_SUFFIXES:
+        return _array_items(path, specs, data.batch_size, what)
+    if suffix in TEXT_SUFFIXES:
+        tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
+        return _text_items(path, specs, data, tokenizer, what)
+    return _image_items(path, specs, data, what)
+
+
+def _array_items(path: Path, specs: tuple[InputSpec, ...], batch_size: int, what: str) -> Iterator[Item]:
+    arrays, labels = _read_arrays(path, specs, what)
+    total = next(iter(arrays.values())).shape[0]
+    for name, array in arrays.items():
+        if array.shape[0] != total:
+            raise InputError(f"{what} '{path.name}': array '{name}' has {array.shape[0]} rows, others {total}")
+    if labels is not None and labels.shape[0] != total:
+        raise InputError(f"{what} '{path.name}': 'labels' has {labels.shape[0]} rows, the inputs {total}")
+    for start in range(0, total, batch_size):
+        rows = slice(start, start + batch_size)
+        yield {k: v[rows] for k, v in arrays.items()}, None if labels is None else labels[rows]
+
+
+def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[dict[str, np.ndarray], Any]:
+    """The declared inputs' arrays (cast to their dtypes) and the labels, from an .npy or .npz file."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{what} '{path}' is not a readable numpy file ({exc}); save it with np.save(z)") from exc
+    if isinstance(loaded, np.ndarray):
+        if len(specs) != 1:
+            names = [s.name for s in specs]
+            raise InputError(f"{what} '{path.name}' holds one array; the model has inputs {names}: save an .npz")
+        found: dict[str, np.ndarray] = {specs[0].name: loaded}
+        labels = None
+    else:
+        with loaded:
+            keys = list(loaded.files)
+            missing = [s.name for s in specs if s.name not in keys]
+            if missing:
+                raise InputError(
+                    f"{what} '{path.name}' has no array for input(s) {missing}; it holds {keys}; fix: save one "
+                    "array per model input under its name (np.savez(file, **{name: array}))"
+                )
+            found = {s.name: loaded[s.name] for s in specs}
+            label_key = next((k for k in LABEL_KEYS if k in keys), None)
+            labels = None if label_key is None else loaded[label_key]
+    return {s.name: _cast(found[s.name], s, path.name, what) for s in specs}, labels
+
+
+def _cast(array: np.ndarray, spec: InputSpec, file: str, what: str) -> np.ndarray:
+    wanted = np.dtype(spec.dtype)
+    if array.dtype == wanted:
+        return array
+    if array.dtype.kind == wanted.kind or (array.dtype.kind in "iu" and wanted.kind in "iu"):
+        return array.astype(wanted)
+    raise InputError(
+        f"{what} '{file}': array '{spec.name}' has dtype {array.dtype}, the model takes {spec.dtype}; fix: save it "
+        f"as {spec.dtype}"
+    )
+
+
+def _image_items(folder: Path, specs: tuple[InputSpec, ...], data: DataConfig, what: str) -> Iterator[Item]:
+    if len(specs) != 1:
+        raise InputError(f"{what}: an image folder feeds a one-input model; this one takes {[s.name for s in specs]}")
+    files, labels = image_files(folder, data.classes, what)
+    for start in range(0, len(files), data.batch_size):
+        chunk = files[start : start + data.batch_size]
+        rows = [load_image(f, specs[0], data.preprocess, what) for f in chunk]
+        label = None if labels is None else np.asarray(labels[start : start + data.batch_size], dtype=np.int64)
+        yield {specs[0].name: np.stack(rows)}, label
+
+
+def image_files(folder: Path, classes: tuple[str, ...], what: str) -> tuple[list[Path], list[int] | None]:
+    """The folder's images in a fixed order, and each one's class index (None for a flat folder)."""
+    subfolders = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not subfolders:
+        files = _images_in(folder)
+        if not files:
+            raise InputError(f"{what} '{folder}' holds no images ({', '.join(IMAGE_SUFFIXES)}) and no class folders")
+        return files, None
+    order = list(classes) or subfolders
+    if sorted(order) != subfolders:
+        raise InputError(
+            f"{what} '{folder}': data.classes {list(classes)} are not its class folders {subfolders}; fix: list "
+            "every sub-folder once, in class-index order"
+        )
+    files, labels = [], []
+    for index, name in enumerate(order):
+        found = _images_in(folder / name)
+        files += found
+        labels += [index] * len(found)
+    if not files:
+        raise InputError(f"{what} '{folder}': its class folders {subfolders} hold no images")
+    return files, labels
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _text_items(
+    path: Path, specs: tuple[InputSpec, ...], data: DataConfig, tokenizer_dir: str | None, what: str
+) -> Iterator[Item]:
+    unknown = [s.name for s in specs if s.name not in TOKEN_INPUTS]
+    if unknown:
+        raise InputError(f"{what}: a text file feeds token inputs {list(TOKEN_INPUTS)}; the model also takes {unknown}")
+    texts, labels = read_texts(path, what)
+    tokenizer = load_tokenizer(tokenizer_dir, data.max_length, what)
+    for start in range(0, len(texts), data.batch_size):
+        chunk = texts[start : start + data.batch_size]
+        encoded = tokenizer.encode_batch(chunk)
+        arrays = {
+            "input_ids": np.array([e.ids for e in encoded]),
+            "attention_mask": np.array([e.attention_mask for e in encoded]),
+            "token_type_ids": np.array([e.type_ids for e in encoded]),
+        }
+        inputs = {s.name: arrays[s.name].astype(s.dtype) for s in specs}
+        label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
+        yield inputs, label
+
+
+def read_texts(path: Path, what: str) -> tuple[list[str], list[Any] | None]:
+    """The samples of a .txt (non-empty lines) or .jsonl (``text``, optional ``label``) file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix.lower() == ".txt":
+        texts = [line.strip() for line in lines if line.strip()]
+        if not texts:
+            raise InputError(f"{what} '{path}' has no text lines")
+        return texts, None
+    texts, labels = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            texts.append(str(row["text"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"{what} '{path.name}' line {number}: not a JSON object with a 'text' field ({exc})"
+            ) from exc
+        labels.append(row.get("label"))
+    if not texts:
+        raise InputError(f"{what} '{path}' has no JSON lines")
+    given = [label is not None for label in labels]
+    if any(given) and not all(given):
+        raise InputError(f"{what} '{path.name}': {given.count(False)} lines have no 'label'; label every line or none")
+    return texts, labels if all(given) else None
+
+
+def load_tokenizer(folder: str | None, max_length: int, what: str) -> Any:
+    """The ``tokenizers`` tokenizer of a Hugging Face model folder, truncating and padding per batch."""
+    if folder is None:
+        raise InputError(f"{what} is a text file: set data.tokenizer to a folder with tokenizer.json (or model.hf)")
+    tokenizers = require("tokenizers", purpose="text data files", extra="examples")
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(
+            f"data.tokenizer '{folder}' has no tokenizer.json; fix: point it at a Hugging Face model folder"
+        )
+    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer.enable_truncation(max_length=max_length)
+    pad_id = tokenizer.token_to_id("[PAD]")
+    pad_id = tokenizer.token_to_id("<pad>") if pad_id is None else pad_id
+    tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token=tokenizer.id_to_token(pad_id or 0))
+    return tokenizer

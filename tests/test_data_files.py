@@ -1,0 +1,207 @@
+"""Data sources by file type (.npy/.npz, image folders, .txt/.jsonl), their errors, and the metrics beside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from deploy_opt.config.data import DataConfig, PreprocessConfig
+from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.metrics import resolve_metric
+from deploy_opt.evaluation.sequence_metrics import char_accuracy, edit_distance, psnr, top5, word_accuracy
+from deploy_opt.evaluation.sources import iter_batches
+from dopt_common.errors import InputError
+
+IMAGE = (InputSpec("x", ("batch", 3, 8, 8), "float32"),)
+
+
+def _data(**kwargs: object) -> DataConfig:
+    return DataConfig(calibration="c.npz", evaluation="e.npz", **kwargs)  # type: ignore[arg-type]
+
+
+def _batches(ref: str | Path, specs: tuple[InputSpec, ...], data: DataConfig, base: Path) -> list:
+    return list(iter_batches(str(ref), specs, data, base, "data.calibration"))
+
+
+def test_an_npz_is_cut_into_batches_by_input_name_with_its_labels(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(10, 3, 8, 8))  # float64: cast to the declared float32
+    np.savez(tmp_path / "c.npz", x=x, labels=np.arange(10))
+    batches = _batches("c.npz", IMAGE, _data(batch_size=4), tmp_path)
+    assert [b.size for b in batches] == [4, 4, 2]
+    assert batches[0].inputs["x"].dtype == np.float32
+    np.testing.assert_array_equal(np.concatenate([b.inputs["x"] for b in batches]), x.astype(np.float32))
+    np.testing.assert_array_equal(np.concatenate([b.label for b in batches]), np.arange(10))
+    np.save(tmp_path / "one.npy", x.astype(np.float32))
+    assert sum(b.size for b in _batches("one.npy", IMAGE, _data(), tmp_path)) == 10
+
+
+def test_an_npz_missing_an_input_lists_the_keys_it_has(tmp_path: Path) -> None:
+    np.savez(tmp_path / "c.npz", image=np.zeros((2, 3, 8, 8), np.float32), labels=np.zeros(2))
+    with pytest.raises(InputError, match=r"no array for input\(s\) \['x'\]; it holds \['image', 'labels'\]"):
+        _batches("c.npz", IMAGE, _data(), tmp_path)
+    two = (*IMAGE, InputSpec("mask", ("batch", 8), "int64"))
+    np.save(tmp_path / "one.npy", np.zeros((2, 3, 8, 8), np.float32))
+    with pytest.raises(InputError, match="holds one array; the model has inputs"):
+        _batches("one.npy", two, _data(), tmp_path)
+
+
+def _image(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (12, 10)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.zeros((size[1], size[0], 3), np.uint8)
+    pixels[...] = color
+    pixels[0, 0] = (255, 255, 255)  # a corner that the centre crop cuts away
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_an_image_folder_gives_class_labels_in_the_order_classes_lists(tmp_path: Path) -> None:
+    for name, color in (("cat", (200, 10, 10)), ("dog", (10, 200, 10)), ("ant", (10, 10, 200))):
+        for i in range(2):
+            _image(tmp_path / "images" / name / f"{i}.png", color)
+    pre = PreprocessConfig(resize=(8,), channels="BGR", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    data = _data(preprocess=pre, classes=("cat", "dog", "ant"), batch_size=4)
+    (batch, rest) = _batches("images", IMAGE, data, tmp_path)
+    labels = np.concatenate([batch.label, rest.label])
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2]
+    # the short side to 8, then the centre 8 x 8 (the input's fixed size); BGR, then (x/255 - 0.5) / 0.25
+    first = batch.inputs["x"][0]
+    assert first.shape == (3, 8, 8)
+    expected = (np.array([10, 10, 200], np.float32) / 255 - 0.5) / 0.25  # cat's (200, 10, 10) in BGR order
+    np.testing.assert_allclose(first[:, 4, 4], expected, rtol=1e-6)
+    default = _batches("images", IMAGE, _data(batch_size=8), tmp_path)[0]
+    assert default.label.tolist() == [0, 0, 1, 1, 2, 2]  # sorted folder names: ant, cat, dog
+    np.testing.assert_allclose(default.inputs["x"][0][:, 4, 4], np.array([10, 10, 200]) / 255, rtol=1e-6)  # ant, RGB
+
+
+def test_image_folder_errors_name_the_file_the_input_and_the_setting(tmp_path: Path) -> None:
+    _image(tmp_path / "flat" / "a.png", (1, 2, 3))
+    (tmp_path / "flat" / "broken.jpg").write_bytes(b"not an image")
+    with pytest.raises(InputError, match=r"cannot decode image '.*broken\.jpg'"):
+        _batches("flat", IMAGE, _data(), tmp_path)
+    (tmp_path / "flat" / "broken.jpg").unlink()
+    assert _batches("flat", IMAGE, _data(), tmp_path)[0].label is None  # a flat folder has no labels
+    with pytest.raises(InputError, match=r"input 'x' expects \[3, 8, 8\].*preprocess.resize/crop"):
+        _batches("flat", IMAGE, _data(preprocess=PreprocessConfig(resize=(6, 6), crop=(6, 6))), tmp_path)
+    with pytest.raises(InputError, match=r"smaller than the crop 8x8 for input .x.; fix: raise preprocess.resize"):
+        _batches("flat", IMAGE, _data(preprocess=PreprocessConfig(resize=(6, 6))), tmp_path)
+    dynamic = (InputSpec("x", ("batch", 3, "h", "w"), "float32"),)
+    with pytest.raises(InputError, match="no fixed height and width.*set preprocess.resize"):
+        _batches("flat", dynamic, _data(), tmp_path)
+    with pytest.raises(InputError, match="are not its class folders"):
+        _image(tmp_path / "labelled" / "a" / "0.png", (1, 2, 3))
+        _batches("labelled", IMAGE, _data(classes=("b",)), tmp_path)
+
+
+def test_text_files_are_tokenized_with_the_model_folder_s_tokenizer(tmp_path: Path, minilm_folder: Path) -> None:
+    (tmp_path / "c.txt").write_text("a short line\n\nthe second, somewhat longer line of text\nthird\n")
+    specs = tuple(InputSpec(n, ("batch", "sequence"), "int64") for n in ("input_ids", "attention_mask"))
+    (batch,) = _batches("c.txt", specs, _data(tokenizer=str(minilm_folder)), tmp_path)
+    assert batch.size == 3 and batch.label is None
+    ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"]
+    assert ids.shape == mask.shape and ids.shape[1] == mask.sum(axis=1).max()  # padded to the longest
+    assert ids[0, 0] == 101 and mask[2].sum() == 3  # [CLS] third [SEP]
+    rows = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]
+    (tmp_path / "e.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (labelled,) = _batches("e.jsonl", specs, _data(tokenizer=str(minilm_folder)), tmp_path)
+    assert labelled.label.tolist() == [1, 0]
+    with pytest.raises(InputError, match="set data.tokenizer"):
+        _batches("c.txt", specs, _data(), tmp_path)
+
+
+def test_the_added_metrics_against_hand_computed_values() -> None:
+    scores = np.array([[0.0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])
+    assert top5(scores, np.array([1, 0])).tolist() == [100.0, 100.0]
+    assert top5(scores, np.array([0, 5])).tolist() == [0.0, 0.0]
+    a = np.array([[1.0, 0.0, 0.0, 0.0]])
+    assert psnr(a + np.array([[0.1, 0, 0, 0]]), a)[0] == pytest.approx(10 * np.log10(1 / (0.01 / 4)))
+    assert psnr(a, a)[0] == 100.0 and resolve_metric("psnr").higher_is_better
+    # CTC: blank 0, repeats merged: [3, 3, 0, 3, 5] decodes to [3, 3, 5]
+    logits = np.eye(6)[[[3, 3, 0, 3, 5], [1, 0, 2, 2, 0]]]
+    labels = np.array([[3, 3, 5, -1], [1, 4, -1, -1]])
+    assert char_accuracy(logits, labels).tolist() == [100.0, 50.0]
+    assert word_accuracy(logits, labels).tolist() == [100.0, 0.0]
+    assert char_accuracy(logits, logits).tolist() == [100.0, 100.0] and edit_distance([1, 2, 3], [2, 3, 4]) == 2
+
+
+def _npz_split(path: Path, batches: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, x=np.concatenate([b[0]["x"] for b in batches]), labels=np.concatenate([b[1] for b in batches]))
+
+
+def test_init_writes_a_config_that_builds_unchanged_from_npz_splits(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import tiny_onnx
+
+    tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    _npz_split(tmp_path / "data" / "calibration.npz", tiny_onnx.calibration())
+    _npz_split(tmp_path / "data" / "val.npz", tiny_onnx.evaluation())
+    run = [sys.executable, "-m", "deploy_opt"]
+    made = subprocess.run([*run, "init", "tiny.onnx", "data"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert "npz" not in made.stdout or "arrays data with labels, metric top1" in made.stdout
+    text = (tmp_path / "deploy_opt.yaml").read_text()
+    assert 'calibration: "data/calibration.npz"' in text and 'evaluation: "data/val.npz"' in text
+    again = subprocess.run([*run, "init", "tiny.onnx", "data"], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr  # never over a config without --force
+    untimed = ["--set", "benchmark.enabled=false"]  # speed figures come from benchmarks/, never from tests
+    built = subprocess.run([*run, "build", "deploy_opt.yaml", *untimed], cwd=tmp_path, capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "top1 ORT FP32" in built.stdout
+
+
+def test_init_names_what_it_cannot_read(tmp_path: Path) -> None:
+    from deploy_opt.pipeline.starter import write_starter
+
+    model = tiny_onnx_model(tmp_path)
+    (tmp_path / "one").mkdir()
+    np.savez(tmp_path / "one" / "all.npz", x=np.zeros((4, 16), np.float32))
+    with pytest.raises(InputError, match="holds no calibration and evaluation splits"):
+        write_starter(model, [tmp_path / "one"], tmp_path / "c.yaml")
+    with pytest.raises(InputError, match="neither an .onnx file nor a Hugging Face folder"):
+        write_starter(tmp_path / "one", [tmp_path / "one"], tmp_path / "c.yaml")
+
+
+def tiny_onnx_model(tmp_path: Path) -> Path:
+    import tiny_onnx
+
+    return tiny_onnx.make_model(tmp_path / "tiny.onnx")
+
+
+def test_an_hf_image_classifier_builds_from_its_folder_with_its_own_preprocessing(tmp_path: Path) -> None:
+    """A tiny random ViT saved with save_pretrained: model.hf + task image-classification, a flat image folder,
+    and the preprocessing of its preprocessor_config.json (no preprocess: in the config)."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8
+    )
+    ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    processor = {"size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    (tmp_path / "vit" / "preprocessor_config.json").write_text(json.dumps(processor))
+    rng = np.random.default_rng(0)
+    for split, count in (("calibration", 16), ("evaluation", 32)):
+        for i in range(count):
+            _image(tmp_path / "data" / split / f"{i}.png", tuple(int(v) for v in rng.integers(0, 255, 3)), (40, 36))
+    run = [sys.executable, "-m", "deploy_opt"]
+    made = subprocess.run([*run, "init", "vit", "data"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert "task: image-classification" in (tmp_path / "deploy_opt.yaml").read_text()
+    from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.pipeline.build import run_build
+
+    # the config as init wrote it, built in this process; speed figures come from benchmarks/, never from tests
+    config, profile = load_build_config(tmp_path / "deploy_opt.yaml", None, ["benchmark.enabled=false"])
+    record = run_build(config, profile, tmp_path / "reports", progress=False).build
+    assert "image-classification" in record["export"]["source"]
+    assert record["export"]["parity"]["max_abs"] < 1e-3  # the HF model and its ONNX export agree
