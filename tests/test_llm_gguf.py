@@ -15,6 +15,8 @@ pytest.importorskip("transformers")
 
 import gguf  # noqa: E402
 import tiny_llama  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from deploy_opt.llm.config import load_llm_config  # noqa: E402
 from deploy_opt.llm.pipeline import run_quantize_llm  # noqa: E402
@@ -116,8 +118,86 @@ def test_gguf_settings_that_cannot_work_are_refused_up_front(tmp_path: Path) -> 
         load_llm_config(None, {"quantization": {"format": "gguf", "method": "torchao-int8-wo"}})
 
 
+def test_gguf_from_a_folder_of_another_family_names_the_ones_written() -> None:
+    from types import SimpleNamespace
+
+    from deploy_opt.llm.hf_gguf import gguf_architecture
+
+    qwen = SimpleNamespace(config=SimpleNamespace(architectures=["Qwen2ForCausalLM"]))
+    assert gguf_architecture(qwen) == "qwen2"
+    gpt2 = SimpleNamespace(config=SimpleNamespace(architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(ConfigError, match="LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM.*start from a .gguf"):
+        gguf_architecture(gpt2)
+
+
 @pytest.mark.slow
-def test_gguf_from_a_hugging_face_folder_names_the_fix(tmp_path: Path) -> None:
-    folder = tiny_llama.make_tiny_llama(tmp_path / "hf")
-    with pytest.raises(ConfigError, match="convert_hf_to_gguf.py"):
-        run_quantize_llm(_config(folder), tmp_path / "reports", progress=False)
+def test_gguf_export_from_a_hugging_face_folder_writes_its_metadata_and_reads_back(tmp_path: Path, monkeypatch) -> None:
+    """A tiny random Llama saved as a transformers folder: its hyper-parameters, BPE tokenizer and tensors become
+    the GGUF's (as convert_hf_to_gguf.py writes them), the gguf reader reads the file back exactly, transformers
+    loads it as the model the checks measured, and llama.cpp loads it and answers where it is installed."""
+    monkeypatch.setenv("DEPLOY_OPT_CACHE", str(tmp_path / "cache"))
+    folder = tiny_llama.make_tiny_llama(tmp_path / "tiny-hf")
+    result = run_quantize_llm(_config(folder, "auto"), tmp_path / "reports", progress=False)
+    report = json.loads((result.out_dir / "quantize_report.json").read_text())
+    record = report["quantization"]["gguf"]
+    assert record["source"] == "written from the Hugging Face folder" and record["types"] == ["Q4_0"]
+    assert record["read_back"]["exact"] and record["replaced"] == 14
+    path = result.out_dir / "checkpoint" / "model.gguf"
+    reader = gguf.GGUFReader(str(path))
+    fields = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    assert fields["general.architecture"] == "llama" and fields["llama.block_count"] == 2
+    assert fields["llama.embedding_length"] == 64 and fields["tokenizer.ggml.model"] == "gpt2"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert fields["tokenizer.ggml.tokens"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    assert fields["tokenizer.ggml.eos_token_id"] == tokenizer.eos_token_id
+    assert tensor_types(path)["blk.1.ffn_down.weight"] == "Q4_0"
+    from deploy_opt.llm.gguf_model import load_model_folder
+
+    reloaded, _ = load_model_folder(path)  # transformers' own GGUF reader (it un-permutes q/k)
+    ids = torch.tensor([tokenizer("The list type is mutable.")["input_ids"]])
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        assert reloaded(input_ids=ids).logits.shape == model(input_ids=ids).logits.shape
+    llama = record["llama_cpp"]
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        assert "not installed" in llama["reason"]
+    else:
+        assert llama["loaded"], llama
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_an_hf_folder_written_as_f32_gguf_is_read_back_by_transformers_as_the_same_model(
+    tmp_path: Path, monkeypatch, family: str
+) -> None:
+    """transformers' own GGUF reader (independent of the writer) loads the F32 file as the same network."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from deploy_opt.llm.gguf_model import load_model_folder
+    from deploy_opt.llm.hf_gguf import write_hf_gguf
+
+    monkeypatch.setenv("DEPLOY_OPT_CACHE", str(tmp_path / "cache"))
+    folder = tiny_llama.make_tiny_llama(tmp_path / "tiny-hf")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if family == "llama":
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    else:
+        torch.manual_seed(0)
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+        model = Qwen2ForCausalLM(config).eval()
+    path = write_hf_gguf(model, tokenizer, tmp_path / f"{family}.gguf")
+    reloaded, _ = load_model_folder(path)
+    ids = torch.tensor([tokenizer("The list type is mutable, tuples are not.")["input_ids"]])
+    with torch.no_grad():
+        np.testing.assert_allclose(reloaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)

@@ -6,7 +6,8 @@
 - **The in-memory model is the file's model:** before the checks run, each quantized Linear is set to exactly what
   its GGUF blocks decode to (fp16 ``d`` and ``m``), so the perplexity and stability measured are the file's.
 - **Metadata and the other tensors** (embeddings, norms) come from the source GGUF byte for byte
-  (``exporters.gguf.write_gguf``): GGUF export needs a GGUF source, such as the default SmolLM2.
+  (``exporters.gguf.write_gguf``). A Hugging Face folder (Llama, Mistral, Qwen2; byte-level BPE tokenizer) is
+  first written as an F32 GGUF source the way llama.cpp's ``convert_hf_to_gguf.py`` lays one out (``hf_gguf.py``).
 - **Read back once** with the gguf package's own dequantizer: every tensor is compared with the in-memory weight
   (q/k rows put back from llama.cpp's rotary order) and then copied into the model, so the checks measure the
   file; then, if ``llama-cpp-python`` is installed, llama.cpp loads the file and answers.
@@ -69,18 +70,27 @@ def match_gguf_weights(model: torch.nn.Module, weights: dict[str, QuantizedWeigh
 
 
 def export_gguf(
-    model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path, out_dir: Path
+    model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path, out_dir: Path, tokenizer: Any = None
 ) -> dict[str, Any]:
     """Write ``out_dir/model.gguf`` from the source GGUF and the codes, read it back into ``model`` (which then
-    holds what the file decodes to), and report."""
+    holds what the file decodes to), and report. A Hugging Face folder source is first written as an F32 GGUF
+    from ``model`` and ``tokenizer`` (``hf_gguf.py``), whose metadata the file then carries."""
+    if source.suffix == ".gguf":
+        return _export(model, weights, source, out_dir)
+    import tempfile
+
+    from deploy_opt.llm.hf_gguf import write_hf_gguf
+
+    if tokenizer is None:
+        raise ConfigError(f"--format gguf from the folder '{source}' needs its tokenizer; fix: add tokenizer.json")
+    with tempfile.TemporaryDirectory(prefix="deploy_opt.gguf.") as tmp:
+        f32 = write_hf_gguf(model, tokenizer, Path(tmp) / "source.f32.gguf", name=source.name)
+        return {**_export(model, weights, f32, out_dir), "source": "written from the Hugging Face folder"}
+
+
+def _export(model: torch.nn.Module, weights: dict[str, QuantizedWeight], source: Path, out_dir: Path) -> dict[str, Any]:
     from exporters.gguf import pack_q4_0, pack_q4_1, permute_qk, read_gguf, write_gguf
 
-    if source.suffix != ".gguf":
-        raise ConfigError(
-            f"--format gguf copies the tokenizer and architecture metadata of a GGUF source model, and '{source}' "
-            "is a Hugging Face folder; fix: start from a .gguf (convert the folder with llama.cpp's "
-            "convert_hf_to_gguf.py) or use the default lmdeploy format"
-        )
     arch, names = _gguf_names(source, weights)
     heads = _head_counts(model)
     floats, float_names = changed_floats(model, source, set(weights), arch, heads)

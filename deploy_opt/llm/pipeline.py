@@ -251,18 +251,18 @@ def _quantize(
     )
     result = quantize_model(model, samples, settings, progress=progress)
     if quant.format == "gguf":
-        return _write_gguf(model, result, source, checkpoint), "gguf"
+        return _write_gguf(model, result, source, checkpoint, tokenizer), "gguf"
     fmt = "awq" if scheme.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
     write_quantized_checkpoint(model, result.weights, checkpoint, fmt=fmt, tokenizer=tokenizer)
     return result.as_dict(), fmt
 
 
-def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path) -> dict[str, Any]:
+def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path, tokenizer: Any) -> dict[str, Any]:
     """checkpoint/model.gguf; the model then holds what the file reads back as (the checks measure the file)."""
     from deploy_opt.llm.gguf_export import export_gguf, match_gguf_weights
 
     match_gguf_weights(model, dict(result.weights))
-    return {**result.as_dict(), "gguf": export_gguf(model, dict(result.weights), source, checkpoint)}
+    return {**result.as_dict(), "gguf": export_gguf(model, dict(result.weights), source, checkpoint, tokenizer)}
 
 
 def _gguf_serve_record(path: Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,117 @@
+"""A Hugging Face folder as an F32 GGUF, laid out as llama.cpp's ``convert_hf_to_gguf.py`` lays one out.
+
+``quantize-llm --format gguf`` copies a GGUF source's metadata and tensors and packs the quantized ones in place;
+a Hugging Face folder is first written as that source: the architecture's hyper-parameters, the tokenizer (a
+byte-level BPE ``tokenizer.json``: ``tokenizer.ggml.model = gpt2``, its vocabulary, merges, special-token types
+and ids, and the chat template), and every tensor under gguf's own HF → GGUF name map, with a Llama's q/k rows
+in llama.cpp's rotary order. Families: Llama and Mistral (GGUF architecture ``llama``) and Qwen2 (``qwen2``, whose
+q/k/v biases map to ``attn_q.bias`` etc. and whose rows are not permuted).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dopt_common.deps import require
+from dopt_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+ARCHITECTURES = {  # HF architecture -> GGUF architecture
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+CONTROL, NORMAL = 3, 1  # gguf.TokenType
+
+
+def gguf_architecture(model: Any) -> str:
+    """The GGUF architecture of an HF causal LM, or a ConfigError naming the families written here."""
+    names = list(getattr(model.config, "architectures", None) or [type(model).__name__])
+    for name in names:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise ConfigError(
+        f"--format gguf from a Hugging Face folder writes {', '.join(ARCHITECTURES)}; this model is {names}; fix: "
+        "start from a .gguf, or use the default lmdeploy format"
+    )
+
+
+def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -> Path:
+    """``model`` (an HF causal LM in memory) and ``tokenizer`` as an F32 GGUF at ``path``."""
+    gguf = require("gguf", purpose="--format gguf", extra="llm")
+    from exporters.gguf import permute_qk
+
+    arch = gguf_architecture(model)
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_hparams(writer, config, name)
+    _write_tokenizer(writer, tokenizer)
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    table = gguf.get_tensor_name_map(by_name[arch], config.num_hidden_layers)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
+            continue  # llama.cpp ties output to token_embd when the file has no output.weight
+        gguf_name = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ConfigError(f"--format gguf: no GGUF name for {hf_name} in a {arch} model")
+        values = tensor.detach().float().cpu().numpy()
+        if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            values = permute_qk(values, heads if "attn_q" in gguf_name else kv_heads)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    log.info("wrote %s: %s as an F32 GGUF (%s)", path.name, arch, name)
+    return path
+
+
+def _write_hparams(writer: Any, config: Any, name: str) -> None:
+    writer.add_name(name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    rope = getattr(config, "rope_parameters", None) or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_file_type(0)  # ALL_F32: the quantized tensors are packed in later
+
+
+def _write_tokenizer(writer: Any, tokenizer: Any) -> None:
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    if backend.get("model", {}).get("type") != "BPE":
+        raise ConfigError(
+            "--format gguf from a Hugging Face folder writes byte-level BPE tokenizers (tokenizer.json, as Llama 3, "
+            "Qwen2 and SmolLM use); this one is not; fix: start from a .gguf"
+        )
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    writer.add_token_list(vocab)
+    special = set(tokenizer.all_special_ids)
+    writer.add_token_types([CONTROL if i in special else NORMAL for i in range(len(vocab))])
+    merges = backend["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    for setter, token_id in (
+        (writer.add_bos_token_id, tokenizer.bos_token_id),
+        (writer.add_eos_token_id, tokenizer.eos_token_id),
+        (writer.add_unk_token_id, tokenizer.unk_token_id),
+        (writer.add_pad_token_id, tokenizer.pad_token_id),
+    ):
+        if token_id is not None:
+            setter(int(token_id))
+    if getattr(tokenizer, "chat_template", None):
+        writer.add_chat_template(tokenizer.chat_template)
