@@ -205,3 +205,27 @@ def test_an_hf_image_classifier_builds_from_its_folder_with_its_own_preprocessin
     record = run_build(config, profile, tmp_path / "reports", progress=False).build
     assert "image-classification" in record["export"]["source"]
     assert record["export"]["parity"]["max_abs"] < 1e-3  # the HF model and its ONNX export agree
+
+
+def test_a_datasets_folder_feeds_arrays_text_or_images_by_column_name(tmp_path: Path, minilm_folder: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    x = np.random.default_rng(0).normal(size=(6, 3, 8, 8)).astype(np.float32)
+    datasets.Dataset.from_dict({"x": x.tolist(), "label": [0, 1, 2, 0, 1, 2]}).save_to_disk(str(tmp_path / "arrays"))
+    batches = _batches("arrays", IMAGE, _data(batch_size=4), tmp_path)
+    np.testing.assert_array_equal(np.concatenate([b.inputs["x"] for b in batches]), x)
+    assert np.concatenate([b.label for b in batches]).tolist() == [0, 1, 2, 0, 1, 2]
+    text = datasets.Dataset.from_dict({"text": ["a line", "another, longer line"], "label": [1, 0]})
+    text.save_to_disk(str(tmp_path / "text"))
+    specs = tuple(InputSpec(n, ("batch", "sequence"), "int64") for n in ("input_ids", "attention_mask"))
+    (batch,) = _batches("text", specs, _data(tokenizer=str(minilm_folder)), tmp_path)
+    assert batch.inputs["input_ids"][0, 0] == 101 and batch.label.tolist() == [1, 0]
+    images = [Image.fromarray(np.full((10, 12, 3), v, np.uint8)) for v in (0, 255)]
+    pictures = datasets.Dataset.from_dict({"image": images}).cast_column("image", datasets.Image())
+    pictures.save_to_disk(str(tmp_path / "images"))
+    (batch,) = _batches("images", IMAGE, _data(), tmp_path)
+    assert batch.inputs["x"].shape == (2, 3, 8, 8) and batch.inputs["x"][1].min() == 1.0 and batch.label is None
+    datasets.DatasetDict({"train": text, "test": text}).save_to_disk(str(tmp_path / "splits"))
+    with pytest.raises(InputError, match=r"holds the splits \['train', 'test'\]; fix: point at one"):
+        _batches("splits", specs, _data(), tmp_path)
+    with pytest.raises(InputError, match=r"has columns \['text', 'label'\]; the model takes \['x'\]"):
+        _batches("text", IMAGE, _data(), tmp_path)

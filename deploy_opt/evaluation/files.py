@@ -9,6 +9,9 @@
 - A ``.txt`` (one sample a line) or ``.jsonl`` (``text`` and an optional ``label`` a line), tokenized with the
   ``tokenizer.json`` of ``data.tokenizer`` (a Hugging Face model folder), truncated to ``data.max_length`` and
   padded per batch to its longest sample.
+- A ``datasets`` folder written with ``save_to_disk`` (one split): columns named as the model's inputs (arrays), or
+  a ``text`` column (tokenized as above), or an ``image`` column (preprocessed as an image folder's); a ``label``
+  or ``labels`` column gives the labels.
 
 Each yields ``(inputs, label)`` items, the data-function contract, which ``sources.iter_batches`` validates. A
 sample's id is then the hash of its content, so the same image, row or sentence in calibration and evaluation is
@@ -36,6 +39,7 @@ ARRAY_SUFFIXES = (".npy", ".npz")
 TEXT_SUFFIXES = (".txt", ".jsonl")
 LABEL_KEYS = ("labels", "label")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+DATASET_MARKERS = ("state.json", "dataset_info.json", "dataset_dict.json")  # what save_to_disk writes
 Item = tuple[dict[str, np.ndarray], np.ndarray | None]
 
 
@@ -54,11 +58,15 @@ def file_items(
     if not path.exists():
         raise InputError(f"{what} '{path}' does not exist; fix the path (relative paths are from the config file)")
     suffix = path.suffix.lower()
+    tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
     if suffix in ARRAY_SUFFIXES:
         return _array_items(path, specs, data.batch_size, what)
     if suffix in TEXT_SUFFIXES:
-        tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
         return _text_items(path, specs, data, tokenizer, what)
+    if any((path / marker).is_file() for marker in DATASET_MARKERS):
+        from deploy_opt.evaluation.dataset_folder import dataset_items
+
+        return dataset_items(path, specs, data, tokenizer, what)
     return _image_items(path, specs, data, what)
 
 
@@ -99,10 +107,11 @@ def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[d
             found = {s.name: loaded[s.name] for s in specs}
             label_key = next((k for k in LABEL_KEYS if k in keys), None)
             labels = None if label_key is None else loaded[label_key]
-    return {s.name: _cast(found[s.name], s, path.name, what) for s in specs}, labels
+    return {s.name: cast_array(found[s.name], s, path.name, what) for s in specs}, labels
 
 
-def _cast(array: np.ndarray, spec: InputSpec, file: str, what: str) -> np.ndarray:
+def cast_array(array: np.ndarray, spec: InputSpec, file: str, what: str) -> np.ndarray:
+    """``array`` as the declared dtype when it is of the same kind (float64 → float32), else an InputError."""
     wanted = np.dtype(spec.dtype)
     if array.dtype == wanted:
         return array
@@ -162,16 +171,20 @@ def _text_items(
     texts, labels = read_texts(path, what)
     tokenizer = load_tokenizer(tokenizer_dir, data.max_length, what)
     for start in range(0, len(texts), data.batch_size):
-        chunk = texts[start : start + data.batch_size]
-        encoded = tokenizer.encode_batch(chunk)
-        arrays = {
-            "input_ids": np.array([e.ids for e in encoded]),
-            "attention_mask": np.array([e.attention_mask for e in encoded]),
-            "token_type_ids": np.array([e.type_ids for e in encoded]),
-        }
-        inputs = {s.name: arrays[s.name].astype(s.dtype) for s in specs}
+        inputs = tokenize(tokenizer, texts[start : start + data.batch_size], specs)
         label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
         yield inputs, label
+
+
+def tokenize(tokenizer: Any, texts: list[str], specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+    """One batch of texts as the model's token inputs, padded to the longest."""
+    encoded = tokenizer.encode_batch(texts)
+    arrays = {
+        "input_ids": np.array([e.ids for e in encoded]),
+        "attention_mask": np.array([e.attention_mask for e in encoded]),
+        "token_type_ids": np.array([e.type_ids for e in encoded]),
+    }
+    return {s.name: arrays[s.name].astype(s.dtype) for s in specs}
 
 
 def read_texts(path: Path, what: str) -> tuple[list[str], list[Any] | None]:

@@ -34,7 +34,12 @@ def model_size(spec: InputSpec, layout: str) -> tuple[int | None, int | None]:
 
 def load_image(path: Path, spec: InputSpec, pre: PreprocessConfig, what: str) -> np.ndarray:
     """The preprocessed image at ``path`` as one row of ``spec`` (no batch axis)."""
-    image = decode(path, pre.channels, what)
+    return preprocess_image(decode(path, pre.channels, what), path, spec, pre, what)
+
+
+def preprocess_image(image: Any, path: Path, spec: InputSpec, pre: PreprocessConfig, what: str) -> np.ndarray:
+    """A decoded PIL image (RGB or L) as one row of ``spec``; ``path`` names it in errors."""
+    image = image.convert("L" if pre.channels == "L" else "RGB")
     height, width = model_size(spec, pre.layout)
     image = _resized(image, pre, (height, width), spec)
     crop = tuple(pre.crop) or ((height, width) if pre.resize and height and width else ())

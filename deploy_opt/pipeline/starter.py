@@ -35,7 +35,7 @@ class StarterConfig:
 
     path: Path
     model_kind: str  # "onnx" | "hf"
-    data_kind: str  # "arrays" | "images" | "text"
+    data_kind: str  # "arrays" | "images" | "text" | "dataset"
     labelled: bool
     metric: str
 
@@ -146,6 +146,9 @@ def _data_kind(path: Path) -> tuple[str, bool]:
             return "arrays", any(k in loaded.files for k in LABEL_KEYS)
     if suffix in TEXT_SUFFIXES:
         return "text", read_texts(path, "init")[1] is not None
+    if path.is_dir() and (path / "dataset_info.json").is_file():  # a datasets split written with save_to_disk
+        features = json.loads((path / "dataset_info.json").read_text(encoding="utf-8")).get("features") or {}
+        return "dataset", any(name in features for name in LABEL_KEYS)
     if path.is_dir():
         return "images", image_files(path, (), "init")[1] is not None
     raise InputError(f"init: data '{path}' is not an .npy/.npz, .txt/.jsonl or an image folder")
