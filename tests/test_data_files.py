@@ -12,7 +12,14 @@ from PIL import Image
 from deploy_opt.config.data import DataConfig, PreprocessConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.metrics import resolve_metric
-from deploy_opt.evaluation.sequence_metrics import char_accuracy, edit_distance, psnr, top5, word_accuracy
+from deploy_opt.evaluation.sequence_metrics import (
+    char_accuracy,
+    edit_distance,
+    perplexity,
+    psnr,
+    top5,
+    word_accuracy,
+)
 from deploy_opt.evaluation.sources import iter_batches
 from dopt_common.errors import InputError
 
@@ -110,6 +117,8 @@ def test_text_files_are_tokenized_with_the_model_folder_s_tokenizer(tmp_path: Pa
     assert labelled.label.tolist() == [1, 0]
     with pytest.raises(InputError, match="set data.tokenizer"):
         _batches("c.txt", specs, _data(), tmp_path)
+    (scored,) = _batches("c.txt", specs, _data(tokenizer=str(minilm_folder), metric="perplexity"), tmp_path)
+    assert (scored.label == np.where(mask > 0, ids, -1)).all()  # the ids are the labels, padding -1
 
 
 def test_the_added_metrics_against_hand_computed_values() -> None:
@@ -125,6 +134,13 @@ def test_the_added_metrics_against_hand_computed_values() -> None:
     assert char_accuracy(logits, labels).tolist() == [100.0, 50.0]
     assert word_accuracy(logits, labels).tolist() == [100.0, 0.0]
     assert char_accuracy(logits, logits).tolist() == [100.0, 100.0] and edit_distance([1, 2, 3], [2, 3, 4]) == 2
+    # perplexity: uniform logits over 8 tokens score 8 whatever the targets; padding (-1) is not scored
+    uniform = np.zeros((2, 4, 8))
+    assert perplexity(uniform, np.array([[1, 2, 3, 4], [5, 6, -1, -1]])) == pytest.approx([8.0, 8.0])
+    sure = np.full((1, 3, 8), -50.0)
+    sure[0, 0, 2], sure[0, 1, 7] = 50.0, 50.0  # certain of the next tokens 2 and 7
+    assert perplexity(sure, np.array([[0, 2, 7]]))[0] == pytest.approx(1.0)
+    assert not resolve_metric("perplexity").higher_is_better
 
 
 def _npz_split(path: Path, batches: list) -> None:

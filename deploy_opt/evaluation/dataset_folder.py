@@ -16,7 +16,7 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import TOKEN_INPUTS, Item, cast_array, load_tokenizer, tokenize
+from deploy_opt.evaluation.files import TOKEN_INPUTS, Item, cast_array, load_tokenizer, token_targets, tokenize
 from deploy_opt.evaluation.images import preprocess_image
 from dopt_common.deps import require
 from dopt_common.errors import InputError
@@ -38,7 +38,11 @@ def dataset_items(
     label = next((c for c in LABEL_COLUMNS if c in columns), None)
     convert = _converter(columns, specs, data, tokenizer_dir, path, what)
     for batch in table.iter(batch_size=data.batch_size):
-        yield convert(batch), None if label is None else np.asarray(batch[label])
+        inputs = convert(batch)
+        if data.metric == "perplexity" and "input_ids" in inputs:
+            yield inputs, token_targets(inputs)
+        else:
+            yield inputs, None if label is None else np.asarray(batch[label])
 
 
 def _converter(

@@ -173,7 +173,14 @@ def _text_items(
     for start in range(0, len(texts), data.batch_size):
         inputs = tokenize(tokenizer, texts[start : start + data.batch_size], specs)
         label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
-        yield inputs, label
+        yield inputs, (token_targets(inputs) if data.metric == "perplexity" else label)
+
+
+def token_targets(inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The token ids as a causal LM's labels, with padding -1 (metric perplexity scores each next token)."""
+    ids = inputs["input_ids"].astype(np.int64)
+    mask = inputs.get("attention_mask")
+    return ids if mask is None else np.where(mask > 0, ids, -1)
 
 
 def tokenize(tokenizer: Any, texts: list[str], specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:

@@ -94,3 +94,25 @@ def word_accuracy(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Per sample, 100 when the decoded sequence equals the reference's, else 0."""
     pairs = zip(ctc_decode(prediction), _references(prediction, reference), strict=True)
     return np.array([100.0 if p == r else 0.0 for p, r in pairs])
+
+
+def perplexity(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """A causal LM's per-sample perplexity of its own next tokens (lower is better).
+
+    ``prediction``: logits ``[batch, sequence, vocab]``; ``reference``: the token ids ``[batch, sequence]`` with
+    padding negative (a text source gives them as labels when ``data.metric`` is ``perplexity``). Position ``t``'s
+    logits score token ``t + 1``.
+    """
+    if prediction.ndim != 3 or reference.shape != prediction.shape[:2]:
+        raise InputError(
+            f"metric perplexity: logits {list(prediction.shape)} and token ids {list(reference.shape)}; expected "
+            "[batch, sequence, vocab] logits and [batch, sequence] ids (text data with metric perplexity gives them)"
+        )
+    logits = prediction[:, :-1].astype(np.float64)
+    targets = reference[:, 1:].astype(np.int64)
+    shifted = logits - logits.max(axis=2, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=2, keepdims=True))
+    valid = targets >= 0
+    picked = np.take_along_axis(log_probs, np.maximum(targets, 0)[..., None], axis=2)[..., 0]
+    counts = np.maximum(valid.sum(axis=1), 1)
+    return np.exp(-(picked * valid).sum(axis=1) / counts)
