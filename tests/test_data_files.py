@@ -245,3 +245,23 @@ def test_a_datasets_folder_feeds_arrays_text_or_images_by_column_name(tmp_path: 
         _batches("splits", specs, _data(), tmp_path)
     with pytest.raises(InputError, match=r"has columns \['text', 'label'\]; the model takes \['x'\]"):
         _batches("text", IMAGE, _data(), tmp_path)
+
+
+def test_detection_map50_is_voc_all_point_ap_per_image() -> None:
+    from deploy_opt.evaluation.detection import detection_map50
+
+    def yolo(boxes: list[tuple[float, float, float, float, float]]) -> np.ndarray:
+        rows = np.zeros((1, 8, 6), np.float32)  # [batch, anchors, 4 + 2 classes]: class 0 only here
+        for i, (cx, cy, w, h, score) in enumerate(boxes):
+            rows[0, i] = (cx, cy, w, h, score, 0.0)
+        return rows.transpose(0, 2, 1)
+
+    labels = np.zeros((1, 3, 6), np.float32)
+    labels[0, 0] = (0, 0, 10, 10, 0, 1)  # x1 y1 x2 y2 class valid
+    labels[0, 1] = (50, 50, 60, 60, 0, 1)
+    # ranked: a hit (0.9), a false positive (0.8), the second hit (0.7): P = 1, 1/2, 2/3 at R = 1/2, 1/2, 1
+    prediction = yolo([(5, 5, 10, 10, 0.9), (30, 30, 10, 10, 0.8), (55, 55, 10, 10, 0.7)])
+    assert detection_map50(prediction, labels)[0] == pytest.approx(100 * (0.5 * 1 + 0.5 * 2 / 3))
+    perfect = yolo([(5, 5, 10, 10, 0.9), (55, 55, 10, 10, 0.7)])
+    assert detection_map50(perfect, labels)[0] == pytest.approx(100.0)
+    assert detection_map50(perfect, perfect)[0] == pytest.approx(100.0)  # against the FP32 model's own output

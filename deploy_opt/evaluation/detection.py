@@ -14,15 +14,33 @@ where neither has a box scores 100.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from dopt_common.errors import InputError
 
 SCORE, NMS_IOU, MATCH_IOU, MAX_DETECTIONS = 0.25, 0.7, 0.5, 300
+Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes x1y1x2y2, scores, classes
+ImageScore = Callable[[Detections, Detections], float]
 
 
 def detection_f1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Per image, 100 × F1 of the decoded detections of ``prediction`` against those of ``reference``."""
+    return _per_image(prediction, reference, _f1)
+
+
+def detection_map50(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Per image, 100 × the mean over its reference classes of AP at IoU 0.5 (VOC all-point interpolation).
+
+    A per-image score, averaged over images like every metric here (so that its drop has a paired interval); the
+    pooled mAP of COCO and VOC ranks detections across the whole set instead. Detections are those above ``SCORE``,
+    as for ``detection_f1``. An image with no reference box scores 100 without detections, else 0.
+    """
+    return _per_image(prediction, reference, _ap50)
+
+
+def _per_image(prediction: np.ndarray, reference: np.ndarray, score: ImageScore) -> np.ndarray:
     predicted = _yolo_rows(prediction)
     if reference.shape == prediction.shape:
         expected = [_detections(r) for r in _yolo_rows(reference)]
@@ -36,7 +54,7 @@ def detection_f1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
             f"metric detection_f1: the reference has shape {reference.shape}; expected the model's own output shape "
             f"{prediction.shape} or labels [batch, boxes, 6] (x1, y1, x2, y2, class, valid)"
         )
-    return np.array([_f1(_detections(p), e) for p, e in zip(predicted, expected, strict=True)])
+    return np.array([score(_detections(p), e) for p, e in zip(predicted, expected, strict=True)])
 
 
 def _yolo_rows(output: np.ndarray) -> np.ndarray:
@@ -102,3 +120,29 @@ def _f1(predicted: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> 
             free[best] = False
             matched += 1
     return 100.0 * 2 * matched / (len(boxes) + len(ref_boxes))
+
+
+def _ap50(predicted: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> float:
+    """100 × mean over the reference's classes of AP at IoU ``MATCH_IOU`` (VOC all-point interpolation)."""
+    boxes, scores, classes = predicted
+    ref_boxes, _, ref_classes = expected
+    if len(ref_boxes) == 0:
+        return 100.0 if len(boxes) == 0 else 0.0
+    aps = []
+    for cls in np.unique(ref_classes):
+        mine = np.flatnonzero(classes == cls)
+        mine = mine[np.argsort(-scores[mine], kind="stable")]
+        targets = ref_boxes[ref_classes == cls]
+        free = np.ones(len(targets), dtype=bool)
+        hits = np.zeros(len(mine))
+        for rank, index in enumerate(mine):
+            ious = np.where(free, _iou(boxes[index], targets), 0.0)
+            best = int(ious.argmax()) if len(targets) else 0
+            if len(targets) and ious[best] >= MATCH_IOU:
+                free[best], hits[rank] = False, 1.0
+        true_positives = np.cumsum(hits)
+        recall = np.concatenate([[0.0], true_positives / len(targets), [1.0]])
+        precision = np.concatenate([[1.0], true_positives / np.arange(1, len(mine) + 1), [0.0]])
+        precision = np.maximum.accumulate(precision[::-1])[::-1]  # the envelope: best precision at any higher recall
+        aps.append(float(np.sum((recall[1:] - recall[:-1]) * precision[1:])))
+    return 100.0 * float(np.mean(aps))

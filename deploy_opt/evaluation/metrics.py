@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy_opt.evaluation.detection import detection_f1
+from deploy_opt.evaluation.detection import detection_f1, detection_map50
 from deploy_opt.evaluation.sequence_metrics import char_accuracy, perplexity, psnr, top5, word_accuracy
 from deploy_opt.evaluation.sources import resolve_callable, user_code
 from dopt_common.errors import InputError
@@ -66,6 +66,7 @@ BUILTIN: dict[str, tuple[ScoreFn, bool]] = {
     "mse": (mse, False),
     "psnr": (psnr, True),
     "detection_f1": (detection_f1, True),
+    "detection_map50": (detection_map50, True),
     "char_accuracy": (char_accuracy, True),
     "word_accuracy": (word_accuracy, True),
     "perplexity": (perplexity, False),
