@@ -265,3 +265,28 @@ def test_detection_map50_is_voc_all_point_ap_per_image() -> None:
     perfect = yolo([(5, 5, 10, 10, 0.9), (55, 55, 10, 10, 0.7)])
     assert detection_map50(perfect, labels)[0] == pytest.approx(100.0)
     assert detection_map50(perfect, perfect)[0] == pytest.approx(100.0)  # against the FP32 model's own output
+
+
+def test_the_sampler_balances_over_a_named_column(tmp_path: Path) -> None:
+    import tiny_onnx
+
+    from deploy_opt.build.calibration_set import choose_calibration
+    from deploy_opt.config.profiles import load_build_config
+
+    tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    x = np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32)
+    domain = np.array(["news"] * 32 + ["law"] * 8)  # unbalanced: 32 and 8
+    np.savez(tmp_path / "c.npz", x=x, domain=domain)
+    np.savez(tmp_path / "e.npz", x=x[:8] + 1)
+    (tmp_path / "b.yaml").write_text(
+        "name: t\nmodel: {onnx: tiny.onnx}\n"
+        "data: {calibration: c.npz, evaluation: e.npz, strata: domain}\ncalibration: {samples: 16}\n"
+    )
+    config, _ = load_build_config(tmp_path / "b.yaml")
+    chosen = choose_calibration(config, (InputSpec("x", ("batch", 16), "float32"),))
+    assert chosen.stratify == "data.strata 'domain'"
+    assert chosen.selection.counts == {"news": 8, "law": 8}  # balanced: 8 of each, not 13 and 3
+    (tmp_path / "b.yaml").write_text((tmp_path / "b.yaml").read_text().replace("strata: domain", "strata: topic"))
+    config, _ = load_build_config(tmp_path / "b.yaml")
+    with pytest.raises(InputError, match=r"has no array 'topic' \(data.strata\); it holds \['x', 'domain'\]"):
+        choose_calibration(config, (InputSpec("x", ("batch", 16), "float32"),))

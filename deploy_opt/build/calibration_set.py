@@ -84,6 +84,8 @@ def _label_key(inputs: dict[str, np.ndarray], label: Any) -> Hashable:
 
 def _stratum_keys(batch: Batch, key_fn: KeyFn, stratify: str) -> list[Hashable]:
     """The stratum of each sample of a batch; a failing user key function names itself."""
+    if stratify.startswith("data.strata") and batch.strata is not None:
+        return list(batch.strata)
     keys = []
     for i in range(batch.size):
         inputs = {k: v[i] for k, v in batch.inputs.items()}
@@ -100,6 +102,8 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     kept: list[Batch] | None = []
     stratify, key_fn = "", None
     for batch in iter_batches(ref, specs, config.data, config.base_dir, "data.calibration"):
+        if key_fn is None and batch.strata is not None and config.calibration.stratify == "auto":
+            stratify, key_fn = f"data.strata '{config.data.strata}'", _label_key  # the named column's values
         if key_fn is None:
             stratify, key_fn = _key_function(config, batch.label)
         keys.extend(_stratum_keys(batch, key_fn, stratify))

@@ -70,6 +70,9 @@ class DataConfig:
     classes: tuple[str, ...] = ()  # image folders: sub-folder names in class-index order (default: sorted)
     tokenizer: str | None = None  # text files: a folder with tokenizer.json (a Hugging Face model folder)
     max_length: int = 128  # text files: tokens a sample keeps (padded per batch to its longest)
+    # .npz key, .jsonl field or datasets column whose values are the calibration sampler's strata
+    # (calibration.stratify auto then balances over them instead of the labels)
+    strata: str | None = None
 
     def __post_init__(self) -> None:
         if self.calibration == self.evaluation:

@@ -16,7 +16,15 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import TOKEN_INPUTS, Item, cast_array, load_tokenizer, token_targets, tokenize
+from deploy_opt.evaluation.files import (
+    TOKEN_INPUTS,
+    Item,
+    StratifiedItem,
+    cast_array,
+    load_tokenizer,
+    token_targets,
+    tokenize,
+)
 from deploy_opt.evaluation.images import preprocess_image
 from dopt_common.deps import require
 from dopt_common.errors import InputError
@@ -26,7 +34,7 @@ LABEL_COLUMNS = ("label", "labels")
 
 def dataset_items(
     path: Path, specs: tuple[InputSpec, ...], data: DataConfig, tokenizer_dir: str | None, what: str
-) -> Iterator[Item]:
+) -> Iterator[Item | StratifiedItem]:
     """The folder's rows in batches of ``data.batch_size``, as (inputs, label) items."""
     splits_file = path / "dataset_dict.json"
     if splits_file.is_file():
@@ -36,13 +44,16 @@ def dataset_items(
     table = datasets.load_from_disk(str(path))
     columns = list(table.column_names)
     label = next((c for c in LABEL_COLUMNS if c in columns), None)
+    if data.strata is not None and data.strata not in columns:
+        raise InputError(f"{what} '{path}' has no column '{data.strata}' (data.strata); its columns: {columns}")
     convert = _converter(columns, specs, data, tokenizer_dir, path, what)
     for batch in table.iter(batch_size=data.batch_size):
         inputs = convert(batch)
         if data.metric == "perplexity" and "input_ids" in inputs:
-            yield inputs, token_targets(inputs)
+            item: Item = (inputs, token_targets(inputs))
         else:
-            yield inputs, None if label is None else np.asarray(batch[label])
+            item = (inputs, None if label is None else np.asarray(batch[label]))
+        yield item if data.strata is None else StratifiedItem(item, list(batch[data.strata]))
 
 
 def _converter(

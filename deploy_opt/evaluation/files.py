@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ DATASET_MARKERS = ("state.json", "dataset_info.json", "dataset_dict.json")  # wh
 Item = tuple[dict[str, np.ndarray], np.ndarray | None]
 
 
+@dataclass(frozen=True)
+class StratifiedItem:
+    """An item and each of its samples' stratum (the ``data.strata`` column), for the calibration sampler."""
+
+    item: Item
+    strata: list[Any]
+
+
 def file_path(ref: str, base_dir: str | Path) -> Path | None:
     """The path ``ref`` names when it is a file source (an array or text file, or a folder), else None."""
     path = Path(ref) if Path(ref).is_absolute() else Path(base_dir) / ref
@@ -53,25 +62,32 @@ def file_path(ref: str, base_dir: str | Path) -> Path | None:
 
 def file_items(
     path: Path, specs: tuple[InputSpec, ...], data: DataConfig, base_dir: str | Path, what: str
-) -> Iterator[Item]:
+) -> Iterator[Item | StratifiedItem]:
     """The items of the file source at ``path``, by its type (``base_dir``: where data.tokenizer is relative to)."""
     if not path.exists():
         raise InputError(f"{what} '{path}' does not exist; fix the path (relative paths are from the config file)")
     suffix = path.suffix.lower()
     tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
     if suffix in ARRAY_SUFFIXES:
-        return _array_items(path, specs, data.batch_size, what)
+        return _array_items(path, specs, data.batch_size, data.strata, what)
     if suffix in TEXT_SUFFIXES:
         return _text_items(path, specs, data, tokenizer, what)
     if any((path / marker).is_file() for marker in DATASET_MARKERS):
         from deploy_opt.evaluation.dataset_folder import dataset_items
 
         return dataset_items(path, specs, data, tokenizer, what)
+    if data.strata is not None:
+        raise InputError(
+            f"data.strata '{data.strata}' names a column; {what} '{path}' is an image folder (its class is the label)"
+        )
     return _image_items(path, specs, data, what)
 
 
-def _array_items(path: Path, specs: tuple[InputSpec, ...], batch_size: int, what: str) -> Iterator[Item]:
+def _array_items(
+    path: Path, specs: tuple[InputSpec, ...], batch_size: int, strata_key: str | None, what: str
+) -> Iterator[Item | StratifiedItem]:
     arrays, labels = _read_arrays(path, specs, what)
+    strata = None if strata_key is None else _npz_column(path, strata_key, what)
     total = next(iter(arrays.values())).shape[0]
     for name, array in arrays.items():
         if array.shape[0] != total:
@@ -80,7 +96,16 @@ def _array_items(path: Path, specs: tuple[InputSpec, ...], batch_size: int, what
         raise InputError(f"{what} '{path.name}': 'labels' has {labels.shape[0]} rows, the inputs {total}")
     for start in range(0, total, batch_size):
         rows = slice(start, start + batch_size)
-        yield {k: v[rows] for k, v in arrays.items()}, None if labels is None else labels[rows]
+        item = ({k: v[rows] for k, v in arrays.items()}, None if labels is None else labels[rows])
+        yield item if strata is None else StratifiedItem(item, list(strata[rows]))
+
+
+def _npz_column(path: Path, key: str, what: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as loaded:
+        if isinstance(loaded, np.ndarray) or key not in loaded.files:
+            held = [] if isinstance(loaded, np.ndarray) else list(loaded.files)
+            raise InputError(f"{what} '{path.name}' has no array '{key}' (data.strata); it holds {held}")
+        return loaded[key]
 
 
 def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[dict[str, np.ndarray], Any]:
@@ -164,16 +189,31 @@ def _images_in(folder: Path) -> list[Path]:
 
 def _text_items(
     path: Path, specs: tuple[InputSpec, ...], data: DataConfig, tokenizer_dir: str | None, what: str
-) -> Iterator[Item]:
+) -> Iterator[Item | StratifiedItem]:
     unknown = [s.name for s in specs if s.name not in TOKEN_INPUTS]
     if unknown:
         raise InputError(f"{what}: a text file feeds token inputs {list(TOKEN_INPUTS)}; the model also takes {unknown}")
     texts, labels = read_texts(path, what)
+    strata = None if data.strata is None else read_field(path, data.strata, what)
     tokenizer = load_tokenizer(tokenizer_dir, data.max_length, what)
     for start in range(0, len(texts), data.batch_size):
         inputs = tokenize(tokenizer, texts[start : start + data.batch_size], specs)
         label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
-        yield inputs, (token_targets(inputs) if data.metric == "perplexity" else label)
+        item = (inputs, token_targets(inputs) if data.metric == "perplexity" else label)
+        yield item if strata is None else StratifiedItem(item, strata[start : start + data.batch_size])
+
+
+def read_field(path: Path, field: str, what: str) -> list[Any]:
+    """Each JSON line's ``field`` (data.strata), which every line must have."""
+    if path.suffix.lower() != ".jsonl":
+        raise InputError(f"data.strata '{field}' names a field; {what} '{path.name}' is plain text: use a .jsonl")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    missing = sum(field not in row for row in rows)
+    if missing:
+        raise InputError(
+            f"{what} '{path.name}': {missing} lines have no '{field}' (data.strata); give it on every line"
+        )
+    return [row[field] for row in rows]
 
 
 def token_targets(inputs: dict[str, np.ndarray]) -> np.ndarray:

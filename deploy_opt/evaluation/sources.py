@@ -24,7 +24,7 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import file_items, file_path
+from deploy_opt.evaluation.files import StratifiedItem, file_items, file_path
 from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
 from dopt_common.names import shown
 
@@ -38,6 +38,7 @@ class Batch:
     inputs: dict[str, np.ndarray]
     label: np.ndarray | None
     ids: tuple[str, ...] | None = None
+    strata: tuple[str, ...] | None = None  # each sample's stratum from data.strata (a column or field), if named
 
     @property
     def size(self) -> int:
@@ -49,7 +50,8 @@ class Batch:
         rows = list(rows)
         label = None if self.label is None else self.label[rows]
         ids = None if self.ids is None else tuple(self.ids[r] for r in rows)
-        return Batch({k: v[rows] for k, v in self.inputs.items()}, label, ids)
+        strata = None if self.strata is None else tuple(self.strata[r] for r in rows)
+        return Batch({k: v[rows] for k, v in self.inputs.items()}, label, ids, strata)
 
     def head(self, n: int) -> Batch:
         """The first ``n`` samples."""
@@ -218,6 +220,13 @@ def to_batch(item: Any, specs: tuple[InputSpec, ...], where: str) -> Batch:
     return Batch(arrays, label, ids)
 
 
+def with_strata(batch: Batch, strata: list[Any] | None) -> Batch:
+    """``batch`` with each sample's stratum (a file source's ``data.strata`` column), or as it is."""
+    if strata is None:
+        return batch
+    return Batch(batch.inputs, batch.label, batch.ids, tuple(str(s) for s in strata))
+
+
 def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[InputSpec, ...], where: str) -> None:
     """Raise InputError when names, dtypes, ranks or static dims differ from the declaration."""
     declared = [s.name for s in specs]
@@ -271,7 +280,9 @@ def iter_batches(
         source = _guarded(source, f"{what} '{ref}'")
     taken = 0
     for index, item in enumerate(source):
-        batch = to_batch(item, specs, f"{what} batch {index}")
+        strata = item.strata if isinstance(item, StratifiedItem) else None
+        item = item.item if isinstance(item, StratifiedItem) else item
+        batch = with_strata(to_batch(item, specs, f"{what} batch {index}"), strata)
         if limit is not None and taken + batch.size > limit:
             batch = batch.head(limit - taken)
         if batch.size:
