@@ -111,10 +111,12 @@ def test_text_files_are_tokenized_with_the_model_folder_s_tokenizer(tmp_path: Pa
     ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"]
     assert ids.shape == mask.shape and ids.shape[1] == mask.sum(axis=1).max()  # padded to the longest
     assert ids[0, 0] == 101 and mask[2].sum() == 3  # [CLS] third [SEP]
-    rows = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]
+    rows = [{"text": "good", "label": 1, "source": "web"}, {"text": "bad", "label": 0, "source": "book"}]
     (tmp_path / "e.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (labelled,) = _batches("e.jsonl", specs, _data(tokenizer=str(minilm_folder)), tmp_path)
-    assert labelled.label.tolist() == [1, 0]
+    assert labelled.label.tolist() == [1, 0] and labelled.strata is None
+    (stratified,) = _batches("e.jsonl", specs, _data(tokenizer=str(minilm_folder), strata="source"), tmp_path)
+    assert stratified.strata == ("web", "book") and stratified.take([1]).strata == ("book",)
     with pytest.raises(InputError, match="set data.tokenizer"):
         _batches("c.txt", specs, _data(), tmp_path)
     (scored,) = _batches("c.txt", specs, _data(tokenizer=str(minilm_folder), metric="perplexity"), tmp_path)
@@ -230,11 +232,13 @@ def test_a_datasets_folder_feeds_arrays_text_or_images_by_column_name(tmp_path: 
     batches = _batches("arrays", IMAGE, _data(batch_size=4), tmp_path)
     np.testing.assert_array_equal(np.concatenate([b.inputs["x"] for b in batches]), x)
     assert np.concatenate([b.label for b in batches]).tolist() == [0, 1, 2, 0, 1, 2]
-    text = datasets.Dataset.from_dict({"text": ["a line", "another, longer line"], "label": [1, 0]})
+    text = datasets.Dataset.from_dict(
+        {"text": ["a line", "another, longer line"], "label": [1, 0], "lang": ["en", "de"]}
+    )
     text.save_to_disk(str(tmp_path / "text"))
     specs = tuple(InputSpec(n, ("batch", "sequence"), "int64") for n in ("input_ids", "attention_mask"))
-    (batch,) = _batches("text", specs, _data(tokenizer=str(minilm_folder)), tmp_path)
-    assert batch.inputs["input_ids"][0, 0] == 101 and batch.label.tolist() == [1, 0]
+    (batch,) = _batches("text", specs, _data(tokenizer=str(minilm_folder), strata="lang"), tmp_path)
+    assert batch.inputs["input_ids"][0, 0] == 101 and batch.label.tolist() == [1, 0] and batch.strata == ("en", "de")
     images = [Image.fromarray(np.full((10, 12, 3), v, np.uint8)) for v in (0, 255)]
     pictures = datasets.Dataset.from_dict({"image": images}).cast_column("image", datasets.Image())
     pictures.save_to_disk(str(tmp_path / "images"))
@@ -243,7 +247,7 @@ def test_a_datasets_folder_feeds_arrays_text_or_images_by_column_name(tmp_path: 
     datasets.DatasetDict({"train": text, "test": text}).save_to_disk(str(tmp_path / "splits"))
     with pytest.raises(InputError, match=r"holds the splits \['train', 'test'\]; fix: point at one"):
         _batches("splits", specs, _data(), tmp_path)
-    with pytest.raises(InputError, match=r"has columns \['text', 'label'\]; the model takes \['x'\]"):
+    with pytest.raises(InputError, match=r"has columns \['text', 'label', 'lang'\]; the model takes \['x'\]"):
         _batches("text", IMAGE, _data(), tmp_path)
 
 
