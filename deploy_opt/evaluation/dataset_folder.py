@@ -16,16 +16,9 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import (
-    TOKEN_INPUTS,
-    Item,
-    StratifiedItem,
-    cast_array,
-    load_tokenizer,
-    token_targets,
-    tokenize,
-)
+from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
 from deploy_opt.evaluation.images import preprocess_image
+from deploy_opt.evaluation.text_files import TOKEN_INPUTS, load_tokenizer, token_targets, tokenize
 from dopt_common.deps import require
 from dopt_common.errors import InputError
 

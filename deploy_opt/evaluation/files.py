@@ -20,10 +20,8 @@ refused as an overlap, and the same samples from an image folder and from an ``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +29,24 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.dataset_folder import dataset_items
+from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
 from deploy_opt.evaluation.images import IMAGE_SUFFIXES, load_image
-from dopt_common.deps import require
+from deploy_opt.evaluation.text_files import (
+    TOKEN_INPUTS,
+    load_tokenizer,
+    read_field,
+    read_texts,
+    token_targets,
+    tokenize,
+)
 from dopt_common.errors import InputError
 
 log = logging.getLogger(__name__)
 ARRAY_SUFFIXES = (".npy", ".npz")
 TEXT_SUFFIXES = (".txt", ".jsonl")
 LABEL_KEYS = ("labels", "label")
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DATASET_MARKERS = ("state.json", "dataset_info.json", "dataset_dict.json")  # what save_to_disk writes
-Item = tuple[dict[str, np.ndarray], np.ndarray | None]
-
-
-@dataclass(frozen=True)
-class StratifiedItem:
-    """An item and each of its samples' stratum (the ``data.strata`` column), for the calibration sampler."""
-
-    item: Item
-    strata: list[Any]
 
 
 def file_path(ref: str, base_dir: str | Path) -> Path | None:
@@ -73,8 +70,6 @@ def file_items(
     if suffix in TEXT_SUFFIXES:
         return _text_items(path, specs, data, tokenizer, what)
     if any((path / marker).is_file() for marker in DATASET_MARKERS):
-        from deploy_opt.evaluation.dataset_folder import dataset_items
-
         return dataset_items(path, specs, data, tokenizer, what)
     if data.strata is not None:
         raise InputError(
@@ -135,19 +130,6 @@ def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[d
     return {s.name: cast_array(found[s.name], s, path.name, what) for s in specs}, labels
 
 
-def cast_array(array: np.ndarray, spec: InputSpec, file: str, what: str) -> np.ndarray:
-    """``array`` as the declared dtype when it is of the same kind (float64 → float32), else an InputError."""
-    wanted = np.dtype(spec.dtype)
-    if array.dtype == wanted:
-        return array
-    if array.dtype.kind == wanted.kind or (array.dtype.kind in "iu" and wanted.kind in "iu"):
-        return array.astype(wanted)
-    raise InputError(
-        f"{what} '{file}': array '{spec.name}' has dtype {array.dtype}, the model takes {spec.dtype}; fix: save it "
-        f"as {spec.dtype}"
-    )
-
-
 def _image_items(folder: Path, specs: tuple[InputSpec, ...], data: DataConfig, what: str) -> Iterator[Item]:
     if len(specs) != 1:
         raise InputError(f"{what}: an image folder feeds a one-input model; this one takes {[s.name for s in specs]}")
@@ -201,80 +183,3 @@ def _text_items(
         label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
         item = (inputs, token_targets(inputs) if data.metric == "perplexity" else label)
         yield item if strata is None else StratifiedItem(item, strata[start : start + data.batch_size])
-
-
-def read_field(path: Path, field: str, what: str) -> list[Any]:
-    """Each JSON line's ``field`` (data.strata), which every line must have."""
-    if path.suffix.lower() != ".jsonl":
-        raise InputError(f"data.strata '{field}' names a field; {what} '{path.name}' is plain text: use a .jsonl")
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    missing = sum(field not in row for row in rows)
-    if missing:
-        raise InputError(
-            f"{what} '{path.name}': {missing} lines have no '{field}' (data.strata); give it on every line"
-        )
-    return [row[field] for row in rows]
-
-
-def token_targets(inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """The token ids as a causal LM's labels, with padding -1 (metric perplexity scores each next token)."""
-    ids = inputs["input_ids"].astype(np.int64)
-    mask = inputs.get("attention_mask")
-    return ids if mask is None else np.where(mask > 0, ids, -1)
-
-
-def tokenize(tokenizer: Any, texts: list[str], specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
-    """One batch of texts as the model's token inputs, padded to the longest."""
-    encoded = tokenizer.encode_batch(texts)
-    arrays = {
-        "input_ids": np.array([e.ids for e in encoded]),
-        "attention_mask": np.array([e.attention_mask for e in encoded]),
-        "token_type_ids": np.array([e.type_ids for e in encoded]),
-    }
-    return {s.name: arrays[s.name].astype(s.dtype) for s in specs}
-
-
-def read_texts(path: Path, what: str) -> tuple[list[str], list[Any] | None]:
-    """The samples of a .txt (non-empty lines) or .jsonl (``text``, optional ``label``) file."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if path.suffix.lower() == ".txt":
-        texts = [line.strip() for line in lines if line.strip()]
-        if not texts:
-            raise InputError(f"{what} '{path}' has no text lines")
-        return texts, None
-    texts, labels = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            texts.append(str(row["text"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"{what} '{path.name}' line {number}: not a JSON object with a 'text' field ({exc})"
-            ) from exc
-        labels.append(row.get("label"))
-    if not texts:
-        raise InputError(f"{what} '{path}' has no JSON lines")
-    given = [label is not None for label in labels]
-    if any(given) and not all(given):
-        raise InputError(f"{what} '{path.name}': {given.count(False)} lines have no 'label'; label every line or none")
-    return texts, labels if all(given) else None
-
-
-def load_tokenizer(folder: str | None, max_length: int, what: str) -> Any:
-    """The ``tokenizers`` tokenizer of a Hugging Face model folder, truncating and padding per batch."""
-    if folder is None:
-        raise InputError(f"{what} is a text file: set data.tokenizer to a folder with tokenizer.json (or model.hf)")
-    tokenizers = require("tokenizers", purpose="text data files", extra="examples")
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(
-            f"data.tokenizer '{folder}' has no tokenizer.json; fix: point it at a Hugging Face model folder"
-        )
-    tokenizer = tokenizers.Tokenizer.from_file(str(path))
-    tokenizer.enable_truncation(max_length=max_length)
-    pad_id = tokenizer.token_to_id("[PAD]")
-    pad_id = tokenizer.token_to_id("<pad>") if pad_id is None else pad_id
-    tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token=tokenizer.id_to_token(pad_id or 0))
-    return tokenizer

@@ -24,7 +24,8 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import StratifiedItem, file_items, file_path
+from deploy_opt.evaluation.file_rows import StratifiedItem
+from deploy_opt.evaluation.files import file_items, file_path
 from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
 from dopt_common.names import shown
 

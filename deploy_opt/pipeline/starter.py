@@ -21,7 +21,8 @@ import onnx
 from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.config.hf import TASKS, hf_inputs, read_hf_config
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.files import ARRAY_SUFFIXES, LABEL_KEYS, TEXT_SUFFIXES, image_files, read_texts
+from deploy_opt.evaluation.files import ARRAY_SUFFIXES, LABEL_KEYS, TEXT_SUFFIXES, image_files
+from deploy_opt.evaluation.text_files import read_texts
 from dopt_common.errors import InputError, OutputError
 from dopt_common.files import write_text
 
