@@ -58,57 +58,13 @@ def make_tiny_llama(folder: Path, *, hidden: int = 64, layers: int = 2, seed: in
 
 def make_tiny_llama_gguf(path: Path, **kwargs) -> Path:
     """The same tiny Llama written as an F32 GGUF (llama metadata, gpt2 BPE tokenizer, q/k rows in llama.cpp's
-    rotary order), the way llama.cpp's convert_hf_to_gguf.py lays one out: a GGUF source for ``--format gguf``."""
-    import json
-
-    import gguf
-    import numpy as np
+    rotary order) by quantize-llm's own HF → GGUF writer: a GGUF source for ``--format gguf``. That writer is
+    checked on its own against transformers' GGUF reader (tests/test_llm_gguf.py)."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from exporters.gguf import permute_qk
+    from deploy_opt.llm.hf_gguf import write_hf_gguf
 
     folder = make_tiny_llama(Path(path).with_suffix(".hf"), **kwargs)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-llama")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(
-        config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None) else 10000.0
-    )
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
-    writer.add_file_type(0)  # ALL_F32
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    writer.add_token_list(vocab)
-    special = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id}
-    writer.add_token_types([3 if i in special else 1 for i in range(len(vocab))])  # CONTROL / NORMAL
-    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    for name, tensor in model.state_dict().items():
-        values = tensor.float().numpy()
-        gguf_name = table.get_name(name, try_suffixes=(".weight", ".bias"))
-        if gguf_name.endswith("attn_q.weight"):
-            values = permute_qk(values, heads)
-        elif gguf_name.endswith("attn_k.weight"):
-            values = permute_qk(values, kv_heads)
-        writer.add_tensor(gguf_name, np.ascontiguousarray(values))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
+    return write_hf_gguf(model, AutoTokenizer.from_pretrained(folder), Path(path), name="tiny-llama")

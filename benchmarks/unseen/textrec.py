@@ -76,31 +76,17 @@ def encode(text: str) -> np.ndarray:
     return np.array(codes + [-1] * (MAX_CHARS - len(codes)), dtype=np.int64)
 
 
-def decode(probabilities: np.ndarray) -> list[list[int]]:
-    """Greedy CTC: the argmax per time step, repeats merged, blanks dropped; one index list per line."""
-    best = probabilities.argmax(axis=2)
-    keep = np.ones_like(best, dtype=bool)
-    keep[:, 1:] = best[:, 1:] != best[:, :-1]
-    keep &= best != 0
-    return [row[mask].tolist() for row, mask in zip(best, keep, strict=True)]
-
-
-def _edit_distance(a: list[int], b: list[int]) -> int:
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
-        previous = current
-    return previous[-1]
-
-
 def char_accuracy(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Per line: 100 * (1 - edit distance / label length), at least 0. ``prediction`` is [batch, T, classes]."""
+    """Per line: 100 * (1 - edit distance / label length), at least 0. ``prediction`` is [batch, T, classes].
+
+    The built-in ``char_accuracy``'s greedy CTC decoding and edit distance; unlike it, a character the model
+    lacks (-2) stays in the label, where no prediction can match it (only the -1 padding is dropped)."""
+    from deploy_opt.evaluation.sequence_metrics import ctc_decode, edit_distance
+
     scores = []
-    for predicted, label in zip(decode(prediction), reference, strict=True):
+    for predicted, label in zip(ctc_decode(prediction), reference, strict=True):
         truth = [int(c) for c in label if c != -1]
-        scores.append(100.0 * max(0.0, 1.0 - _edit_distance(predicted, truth) / max(len(truth), 1)))
+        scores.append(100.0 * max(0.0, 1.0 - edit_distance(predicted, truth) / max(len(truth), 1)))
     return np.array(scores)
 
 
