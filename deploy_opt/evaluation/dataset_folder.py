@@ -18,7 +18,7 @@ from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
 from deploy_opt.evaluation.images import preprocess_image
-from deploy_opt.evaluation.text_files import TOKEN_INPUTS, load_tokenizer, token_targets, tokenize
+from deploy_opt.evaluation.text_files import TOKEN_INPUTS, load_tokenizer, text_labels, tokenize
 from dopt_common.deps import require
 from dopt_common.errors import InputError
 
@@ -42,10 +42,7 @@ def dataset_items(
     convert = _converter(columns, specs, data, tokenizer_dir, path, what)
     for batch in table.iter(batch_size=data.batch_size):
         inputs = convert(batch)
-        if data.metric == "perplexity" and "input_ids" in inputs:
-            item: Item = (inputs, token_targets(inputs))
-        else:
-            item = (inputs, None if label is None else np.asarray(batch[label]))
+        item: Item = (inputs, text_labels(inputs, None if label is None else np.asarray(batch[label]), data.metric))
         yield item if data.strata is None else StratifiedItem(item, list(batch[data.strata]))
 
 

@@ -35,9 +35,8 @@ from deploy_opt.evaluation.images import IMAGE_SUFFIXES, load_image
 from deploy_opt.evaluation.text_files import (
     TOKEN_INPUTS,
     load_tokenizer,
-    read_field,
     read_texts,
-    token_targets,
+    text_labels,
     tokenize,
 )
 from dopt_common.errors import InputError
@@ -81,8 +80,7 @@ def file_items(
 def _array_items(
     path: Path, specs: tuple[InputSpec, ...], batch_size: int, strata_key: str | None, what: str
 ) -> Iterator[Item | StratifiedItem]:
-    arrays, labels = _read_arrays(path, specs, what)
-    strata = None if strata_key is None else _npz_column(path, strata_key, what)
+    arrays, labels, strata = _read_arrays(path, specs, strata_key, what)
     total = next(iter(arrays.values())).shape[0]
     for name, array in arrays.items():
         if array.shape[0] != total:
@@ -95,16 +93,11 @@ def _array_items(
         yield item if strata is None else StratifiedItem(item, list(strata[rows]))
 
 
-def _npz_column(path: Path, key: str, what: str) -> np.ndarray:
-    with np.load(path, allow_pickle=False) as loaded:
-        if isinstance(loaded, np.ndarray) or key not in loaded.files:
-            held = [] if isinstance(loaded, np.ndarray) else list(loaded.files)
-            raise InputError(f"{what} '{path.name}' has no array '{key}' (data.strata); it holds {held}")
-        return loaded[key]
-
-
-def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[dict[str, np.ndarray], Any]:
-    """The declared inputs' arrays (cast to their dtypes) and the labels, from an .npy or .npz file."""
+def _read_arrays(
+    path: Path, specs: tuple[InputSpec, ...], strata_key: str | None, what: str
+) -> tuple[dict[str, np.ndarray], Any, Any]:
+    """The declared inputs' arrays (cast to their dtypes), the labels and the ``data.strata`` array (None where
+    absent), from one read of an .npy or .npz file."""
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -114,7 +107,8 @@ def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[d
             names = [s.name for s in specs]
             raise InputError(f"{what} '{path.name}' holds one array; the model has inputs {names}: save an .npz")
         found: dict[str, np.ndarray] = {specs[0].name: loaded}
-        labels = None
+        labels = strata = None
+        keys = []
     else:
         with loaded:
             keys = list(loaded.files)
@@ -127,7 +121,10 @@ def _read_arrays(path: Path, specs: tuple[InputSpec, ...], what: str) -> tuple[d
             found = {s.name: loaded[s.name] for s in specs}
             label_key = next((k for k in LABEL_KEYS if k in keys), None)
             labels = None if label_key is None else loaded[label_key]
-    return {s.name: cast_array(found[s.name], s, path.name, what) for s in specs}, labels
+            strata = loaded[strata_key] if strata_key in keys else None
+    if strata_key is not None and strata is None:
+        raise InputError(f"{what} '{path.name}' has no array '{strata_key}' (data.strata); it holds {keys}")
+    return {s.name: cast_array(found[s.name], s, path.name, what) for s in specs}, labels, strata
 
 
 def _image_items(folder: Path, specs: tuple[InputSpec, ...], data: DataConfig, what: str) -> Iterator[Item]:
@@ -175,11 +172,11 @@ def _text_items(
     unknown = [s.name for s in specs if s.name not in TOKEN_INPUTS]
     if unknown:
         raise InputError(f"{what}: a text file feeds token inputs {list(TOKEN_INPUTS)}; the model also takes {unknown}")
-    texts, labels = read_texts(path, what)
-    strata = None if data.strata is None else read_field(path, data.strata, what)
+    samples = read_texts(path, what, data.strata)
     tokenizer = load_tokenizer(tokenizer_dir, data.max_length, what)
-    for start in range(0, len(texts), data.batch_size):
-        inputs = tokenize(tokenizer, texts[start : start + data.batch_size], specs)
-        label = None if labels is None else np.asarray(labels[start : start + data.batch_size])
-        item = (inputs, token_targets(inputs) if data.metric == "perplexity" else label)
-        yield item if strata is None else StratifiedItem(item, strata[start : start + data.batch_size])
+    for start in range(0, len(samples.texts), data.batch_size):
+        rows = slice(start, start + data.batch_size)
+        inputs = tokenize(tokenizer, samples.texts[rows], specs)
+        label = None if samples.labels is None else np.asarray(samples.labels[rows])
+        item = (inputs, text_labels(inputs, label, data.metric))
+        yield item if samples.strata is None else StratifiedItem(item, samples.strata[rows])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,45 +27,56 @@ def tokenize(tokenizer: Any, texts: list[str], specs: tuple[InputSpec, ...]) -> 
     return {s.name: arrays[s.name].astype(s.dtype) for s in specs}
 
 
-def read_texts(path: Path, what: str) -> tuple[list[str], list[Any] | None]:
-    """The samples of a .txt (non-empty lines) or .jsonl (``text``, optional ``label``) file."""
+@dataclass(frozen=True)
+class TextSamples:
+    """A text file's samples: the texts, their labels (None: unlabelled) and their ``data.strata`` values."""
+
+    texts: list[str]
+    labels: list[Any] | None
+    strata: list[Any] | None = None
+
+
+def read_texts(path: Path, what: str, strata: str | None = None) -> TextSamples:
+    """The samples of a .txt (non-empty lines) or .jsonl (``text``, optional ``label``, and the ``strata`` field
+    when named) file, read once."""
     lines = path.read_text(encoding="utf-8").splitlines()
     if path.suffix.lower() == ".txt":
+        if strata is not None:
+            raise InputError(f"data.strata '{strata}' names a field; {what} '{path.name}' is plain text: use a .jsonl")
         texts = [line.strip() for line in lines if line.strip()]
         if not texts:
             raise InputError(f"{what} '{path}' has no text lines")
-        return texts, None
-    texts, labels = [], []
+        return TextSamples(texts, None)
+    rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            texts.append(str(row["text"]))
+            row["text"] = str(row["text"])
         except (ValueError, KeyError, TypeError) as exc:
             raise InputError(
                 f"{what} '{path.name}' line {number}: not a JSON object with a 'text' field ({exc})"
             ) from exc
-        labels.append(row.get("label"))
-    if not texts:
+        rows.append(row)
+    if not rows:
         raise InputError(f"{what} '{path}' has no JSON lines")
+    labels = [row.get("label") for row in rows]
     given = [label is not None for label in labels]
     if any(given) and not all(given):
         raise InputError(f"{what} '{path.name}': {given.count(False)} lines have no 'label'; label every line or none")
-    return texts, labels if all(given) else None
-
-
-def read_field(path: Path, field: str, what: str) -> list[Any]:
-    """Each JSON line's ``field`` (data.strata), which every line must have."""
-    if path.suffix.lower() != ".jsonl":
-        raise InputError(f"data.strata '{field}' names a field; {what} '{path.name}' is plain text: use a .jsonl")
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    missing = sum(field not in row for row in rows)
+    missing = 0 if strata is None else sum(strata not in row for row in rows)
     if missing:
         raise InputError(
-            f"{what} '{path.name}': {missing} lines have no '{field}' (data.strata); give it on every line"
+            f"{what} '{path.name}': {missing} lines have no '{strata}' (data.strata); give it on every line"
         )
-    return [row[field] for row in rows]
+    values = None if strata is None else [row[strata] for row in rows]
+    return TextSamples([row["text"] for row in rows], labels if all(given) else None, values)
+
+
+def text_labels(inputs: dict[str, np.ndarray], labels: Any, metric: str) -> Any:
+    """A text batch's labels: its token ids for the ``perplexity`` metric, else ``labels`` as given."""
+    return token_targets(inputs) if metric == "perplexity" and "input_ids" in inputs else labels
 
 
 def token_targets(inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -146,7 +146,7 @@ def _data_kind(path: Path) -> tuple[str, bool]:
         with np.load(path, allow_pickle=False) as loaded:
             return "arrays", any(k in loaded.files for k in LABEL_KEYS)
     if suffix in TEXT_SUFFIXES:
-        return "text", read_texts(path, "init")[1] is not None
+        return "text", read_texts(path, "init").labels is not None
     if path.is_dir() and (path / "dataset_info.json").is_file():  # a datasets split written with save_to_disk
         features = json.loads((path / "dataset_info.json").read_text(encoding="utf-8")).get("features") or {}
         return "dataset", any(name in features for name in LABEL_KEYS)
