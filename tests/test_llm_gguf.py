@@ -168,12 +168,12 @@ def test_gguf_export_from_a_hugging_face_folder_writes_its_metadata_and_reads_ba
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_an_hf_folder_written_as_f32_gguf_is_read_back_by_transformers_as_the_same_model(
     tmp_path: Path, monkeypatch, family: str
 ) -> None:
     """transformers' own GGUF reader (independent of the writer) loads the F32 file as the same network."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from deploy_opt.llm.gguf_model import load_model_folder
     from deploy_opt.llm.hf_gguf import write_hf_gguf
@@ -185,7 +185,11 @@ def test_an_hf_folder_written_as_f32_gguf_is_read_back_by_transformers_as_the_sa
         model = AutoModelForCausalLM.from_pretrained(folder)
     else:
         torch.manual_seed(0)
-        config = Qwen2Config(
+        config_class, model_class = {
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
+        }[family]
+        config = config_class(
             vocab_size=len(tokenizer),
             hidden_size=64,
             intermediate_size=128,
@@ -195,7 +199,7 @@ def test_an_hf_folder_written_as_f32_gguf_is_read_back_by_transformers_as_the_sa
             max_position_embeddings=256,
             tie_word_embeddings=False,
         )
-        model = Qwen2ForCausalLM(config).eval()
+        model = model_class(config).eval()
     path = write_hf_gguf(model, tokenizer, tmp_path / f"{family}.gguf")
     reloaded, _ = load_model_folder(path)
     ids = torch.tensor([tokenizer("The list type is mutable, tuples are not.")["input_ids"]])
