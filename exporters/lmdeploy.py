@@ -3,9 +3,10 @@
 lmdeploy 0.18 serves gptq on TurboMind only (group 128, symmetric, no act-order) and awq on TurboMind (group 128)
 or its PyTorch engine (any group of 16 or more); ``engine_problems`` holds those rules with their sources.
 
-Both are a Hugging Face folder: config.json with a ``quantization_config``, one ``model.safetensors`` where each
-quantized Linear ``<name>`` is replaced by ``<name>.qweight/.qzeros/.scales`` (+ ``.g_idx`` for GPTQ), every
-other tensor (embeddings, lm_head, norms) in float16, and the tokenizer and generation config beside.
+Both are a Hugging Face folder (written by ``exporters/w4a16_writer.py``): config.json with a
+``quantization_config``, ``model.safetensors`` (shards and their index for large models) where each quantized
+Linear ``<name>`` is replaced by ``<name>.qweight/.qzeros/.scales`` (+ ``.g_idx`` for GPTQ), every other tensor
+(embeddings, lm_head, norms) in float16, and the tokenizer and generation config beside.
 
 Layouts, matched to the packers of AutoGPTQ (``QuantLinear.pack``) and AutoAWQ (``WQLinear_GEMM.from_linear``)
 and to lmdeploy 0.18's readers (``turbomind/weight_format.py``: ``GPTQFormat.normalize``, ``AWQFormat.normalize``;
@@ -28,8 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,12 @@ import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
 from dopt_common.deps import require
-from dopt_common.errors import CheckpointError, ConfigError, OutputError
-from dopt_common.files import replace_dir
+from dopt_common.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 FORMATS = ("gptq", "awq")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-WEIGHTS_FILE = "model.safetensors"
 
 
 def _pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
@@ -286,80 +283,6 @@ def requantize_advice(qconfig: Mapping[str, Any], architecture: str | None = Non
         "re-quantize with --method awq (the PyTorch engine serves AWQ at group 32/64/128), or --method gptq "
         "--group-size 128 --no-desc-act where 128 divides every layer (TurboMind); --method auto picks for you"
     )
-
-
-def _float_tensors(model: torch.nn.Module, quantized: Mapping[str, QuantizedWeight]) -> dict[str, torch.Tensor]:
-    """Every state_dict tensor not replaced by codes, float ones as fp16; tied/shared copies dropped."""
-    replaced = {f"{name}.weight" for name in quantized}
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, tensor in model.state_dict().items():
-        if key in replaced:
-            continue
-        pointer = tensor.data_ptr()
-        if pointer in seen:  # tied lm_head/embeddings: safetensors stores one copy, from_pretrained re-ties
-            continue
-        seen.add(pointer)
-        out[key] = (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).detach().contiguous()
-    return out
-
-
-def write_quantized_checkpoint(
-    model: torch.nn.Module,
-    weights: Mapping[str, QuantizedWeight],
-    folder: str | os.PathLike[str],
-    *,
-    fmt: str,
-    tokenizer: Any = None,
-) -> Path:
-    """Write ``model`` with ``weights`` (Linear name → codes) as a ``fmt`` ('gptq'|'awq') folder, atomically."""
-    safetensors_torch = require("safetensors.torch", purpose="writing a W4A16 checkpoint", extra="llm")
-    qconfig = quantization_config(fmt, weights)
-    folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "config.json").exists())):
-        raise OutputError(f"'{folder}' exists and is not a model folder; fix: choose a new or empty output folder")
-    pack = pack_gptq if fmt == "gptq" else pack_awq
-    tensors = _float_tensors(model, weights)
-    for name, qw in weights.items():
-        for suffix, tensor in pack(qw).items():
-            tensors[f"{name}.{suffix}"] = tensor
-    config = json.loads(model.config.to_json_string(use_diff=False))
-    config["quantization_config"] = qconfig
-    config["torch_dtype"] = "float16"
-    if "dtype" in config:
-        config["dtype"] = "float16"
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    except OSError as exc:
-        raise OutputError(f"cannot write beside '{folder}': {exc.strerror}; fix: choose a writable folder") from exc
-    try:
-        safetensors_torch.save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        if fmt == "gptq":  # AutoGPTQ/GPTQModel read this file as well
-            (staging / "quantize_config.json").write_text(json.dumps(qconfig, indent=2) + "\n", encoding="utf-8")
-        generation = getattr(model, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(staging)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        replace_dir(staging, folder)
-    except OSError as exc:
-        raise OutputError(f"cannot write the checkpoint '{folder}': {exc}") from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    architecture = architecture_of(config)
-    if serving_engine(qconfig, architecture) is None:
-        problems = engine_problems(qconfig, architecture)
-        log.warning(
-            "lmdeploy 0.18 serves %s on neither engine (TurboMind: %s; PyTorch engine: %s); %s",
-            folder,
-            "; ".join(problems["turbomind"]),
-            "; ".join(problems["pytorch"]),
-            requantize_advice(qconfig, architecture),
-        )
-    log.info("wrote %s checkpoint %s (%d quantized Linears)", fmt, folder, len(weights))
-    return folder
 
 
 def _read_config(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:

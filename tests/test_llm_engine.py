@@ -22,8 +22,8 @@ from exporters.lmdeploy import (
     read_quantized_weights,
     unpack_awq,
     unpack_gptq,
-    write_quantized_checkpoint,
 )
+from exporters.w4a16_writer import write_quantized_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

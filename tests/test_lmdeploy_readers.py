@@ -43,7 +43,8 @@ from pathlib import Path
 import pytest
 import tiny_llama
 
-from exporters.lmdeploy import pytorch_engine_problems, turbomind_problems, write_quantized_checkpoint
+from exporters.lmdeploy import pytorch_engine_problems, turbomind_problems
+from exporters.w4a16_writer import write_quantized_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

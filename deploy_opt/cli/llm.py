@@ -20,7 +20,7 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
     ppl = report.perplexity
     print(
         f"quantized {config.model.path} with {report.method} → {result.out_dir}/: perplexity "
-        f"{ppl.before:.3f} → {ppl.after:.3f} ({ppl.increase:+.1%}), stability {'ok' if report.stable else 'FLAGGED'}"
+        f"{ppl.before:.3f} → {ppl.after:.3f} ({ppl.increase:+.1%}), stability {_stability_word(report.stable)}"
     )
     print(f"  scheme: {(report.scheme or {}).get('reason', '')}")
     for line in result.gate.lines():
@@ -62,3 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         process.terminate()
         return 0
+
+
+def _stability_word(stable: bool | None) -> str:
+    return "not run" if stable is None else "ok" if stable else "FLAGGED"

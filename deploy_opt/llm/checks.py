@@ -84,20 +84,19 @@ class StabilitySettings:
     kv_bits: int | None = None
 
 
-def perplexity(
-    model: Any,
-    tokenizer: Any,
-    docs_or_text: str | Sequence[TextDoc | str],
-    window: PerplexityWindow = PerplexityWindow(),
-) -> dict[str, Any]:
-    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32."""
-    import torch
+@dataclass(frozen=True)
+class WindowPlan:
+    """The token windows perplexity scores: (begin, end, tokens scored fresh) of each, and the text's length."""
 
-    from deploy_opt.llm.kv_cache import simulated_kv_cache
+    ids: list[int]
+    spans: list[tuple[int, int, int]]
+    text_tokens: int
+    stride: int
 
+
+def plan_windows(tokenizer: Any, docs_or_text: str | Sequence[TextDoc | str], window: PerplexityWindow) -> WindowPlan:
+    """The last ``max_tokens`` tokens cut into windows; each token is scored from the first window reaching it."""
     max_seq_len, stride, max_tokens = window.max_seq_len, window.stride, window.max_tokens
-    progress, kv_bits = window.progress, window.kv_bits
-
     _positive_int("max_seq_len", max_seq_len, 2)
     stride = max_seq_len if stride is None else _positive_int("stride", stride)
     if stride > max_seq_len:
@@ -110,38 +109,67 @@ def perplexity(
         raise InputError(
             f"perplexity needs at least 2 tokens of text, got {len(ids)}; fix: give longer evaluation text"
         )
+    spans, prev_end = [], 0
+    for begin in range(0, len(ids) - 1, stride):
+        end = min(begin + max_seq_len, len(ids))
+        spans.append((begin, end, min(end - prev_end, end - begin - 1)))
+        prev_end = end
+        if end == len(ids):
+            break
+    return WindowPlan(ids, spans, len(all_ids), stride)
 
-    nll_sum, scored, windows, prev_end = 0.0, 0, 0, 0
-    starts = range(0, len(ids) - 1, stride)
-    with torch.no_grad(), simulated_kv_cache(kv_bits):
-        for begin in _progress(starts, progress, "perplexity"):
-            end = min(begin + max_seq_len, len(ids))
-            chunk = torch.tensor([ids[begin:end]], dtype=torch.long)
-            logits = model(input_ids=chunk, use_cache=kv_bits is not None).logits[0, :-1].float()
-            token_nll = -torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
-            fresh = token_nll[-min(end - prev_end, token_nll.numel()) :]
-            if not torch.isfinite(fresh).all():
-                raise NumericsError(
-                    f"perplexity window {windows} (tokens {begin}..{end - 1}) has NaN/Inf log-probabilities; "
-                    "the model's logits are not finite: run the stability check and re-quantize"
-                )
-            nll_sum += float(fresh.double().sum())
-            scored += fresh.numel()
-            windows += 1
-            prev_end = end
-            if end == len(ids):
-                break
+
+def window_nll(logits: Any, chunk: Any, span: tuple[int, int, int], number: int) -> tuple[float, int]:
+    """(summed NLL, tokens) of one window's fresh tokens; NumericsError on NaN/Inf log-probabilities."""
+    import torch
+
+    begin, end, fresh = span
+    token_nll = -torch.log_softmax(logits[0, :-1].float(), dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
+    scored = token_nll[-fresh:]
+    if not torch.isfinite(scored).all():
+        raise NumericsError(
+            f"perplexity window {number} (tokens {begin}..{end - 1}) has NaN/Inf log-probabilities; "
+            "the model's logits are not finite: run the stability check and re-quantize"
+        )
+    return float(scored.double().sum()), scored.numel()
+
+
+def perplexity_record(plan: WindowPlan, window: PerplexityWindow, nll_sum: float, scored: int) -> dict[str, Any]:
+    """The report's perplexity entry."""
     nll = nll_sum / scored
     return {
         "ppl": math.exp(nll),
         "nll": nll,
         "tokens": scored,
-        "windows": windows,
-        "max_seq_len": max_seq_len,
-        "stride": stride,
-        "text_tokens": len(all_ids),
-        "kv_bits": kv_bits,
+        "windows": len(plan.spans),
+        "max_seq_len": window.max_seq_len,
+        "stride": plan.stride,
+        "text_tokens": plan.text_tokens,
+        "kv_bits": window.kv_bits,
     }
+
+
+def perplexity(
+    model: Any,
+    tokenizer: Any,
+    docs_or_text: str | Sequence[TextDoc | str],
+    window: PerplexityWindow = PerplexityWindow(),
+) -> dict[str, Any]:
+    """Perplexity over the last ``max_tokens`` tokens of the text, in strided windows; log-probs in float32."""
+    import torch
+
+    from deploy_opt.llm.kv_cache import simulated_kv_cache
+
+    plan = plan_windows(tokenizer, docs_or_text, window)
+    nll_sum, scored = 0.0, 0
+    device = model.get_input_embeddings().weight.device
+    with torch.no_grad(), simulated_kv_cache(window.kv_bits):
+        for number, span in enumerate(_progress(plan.spans, window.progress, "perplexity")):
+            chunk = torch.tensor([plan.ids[span[0] : span[1]]], dtype=torch.long, device=device)
+            logits = model(input_ids=chunk, use_cache=window.kv_bits is not None).logits
+            nll, count = window_nll(logits, chunk, span, number)
+            nll_sum, scored = nll_sum + nll, scored + count
+    return perplexity_record(plan, window, nll_sum, scored)
 
 
 def _generation_config(model: Any, tokenizer: Any, max_new_tokens: int, sampled: bool) -> Any:
@@ -197,14 +225,15 @@ def _all_finite(model: Any, sequence: list[int], generated_logits: Sequence[Any]
     import torch
 
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([sequence], dtype=torch.long), use_cache=cache).logits
+        ids = torch.tensor([sequence], dtype=torch.long, device=model.get_input_embeddings().weight.device)
+        logits = model(input_ids=ids, use_cache=cache).logits
     return bool(torch.isfinite(logits).all()) and all(bool(torch.isfinite(s).all()) for s in generated_logits)
 
 
 def _generate_one(model: Any, ids: list[int], config: Any, seed: int) -> tuple[list[int], Any, str]:
     import torch
 
-    prompt = torch.tensor([ids], dtype=torch.long)
+    prompt = torch.tensor([ids], dtype=torch.long, device=model.get_input_embeddings().weight.device)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
         try:

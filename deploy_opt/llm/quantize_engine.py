@@ -19,13 +19,12 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
 from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
 from calibrators.groupwise.rtn import (
     QuantizedWeight,
@@ -39,14 +38,7 @@ from dopt_common.errors import ConfigError, InputError, ModelError
 
 log = logging.getLogger(__name__)
 METHODS = ("gptq", "awq", "rtn")
-# AWQ's scaling groups in a Llama-family layer: (producer to fold 1/s into, its kind, the Linears reading it).
-AWQ_GROUPS = (
-    ("input_layernorm", "norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    ("self_attn.v_proj", "linear", ("self_attn.o_proj",)),
-    ("post_attention_layernorm", "norm", ("mlp.gate_proj", "mlp.up_proj")),
-    ("mlp.up_proj", "linear", ("mlp.down_proj",)),
-)
-AWQ_NO_CLIP = ("q_proj", "k_proj")  # AutoAWQ skips the clip search where attention scores amplify errors
+RTN_ERROR_SAMPLES = 8  # RTN rounds from the weights alone; these samples only measure its output error
 
 
 @dataclass(frozen=True)
@@ -147,9 +139,12 @@ def _check_samples(samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return checked
 
 
-def _catch_layer_inputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
-    """(hidden_states, kwargs) that layer 0 receives for each sample."""
+def catch_layer_inputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
+    """(hidden_states, kwargs) that layer 0 receives for each sample (on the embeddings' device).
+
+    Layer 0 itself never runs, so it may still be on the meta device (``llm/onload.py``)."""
     layer0 = decoder_layers(model)[0]
+    device = model.get_input_embeddings().weight.device
     caught: list[tuple[torch.Tensor, dict]] = []
 
     def hook(module, args, kwargs):
@@ -161,21 +156,12 @@ def _catch_layer_inputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> 
     try:
         for sample in samples:
             try:
-                model(input_ids=sample, use_cache=False)
+                model(input_ids=sample.to(device), use_cache=False)
             except _StopForward:
                 pass
     finally:
         handle.remove()
     return caught
-
-
-def _run_layer(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> list[torch.Tensor]:
-    """The layer's output hidden states for each input."""
-    outputs = []
-    for hidden, kwargs in inputs:
-        out = layer(hidden, **kwargs)
-        outputs.append(out[0] if isinstance(out, tuple) else out)
-    return outputs
 
 
 def _collect_stats(
@@ -207,74 +193,6 @@ def _collect_stats(
         for handle in handles:
             handle.remove()
     return stats, leader
-
-
-def _quantize_awq_layer(
-    layer: torch.nn.Module,
-    names: Mapping[str, str],
-    stats: dict[str, HessianAccumulator],
-    leader: Mapping[str, str],
-    *,
-    bits: int,
-    group_size: int,
-    sym: bool,
-) -> dict[str, tuple[torch.Tensor, QuantizedWeight, torch.Tensor, float]]:
-    """Scale, fold, clip and quantize a Llama-family layer; local name → (reference W, codes, H, seconds)."""
-    modules = dict(layer.named_modules())
-    hessians = {local: stats[leader[local]].hessian() for local in names}
-    means = {local: stats[leader[local]].mean_abs() for local in names}
-    for producer, kind, consumers in AWQ_GROUPS:
-        if producer not in modules or not all(c in modules for c in consumers):
-            raise ConfigError(
-                f"awq needs Llama-style layers ({producer} feeding {', '.join(consumers)}); "
-                f"{type(layer).__name__} differs; fix: use method gptq or rtn"
-            )
-        quantized = [c for c in consumers if c in names]
-        if not quantized:
-            continue
-        source = modules[producer]
-        width = modules[consumers[0]].in_features
-        if kind == "linear" and source.out_features != width:
-            continue  # grouped-query attention: v_proj's rows do not line up with o_proj's columns
-        if kind == "norm" and "Gemma" in type(source).__name__:
-            raise ConfigError("awq cannot fold scales into Gemma's (1 + weight) RMSNorm; fix: use method gptq")
-        found = search_awq_scale(
-            [modules[c].weight for c in quantized],
-            hessians[quantized[0]],
-            means[quantized[0]],
-            bits=bits,
-            group_size=group_size,
-            sym=sym,
-        )
-        s = found.scales
-        source.weight.div_(s if kind == "norm" else s[:, None])
-        if getattr(source, "bias", None) is not None:
-            source.bias.div_(s)
-        for consumer in consumers:
-            modules[consumer].weight.mul_(s[None, :])
-            if consumer in hessians:
-                hessians[consumer] = hessians[consumer] / s[:, None] / s[None, :]
-        log.debug(
-            "awq %s: ratio %.2f duo %s loss %.4g (rtn %.4g)",
-            producer,
-            found.ratio,
-            found.duo,
-            found.loss,
-            found.base_loss,
-        )
-
-    results = {}
-    for local in names:
-        start = time.perf_counter()
-        module = modules[local]
-        reference = module.weight.detach().float().clone()
-        weight = reference
-        if not local.endswith(AWQ_NO_CLIP):
-            bound = search_awq_clip(weight, hessians[local], bits=bits, group_size=group_size, sym=sym)
-            weight = apply_clip(weight, bound, group_size)
-        codes = awq_quantize(weight, bits, group_size, sym)
-        results[local] = (reference, codes, hessians[local], time.perf_counter() - start)
-    return results
 
 
 @dataclass(frozen=True)
@@ -345,6 +263,56 @@ def _apply_codes(
     return records
 
 
+@dataclass(frozen=True)
+class LayerSource:
+    """Where the walk's decoder layers come from, and what happens to each once its codes are final.
+
+    ``load(i)`` returns decoder layer i in float32 on the compute device; ``release(i, layer, weights)`` gets the
+    finished layer (dequantized weights in place) and its codes. ``keep_codes`` False: the result's ``weights``
+    stays empty (the release wrote them; a model larger than memory cannot hold them all).
+    """
+
+    load: Callable[[int], torch.nn.Module]
+    release: Callable[[int, torch.nn.Module, dict[str, QuantizedWeight]], None]
+    keep_codes: bool = True
+
+
+def resident_layers(model: torch.nn.Module) -> LayerSource:
+    """The model's own layers (the whole model is in memory)."""
+    layers = decoder_layers(model)
+    return LayerSource(load=lambda index: layers[index], release=lambda index, layer, weights: None)
+
+
+def _prepare(model: torch.nn.Module, source: LayerSource | None) -> LayerSource:
+    """The in-memory model cast to float32 once, or the given source (which loads float32 layers itself)."""
+    model.eval()
+    if source is not None:
+        return source
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        log.info("casting the model to float32 for quantization")
+        model.float()
+    return resident_layers(model)
+
+
+def _quantize_layer(layer: torch.nn.Module, names: dict[str, str], inputs: list, settings: EngineSettings) -> dict:
+    """(reference, codes, Hessian, seconds) of each target Linear of one layer, by local name."""
+    stats, leader = _collect_stats(layer, names, inputs)
+    if settings.method == "awq":
+        from deploy_opt.llm.awq_layer import quantize_awq_layer
+
+        return quantize_awq_layer(
+            layer, names, stats, leader, bits=settings.bits, group_size=settings.group_size, sym=settings.symmetric
+        )
+    return {local: _round_linear(layer, local, stats[leader[local]], settings) for local in names}
+
+
+def _advance(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> None:
+    """Replace each input by the layer's output, in place (one set of activations alive at a time)."""
+    for position, (hidden, kwargs) in enumerate(inputs):
+        out = layer(hidden, **kwargs)
+        inputs[position] = (out[0] if isinstance(out, tuple) else out, kwargs)
+
+
 @torch.no_grad()
 def quantize_model(
     model: torch.nn.Module,
@@ -352,46 +320,49 @@ def quantize_model(
     settings: EngineSettings = EngineSettings(),
     *,
     progress: bool = True,
+    source: LayerSource | None = None,
 ) -> EngineResult:
     """Quantize every decoder-layer Linear of ``model`` in place (dequantized float32 weights) and return codes.
 
-    Norms are never quantized (awq rescales them); see ``EngineSettings`` for the choices.
+    ``source`` None: the whole model is in memory (cast to float32 first). A ``LayerSource`` (``llm/onload.py``)
+    brings one layer at a time onto the compute device instead. RTN reads no statistics to round, so it walks
+    only the first ``RTN_ERROR_SAMPLES`` samples, for its output-error records. Norms are never quantized (awq
+    rescales them); see ``EngineSettings`` for the choices.
     """
     method, bits, group_size = settings.method, settings.bits, settings.group_size
     if method not in METHODS:
         raise ConfigError(f"method '{method}' is not an engine method; use one of {', '.join(METHODS)}")
     check_bits(bits)
-    sym = settings.symmetric
     samples = _check_samples(samples)
+    if method == "rtn":
+        samples = samples[:RTN_ERROR_SAMPLES]
     targets = target_linears(model, settings.keep)
     check_targets(targets, group_size)
     from tqdm.auto import tqdm
 
-    model.eval()
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        log.info("casting the model to float32 for quantization")
-        model.float()
+    source = _prepare(model, source)
     started = time.perf_counter()
     layers = decoder_layers(model)
     prefix = next(name for name, module in model.named_modules() if module is layers)
-    inputs = _catch_layer_inputs(model, samples)
+    inputs = catch_layer_inputs(model, samples)
     records: list[LinearRecord] = []
     weights: dict[str, QuantizedWeight] = {}
-    for index, layer in enumerate(tqdm(layers, desc=f"{method} layers", disable=not progress)):
+    for index in tqdm(range(len(layers)), desc=f"{method} layers", disable=not progress):
+        layer = source.load(index)
         names = {
             local: f"{prefix}.{index}.{local}"
             for local, _ in layer.named_modules()
             if f"{prefix}.{index}.{local}" in targets
         }
+        codes: dict[str, QuantizedWeight] = {}
         if names:
-            stats, leader = _collect_stats(layer, names, inputs)
-            if method == "awq":
-                done = _quantize_awq_layer(layer, names, stats, leader, bits=bits, group_size=group_size, sym=sym)
-            else:
-                done = {local: _round_linear(layer, local, stats[leader[local]], settings) for local in names}
-            records += _apply_codes(layer, names, done, weights, method)
+            done = _quantize_layer(layer, names, inputs, settings)
+            records += _apply_codes(layer, names, done, codes, method)
         if index + 1 < len(layers):
-            inputs = [(out, kwargs) for out, (_, kwargs) in zip(_run_layer(layer, inputs), inputs, strict=True)]
+            _advance(layer, inputs)
+        source.release(index, layer, codes)
+        if source.keep_codes:
+            weights.update(codes)
     seconds = time.perf_counter() - started
     log.info("%s: %d Linears quantized in %.1f s", method, len(records), seconds)
     return EngineResult(
@@ -399,7 +370,7 @@ def quantize_model(
         bits=bits,
         group_size=group_size,
         desc_act=settings.desc_act and method == "gptq",
-        sym=sym,
+        sym=settings.symmetric,
         records=tuple(records),
         weights=weights,
         seconds=seconds,

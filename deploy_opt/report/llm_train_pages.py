@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import math
@@ -128,6 +129,8 @@ def _layer_chart(layers: list[dict[str, Any]]) -> str:
 def _stability(stability: dict[str, Any] | None) -> str:
     if not stability:
         return ""
+    if "skipped" in stability:
+        return f"<p>{html.escape(str(stability['skipped']))}</p>"
     rows = [
         (
             i,

@@ -1,0 +1,157 @@
+"""``quantize-llm`` with layer-wise onloading: the same stages as ``pipeline.py``, one decoder layer resident.
+
+Perplexity before: the source layers streamed in float32. Quantize: each layer read, quantized and written into
+the checkpoint's shards before the next is read. Perplexity after: the written checkpoint's layers read back and
+dequantized, so it measures the file (that is the read-back). The stability run and the KV-cache check generate
+token by token through every layer, which would read the whole model once per token: they are not run, and the
+report says so. GGUF and torchao outputs need the whole model too: refused before any long step.
+
+``choose_onload`` decides ``model.onload: auto``: layers when twice the float32 model (the model and the codes the
+in-memory path keeps) would not fit in the memory available.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from deploy_opt.llm.config import LLMConfig
+from deploy_opt.llm.pipeline import LoadedLLM, Measured, _docs, _plan, _refuse_overlap, write_report
+from dopt_common.deps import require
+from dopt_common.errors import ConfigError
+from dopt_common.runs import Timings
+
+log = logging.getLogger(__name__)
+NOT_RUN = "not run: layer-wise onloading (generation reads every layer once per token); use model.onload: memory"
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (or the physical memory where it is unreadable)."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def float32_bytes(folder: Path) -> int:
+    """The model's size in float32, from its shard headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    from deploy_opt.llm.onload import open_folder
+
+    total = 0
+    for path in set(open_folder(folder).files.values()):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118
+                numel = 1
+                for size in handle.get_slice(name).get_shape():
+                    numel *= size
+                total += 4 * numel
+    return total
+
+
+def choose_onload(onload: str, source: Path) -> str:
+    """'memory' or 'layers' for ``model.onload`` (auto: layers when 2 x float32 exceeds the memory available)."""
+    is_folder = source.is_dir()
+    if onload == "layers" and not is_folder:
+        raise ConfigError(
+            f"model.onload layers reads a Hugging Face folder's safetensors; '{source}' is not one; fix: convert "
+            "it to a folder, or set model.onload: memory"
+        )
+    if onload != "auto":
+        return onload
+    if not is_folder or not any(source.glob("*.safetensors")):
+        return "memory"
+    need, have = 2 * float32_bytes(source), available_bytes()
+    choice = "layers" if need > have else "memory"
+    log.info(
+        "model.onload auto: %s (2 x float32 model %.1f GiB, %.1f GiB available)", choice, need / 2**30, have / 2**30
+    )
+    return choice
+
+
+def _refuse_whole_model_outputs(config: LLMConfig) -> None:
+    quant, checks = config.quantization, config.checks
+    if quant.format == "gguf" or quant.method.startswith("torchao"):
+        raise ConfigError(
+            f"quantization {quant.method}/{quant.format} needs the whole model in memory; layer-wise onloading "
+            "writes lmdeploy gptq/awq folders; fix: set format: lmdeploy and method auto, gptq, awq or rtn"
+        )
+    if checks.kv_cache != "none":
+        raise ConfigError(
+            "checks.kv_cache generates through every layer and cannot run layer by layer; fix: set kv_cache: none "
+            "or model.onload: memory"
+        )
+
+
+def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
+    """The skeleton model (decoder layers on the meta device), tokenizer, scheme and texts."""
+    from deploy_opt.llm.onload import load_skeleton, open_folder
+    from deploy_opt.llm.text_data import stratified_text_samples
+
+    _refuse_whole_model_outputs(config)
+    transformers = require("transformers", purpose="loading an LLM", extra="llm")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+    model = load_skeleton(open_folder(source), config.model.device)
+    scheme = _plan(config.quantization, model)
+    cal, checks = config.calibration, config.checks
+    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
+    _refuse_overlap(calibration_docs, evaluation_docs)
+    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+    for warning in selection.warnings:
+        log.warning("calibration text: %s", warning)
+    return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers")
+
+
+def run_layers(
+    config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path, progress: bool
+) -> tuple:
+    """Perplexity, quantization and the written checkpoint's perplexity, one layer resident at a time."""
+    from deploy_opt.llm.checks import PerplexityWindow
+    from deploy_opt.llm.onload import (
+        checkpoint_source,
+        layer_source,
+        open_folder,
+        quantize_streamed,
+        streamed_perplexity,
+    )
+    from deploy_opt.llm.quantize_engine import EngineSettings
+    from exporters.w4a16_writer import CheckpointWriter
+
+    quant, checks, scheme, device = config.quantization, config.checks, loaded.scheme, config.model.device
+    model, tokenizer, docs, folder = loaded.model, loaded.tokenizer, loaded.evaluation_docs, open_folder(loaded.source)
+    window = PerplexityWindow(max_seq_len=checks.eval_seq_len, max_tokens=checks.eval_tokens, progress=progress)
+    with times.stage("perplexity_original"):
+        original = streamed_perplexity(model, layer_source(folder, model, device), tokenizer, docs, window)
+    settings = EngineSettings(
+        method=scheme.method,
+        bits=quant.bits,
+        group_size=scheme.group_size,
+        desc_act=scheme.desc_act,
+        sym=scheme.symmetric if scheme.method != "awq" else None,
+        keep=quant.keep,
+    )
+    fmt = "awq" if scheme.method == "awq" else "gptq"
+    with times.stage("quantize"):
+        writer = CheckpointWriter(stage / "checkpoint", fmt)
+        try:
+            result = quantize_streamed(
+                folder, model, loaded.selection.tensors(), settings, writer, device=device, progress=progress
+            )
+            writer.finish(model, tokenizer)
+        finally:
+            writer.abort()
+    with times.stage("checks"):
+        written = checkpoint_source(open_folder(stage / "checkpoint"), model, device)
+        quantized = streamed_perplexity(model, written, tokenizer, docs, window)
+    reload = {"read_back": "the quantized perplexity is measured on the written checkpoint, read layer by layer"}
+    stability = {"skipped": NOT_RUN}
+    measured = Measured(result.as_dict(), fmt, original, quantized, stability, None, reload)
+    return write_report(config, name, loaded, measured, times, stage, out_dir)
