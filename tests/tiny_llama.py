@@ -68,3 +68,58 @@ def make_tiny_llama_gguf(path: Path, **kwargs) -> Path:
     folder = make_tiny_llama(Path(path).with_suffix(".hf"), **kwargs)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return write_hf_gguf(model, AutoTokenizer.from_pretrained(folder), Path(path), name="tiny-llama")
+
+
+def make_synthetic_llama(
+    folder: Path, *, hidden: int = 2048, intermediate: int = 5632, layers: int = 22, vocab: int = 32000, seed: int = 0
+) -> Path:
+    """A random Llama of any size written straight to bfloat16 safetensors shards, one shard per decoder layer.
+
+    Never materialises the model: each tensor is drawn (normal, std 0.02; norms 1) and written shard by shard, so a
+    2 GB model is made in seconds in little memory. The shapes are those of ``LlamaForCausalLM`` built on the meta
+    device from the same config; the tokenizer is ``train_tokenizer``'s (its ids are a subset of ``vocab``)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = train_tokenizer()
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
+    groups: dict[str, list[str]] = {}
+    for name in shapes:
+        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
+        groups.setdefault(key, []).append(name)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    weight_map, total = {}, 0
+    for number, names in enumerate(groups.values()):
+        file = f"model-{number + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {
+            n: torch.ones(shapes[n]) if n.endswith("norm.weight") else torch.randn(shapes[n], generator=gen) * 0.02
+            for n in names
+        }
+        tensors = {n: t.to(torch.bfloat16) for n, t in tensors.items()}
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+        total += sum(t.numel() * 2 for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -166,11 +166,14 @@ def rtn_quantize(
 
 
 def output_error(weight: torch.Tensor, approx: torch.Tensor, hessian: torch.Tensor) -> float:
-    """Relative output MSE ||X(W-Wq)^T||² / ||XW^T||² computed from the Gram matrix H ∝ X^T X."""
-    h = hessian.double()
-    delta = weight.double() - approx.double()
-    num = torch.einsum("oi,ij,oj->", delta, h, delta)
-    den = torch.einsum("oi,ij,oj->", weight.double(), h, weight.double())
+    """Relative output MSE ||X(W-Wq)^T||² / ||XW^T||² computed from the Gram matrix H ∝ X^T X.
+
+    The products are float32 matmuls (a float64 einsum took as long as a forward pass of the layer on a CPU);
+    the sums are float64."""
+    h, weight = hessian.float(), weight.float()
+    delta = weight - approx.float()
+    num = ((delta @ h) * delta).double().sum()
+    den = ((weight @ h) * weight).double().sum()
     return float(num / den) if float(den) > 0 else 0.0
 
 
