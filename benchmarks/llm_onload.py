@@ -6,8 +6,8 @@ Each model is a random Llama (hidden 2048, intermediate 5632, vocab 32000: TinyL
 2.5 GB in bf16) written shard by shard by ``tests/tiny_llama.py:make_synthetic_llama`` into ``--work`` (never
 committed). Each run is a fresh ``python -m deploy_opt quantize-llm`` whose peak RSS comes from ``os.wait4``
 (the kernel's ru_maxrss of that child). The table compares it with the working set the design promises: one
-float32 decoder layer + float32 embeddings and lm_head + the activations (calibration samples and perplexity
-windows, float32) + 1 GiB. ``--memory-layers N`` also runs the in-memory path on the N-layer model, for contrast.
+float32 decoder layer, its Hessians and activations (calibration samples and perplexity windows, float32) +
+float32 embeddings and lm_head + 1 GiB. ``--memory-layers N`` also runs the in-memory path on the N-layer model, for contrast.
 Also reported: the engine's seconds per decoder layer (the report's quantization section).
 """
 
@@ -47,10 +47,13 @@ def make_model(work: Path, layers: int) -> Path:
 
 
 def working_set(samples: int, eval_tokens: int) -> int:
+    """One layer's working set (float32 weights, the Hessians of its four distinct inputs and their normalised
+    copies, the activations) + float32 embeddings and lm_head + 1 GiB."""
     layer = 4 * (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTERMEDIATE)
+    hessians = 2 * 4 * (3 * HIDDEN * HIDDEN + INTERMEDIATE * INTERMEDIATE)
     resident = 4 * 2 * VOCAB * HIDDEN
     activations = 4 * HIDDEN * (samples * SEQ + eval_tokens) + 4 * INTERMEDIATE * SEQ * 4
-    return layer + resident + activations + GIB
+    return layer + hessians + resident + activations + GIB
 
 
 def run(folder: Path, onload: str, args: argparse.Namespace, out: Path) -> dict:
@@ -77,7 +80,7 @@ def run(folder: Path, onload: str, args: argparse.Namespace, out: Path) -> dict:
         "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,
         "wall_s": seconds,
         "engine_s_per_layer": engine["seconds"] / layers,
-        "ppl": [report["perplexity"]["before"]["ppl"], report["perplexity"]["after"]["ppl"]],
+        "ppl": [report["perplexity"]["original"]["ppl"], report["perplexity"]["quantized"]["ppl"]],
     }
 
 
@@ -102,7 +105,7 @@ def main() -> int:
     walked = 8 if args.method == "rtn" else args.samples
     budget = working_set(walked, args.eval_tokens) / GIB
     print(f"\nCPU: {platform.processor() or platform.machine()} ({cpu_flags()}), {os.cpu_count()} cores")
-    print(f"method {args.method}, group 128; budget = 1 fp32 layer + fp32 embeddings/lm_head + activations + 1 GiB")
+    print(f"method {args.method}, group 128; budget = 1 layer's working set + fp32 embeddings/lm_head + 1 GiB")
     print("| layers | bf16 GiB | onload | peak RSS GiB | budget GiB | wall s | engine s/layer | ppl before → after |")
     print("|---:|---:|---|---:|---:|---:|---:|---|")
     for row in rows:

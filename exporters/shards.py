@@ -129,19 +129,15 @@ class ShardWriter:
         count = len(shards)
         names = [SINGLE_FILE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
         weight_map: dict[str, str] = {}
-        handles: dict[Path, object] = {}
-        try:
-            for name, shard in zip(names, shards, strict=True):
-                ordered = _serialization_order(shard)
-                with open(self.folder / name, "wb") as out:
-                    out.write(_header(ordered, metadata))
-                    for entry in ordered:
-                        if entry.spool not in handles:
-                            handles[entry.spool] = safe_open(str(entry.spool), framework="pt")
-                        out.write(_raw_bytes(handles[entry.spool].get_tensor(entry.name)))  # type: ignore[attr-defined]
-                        weight_map[entry.name] = name
-        finally:
-            handles.clear()
+        for name, shard in zip(names, shards, strict=True):
+            ordered = _serialization_order(shard)
+            with open(self.folder / name, "wb") as out:
+                out.write(_header(ordered, metadata))
+                for entry in ordered:
+                    # Opened per tensor: a spool kept open stays mapped, and its pages would count as resident.
+                    with safe_open(str(entry.spool), framework="pt") as spool:
+                        out.write(_raw_bytes(spool.get_tensor(entry.name)))
+                    weight_map[entry.name] = name
         if count > 1:
             total = sum(e.nbytes for e in self._entries)
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

@@ -184,7 +184,7 @@ def test_parallel_without_ray_names_the_extra() -> None:
                 if name.split(".")[0] in ("ray", "optuna"):
                     raise ImportError("blocked for the test")
         sys.meta_path.insert(0, Block())
-        from deploy_opt.train.search.executor import make_executor
+        from dopt_common.executor import make_executor
         assert type(make_executor(1, None, 0.0)).__name__ == "InProcessExecutor"
         try:
             make_executor(2, None, 0.0)

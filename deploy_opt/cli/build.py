@@ -10,7 +10,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     from deploy_opt.pipeline.build import run_build
     from deploy_opt.report.outcome import BuildOutcome
 
-    config, profile = load_build_config(args.config, args.profile, args.overrides)
+    if len(args.config) > 1:
+        return _build_several(args)
+    config, profile = load_build_config(args.config[0] if args.config else None, args.profile, args.overrides)
+    config = _with_scale_out(config, args)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet, wait=args.wait)
     outcome = BuildOutcome.from_json(result.build)
     shipped = "shipped FP32 (no INT8 node)" if outcome.fp32_ships else "INT8"
@@ -44,6 +47,23 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0 if result.gate.passed else 1
 
 
+def _build_several(args: argparse.Namespace) -> int:
+    from deploy_opt.pipeline.fleet import FleetSettings, build_fleet, fleet_exit, fleet_table
+
+    settings = FleetSettings(args.profile, tuple(args.overrides), args.output_dir.resolve(), args.wait)
+    rows = build_fleet(list(args.config), settings, args.parallel, args.address, args.gpus_per_trial)
+    print(fleet_table(rows))
+    return fleet_exit(rows)
+
+
+def _with_scale_out(config, args: argparse.Namespace):
+    """The config with --parallel/--address/--gpus-per-trial in its sensitivity section (where they are used)."""
+    import dataclasses
+
+    scale = {"parallel": args.parallel, "address": args.address, "gpus_per_task": args.gpus_per_trial}
+    return dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, **scale))
+
+
 def cmd_sensitivity(args: argparse.Namespace) -> int:
     from deploy_opt.analysis.sensitivity.analyze import proxy_key
     from deploy_opt.config.profiles import load_build_config
@@ -53,6 +73,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     if args.mode:
         overrides.append(f"sensitivity.mode={args.mode}")
     config, profile = load_build_config(args.config or args.config_flag, args.profile, overrides)
+    config = _with_scale_out(config, args)
     run = publish_sensitivity(config, profile, args.output_dir, progress=not args.quiet)
     record, build, metric = run.record, run.record.build or {}, run.record.metric
     print(

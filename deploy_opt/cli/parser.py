@@ -66,6 +66,15 @@ SCALE_FORMATS = ["trt-cache", "aimet", "ort-overrides"]
 Command = Callable[..., argparse.ArgumentParser]
 
 
+def _add_scale_out(parser: argparse.ArgumentParser, what: str) -> None:
+    """--parallel, --address and --gpus-per-trial: where the command's independent tasks run (Ray)."""
+    parser.add_argument(
+        "--parallel", type=int, default=1, help=f"{what} at once (> 1 runs them as Ray tasks; default 1, in-process)"
+    )
+    parser.add_argument("--address", help="a Ray cluster's address (default: a local Ray instance)")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per Ray task (default 0)")
+
+
 def _add_build_commands(sub: argparse._SubParsersAction, command: Command) -> None:
     """build, sensitivity, gate and report."""
     init = command(sub, "init", "write a commented starter config from a model and its data (no Python needed)")
@@ -80,19 +89,26 @@ def _add_build_commands(sub: argparse._SubParsersAction, command: Command) -> No
     init.add_argument("--force", action="store_true", help="replace an existing config")
 
     build = command(sub, "build", "export, calibrate, quantize, verify, evaluate, benchmark and gate")
-    build.add_argument("config", nargs="?", help="build YAML or an example name (digits, minilm); default: digits")
+    build.add_argument(
+        "config",
+        nargs="*",
+        help="build YAML or an example name (digits, minilm); default: digits. Several: each is built as its own "
+        "task and one table is printed; the exit code is the worst build's",
+    )
     _add_profile(build, "hardware preset from profiles/ (see 'profiles'), or a path to one")
     _add_overrides(build)
     _add_output_dir(build, "where reports/<name>/ goes")
     build.add_argument(
         "--wait", action="store_true", help="wait for another build of the same name to finish (default: fail at once)"
     )
+    _add_scale_out(build, "builds (several configs) or sensitivity evaluations")
 
     sens = command(sub, "sensitivity", "rank every quantized node by the accuracy its INT8 costs (heatmap)")
     _add_config(sens, "build YAML (default: the demo)")
     _add_profile(sens, "hardware preset from profiles/, or a path to one")
     _add_overrides(sens)
     sens.add_argument("--mode", choices=["exhaustive", "proxy", "proxy+topk"], help="default: the config's")
+    _add_scale_out(sens, "sensitivity evaluations")
     _add_output_dir(sens, "where reports/<name>-sensitivity/ goes (never <name>/)")
 
     gate = command(sub, "gate", "judge a build.json: exit 0 pass, 1 fail, 2 unusable report", GATE_EXIT_CODES)

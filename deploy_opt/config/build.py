@@ -163,8 +163,18 @@ class SensitivityConfig:
     mode: Literal["exhaustive", "proxy", "proxy+topk"] = "proxy+topk"
     top_k: int = 8
     subset: float = 0.1
+    # Where the per-node evaluations run: 1 in-process; > 1 or an address as Ray tasks (one CPU, gpus_per_task
+    # GPUs each); the models and the subset go to Ray's object store once. The flags --parallel, --address and
+    # --gpus-per-trial set these.
+    parallel: int = 1
+    address: str | None = None
+    gpus_per_task: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.parallel < 1 or self.gpus_per_task < 0:
+            raise ConfigError(
+                f"sensitivity.parallel must be >= 1 and gpus_per_task >= 0, got {self.parallel}, {self.gpus_per_task}"
+            )
         if not 0 < self.subset <= 1:
             raise ConfigError(f"sensitivity.subset must be in (0, 1], got {self.subset}")
         if self.top_k < 1:

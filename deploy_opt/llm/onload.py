@@ -106,8 +106,30 @@ def _rebuild_buffers(model: torch.nn.Module, prefix: str, device: str) -> None:
         setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def map_large_allocations() -> None:
+    """Make glibc serve every allocation of 1 MiB or more by mmap, so a freed layer goes back to the system.
+
+    By default glibc raises its mmap threshold after the first large free, and later layer-sized tensors come
+    from the heap, whose freed space the process keeps: on a 4-layer 2048-wide Llama that held peak RSS at
+    2.17 GB instead of 1.86 GB. No-op where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    except OSError:
+        pass
+
+
 def load_skeleton(folder: ShardedFolder, device: str = "cpu") -> Any:
     """The model with its decoder layers on the meta device and everything else read in float32 on ``device``."""
+    map_large_allocations()
     transformers = require("transformers", purpose="layer-wise onloading", extra="llm")
     config = transformers.AutoConfig.from_pretrained(folder.folder, local_files_only=True)
     if hasattr(config, "quantization_config"):

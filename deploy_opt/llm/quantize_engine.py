@@ -223,7 +223,8 @@ class EngineSettings:
 def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: EngineSettings) -> tuple:
     """(float reference, codes, Hessian, seconds) of one Linear rounded by GPTQ or RTN."""
     start = time.perf_counter()
-    reference = layer.get_submodule(local).weight.detach().float().clone()
+    # The live weight itself (no copy: neither method writes to it, and _apply_codes measures before replacing it).
+    reference = layer.get_submodule(local).weight.detach().float()
     hessian = stats.hessian()
     if rounding.method == "gptq":
         codes = gptq_quantize(
@@ -246,20 +247,20 @@ def _apply_codes(
 ) -> list[LinearRecord]:
     """Write each Linear's dequantized weight back, keep its codes in ``weights``, and record its errors."""
     records = []
-    for local, (reference, codes, hessian, seconds) in done.items():
+    for local in list(done):
+        reference, codes, hessian, seconds = done.pop(local)  # each Linear's copies go as soon as it is done
         approx = codes.dequantize()
-        layer.get_submodule(local).weight.copy_(approx)
-        weights[names[local]] = codes
-        records.append(
-            LinearRecord(
-                name=names[local],
-                shape=tuple(reference.shape),
-                method=method,
-                weight_error=weight_error(reference, approx),
-                output_error=output_error(reference, approx, hessian),
-                seconds=seconds,
-            )
+        record = LinearRecord(
+            name=names[local],
+            shape=tuple(reference.shape),
+            method=method,
+            weight_error=weight_error(reference, approx),
+            output_error=output_error(reference, approx, hessian),
+            seconds=seconds,
         )
+        layer.get_submodule(local).weight.copy_(approx)  # after measuring: reference may be this very weight
+        weights[names[local]] = codes
+        records.append(record)
     return records
 
 
@@ -294,16 +295,27 @@ def _prepare(model: torch.nn.Module, source: LayerSource | None) -> LayerSource:
     return resident_layers(model)
 
 
-def _quantize_layer(layer: torch.nn.Module, names: dict[str, str], inputs: list, settings: EngineSettings) -> dict:
-    """(reference, codes, Hessian, seconds) of each target Linear of one layer, by local name."""
+def _quantize_layer(
+    layer: torch.nn.Module, names: dict[str, str], inputs: list, settings: EngineSettings, codes: dict
+) -> list[LinearRecord]:
+    """Quantize one layer's target Linears in place (their codes into ``codes``); their records.
+
+    GPTQ and RTN round one Linear at a time and replace its weight at once (every Hessian was collected on the
+    float layer first), so only one Linear's copies are alive; AWQ rescales across Linears and rounds them after.
+    """
     stats, leader = _collect_stats(layer, names, inputs)
     if settings.method == "awq":
         from deploy_opt.llm.awq_layer import quantize_awq_layer
 
-        return quantize_awq_layer(
+        done = quantize_awq_layer(
             layer, names, stats, leader, bits=settings.bits, group_size=settings.group_size, sym=settings.symmetric
         )
-    return {local: _round_linear(layer, local, stats[leader[local]], settings) for local in names}
+        return _apply_codes(layer, names, done, codes, settings.method)
+    records = []
+    for local in names:
+        done = {local: _round_linear(layer, local, stats[leader[local]], settings)}
+        records += _apply_codes(layer, names, done, codes, settings.method)
+    return records
 
 
 def _advance(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> None:
@@ -356,8 +368,7 @@ def quantize_model(
         }
         codes: dict[str, QuantizedWeight] = {}
         if names:
-            done = _quantize_layer(layer, names, inputs, settings)
-            records += _apply_codes(layer, names, done, codes, method)
+            records += _quantize_layer(layer, names, inputs, settings, codes)
         if index + 1 < len(layers):
             _advance(layer, inputs)
         source.release(index, layer, codes)

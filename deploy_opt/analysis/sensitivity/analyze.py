@@ -191,6 +191,35 @@ def _macs(node: QuantizedNode, activations: dict[str, list[np.ndarray]]) -> int:
     return elements
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """What every per-node task reads: both models (serialized) and the scorer; shipped to workers once."""
+
+    qdq: bytes
+    fp32: bytes
+    scorer: SubsetScorer
+    full: dict[str, set[str]]
+
+
+def _score_node(
+    qdq: onnx.ModelProto, fp32: onnx.ModelProto, scorer: SubsetScorer, full: dict[str, set[str]], node: QuantizedNode
+) -> tuple[float, float, float, float]:
+    """The subset metric with the node's both roles, weight only, activation only, and all but the node quantized."""
+    both = scorer.score(make_variant(qdq, fp32, {node.name: node.roles}))
+    weight = scorer.score(make_variant(qdq, fp32, {node.name: {"weight", "bias"} & node.roles}))
+    act = scorer.score(make_variant(qdq, fp32, {node.name: {"activation"}}))
+    rest = scorer.score(make_variant(qdq, fp32, {**full, node.name: set()}))
+    return both, weight, act, rest
+
+
+def _node_scores(shared: _Shared, node: QuantizedNode) -> tuple[float, float, float, float]:
+    """``_score_node`` in a worker: the models are parsed from the shared bytes."""
+    qdq, fp32 = onnx.ModelProto(), onnx.ModelProto()
+    qdq.ParseFromString(shared.qdq)
+    fp32.ParseFromString(shared.fp32)
+    return _score_node(qdq, fp32, shared.scorer, shared.full, node)
+
+
 def analyze(
     fp32_path: Path,
     qdq_path: Path,
@@ -199,6 +228,7 @@ def analyze(
     mode: str,
     top_k: int,
     progress: Callable[[Any], Any] = lambda it: it,
+    executor: Any = None,
 ) -> SensitivityRecord:
     """The sensitivity record (``sensitivity.json``): metrics, per-node proxies and exact drops, ranking."""
     started = time.perf_counter()
@@ -215,11 +245,14 @@ def analyze(
     full = all_roles(quantized_nodes(qdq))
     drop = scorer.metric.drop
     results: dict[str, dict[str, float]] = {}
-    for node in progress(exact):
-        both = scorer.score(make_variant(qdq, fp32, {node.name: node.roles}))
-        weight = scorer.score(make_variant(qdq, fp32, {node.name: {"weight", "bias"} & node.roles}))
-        act = scorer.score(make_variant(qdq, fp32, {node.name: {"activation"}}))
-        rest = scorer.score(make_variant(qdq, fp32, {**full, node.name: set()}))
+    if executor is None:
+        scores = [_score_node(qdq, fp32, scorer, full, node) for node in progress(exact)]
+    else:
+        from dopt_common.executor import scatter
+
+        shared = _Shared(qdq.SerializeToString(), fp32.SerializeToString(), scorer, full)
+        scores = scatter(executor, _node_scores, shared, list(exact))
+    for node, (both, weight, act, rest) in zip(exact, scores, strict=True):
         results[node.name] = {
             "drop_both": drop(base_fp32, both),
             "drop_weight_only": drop(base_fp32, weight) if node.weight else None,

@@ -75,6 +75,15 @@ def fp32_references(fp32_path: Path, batches: list[Batch], threads: int) -> list
     return [session.run(None, b.inputs)[0] for b in batches]
 
 
+def _executor(sens: Any) -> Any:
+    """None (in-process, with a progress bar) for parallel 1 without an address, else Ray's executor."""
+    if sens.parallel == 1 and sens.address is None and sens.gpus_per_task == 0:
+        return None
+    from dopt_common.executor import make_executor
+
+    return make_executor(sens.parallel, sens.address, sens.gpus_per_task)
+
+
 def run_sensitivity(
     config: BuildConfig, fp32_path: Path, qdq_path: Path, evaluation: list[Batch], metric: Metric, stage: Path
 ) -> SensitivityRecord:
@@ -85,7 +94,13 @@ def run_sensitivity(
     subset = pick_subset(evaluation, sens.subset, config.seed)
     scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
-    analysis = analyze(fp32_path, qdq_path, scorer, config.quantization.op_types, sens.mode, sens.top_k, progress)
+    executor = _executor(sens)
+    try:
+        op_types = config.quantization.op_types
+        analysis = analyze(fp32_path, qdq_path, scorer, op_types, sens.mode, sens.top_k, progress, executor)
+    finally:
+        if executor is not None:
+            executor.close()
     resolution = Resolution(
         metric=metric.name,
         samples=sum(b.size for b in subset),

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.train.search.executor import make_executor
 from deploy_opt.train.search.space import SearchSpace
 from deploy_opt.train.search.trial import TrialSpec, recent_loss, run_segment, steps_to_converge, trial_config
 from dopt_common.deps import require
+from dopt_common.executor import make_executor
 
 log = logging.getLogger(__name__)
 

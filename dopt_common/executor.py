@@ -30,6 +30,10 @@ class InProcessExecutor:
     def submit(self, key: Key, fn: Callable[..., Any], *args: Any) -> None:
         self._pending.append((key, fn, args))
 
+    def put(self, value: Any) -> Any:
+        """A handle tasks receive as ``value`` (in-process: the object itself)."""
+        return value
+
     def busy(self) -> int:
         return len(self._pending)
 
@@ -49,7 +53,7 @@ class RayExecutor:
     """Submits each call as a Ray task and returns results in the order they finish."""
 
     def __init__(self, parallel: int, address: str | None, gpus_per_trial: float) -> None:
-        ray = require("ray", purpose="train search with --parallel > 1 or --address", extra="search")
+        ray = require("ray", purpose="--parallel > 1 or --address (Ray tasks)", extra="search")
         self._ray = ray
         self.parallel = parallel
         if not ray.is_initialized():
@@ -84,6 +88,10 @@ class RayExecutor:
     def busy(self) -> int:
         return len(self._refs)
 
+    def put(self, value: Any) -> Any:
+        """``value`` in Ray's object store, once: every task given the handle reads that one copy."""
+        return self._ray.put(value)
+
     def next_result(self) -> tuple[Key, Any]:
         """The first task to finish: its key and result, or the exception it raised."""
         done, _ = self._ray.wait(list(self._refs), num_returns=1)
@@ -109,3 +117,19 @@ def make_executor(parallel: int, address: str | None, gpus_per_trial: float) -> 
     if parallel == 1 and address is None and gpus_per_trial == 0:
         return InProcessExecutor()
     return RayExecutor(parallel, address, gpus_per_trial)
+
+
+def scatter(executor: InProcessExecutor | RayExecutor, fn: Callable[[Any, Any], Any], shared: Any, items: list) -> list:
+    """``fn(shared, item)`` for every item, results in the items' order; ``shared`` is shipped once (the object
+    store on Ray), not once per task. The first error a task raised is raised here, after the rest finish."""
+    handle = executor.put(shared)
+    for index, item in enumerate(items):
+        executor.submit(index, fn, handle, item)
+    results: dict[int, Any] = {}
+    while executor.busy():
+        key, value = executor.next_result()
+        results[key] = value
+    errors = [results[i] for i in range(len(items)) if isinstance(results[i], BaseException)]
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(items))]
