@@ -7,8 +7,8 @@ Each model is a random Llama (hidden 2048, intermediate 5632, vocab 32000: TinyL
 committed). Each run is a fresh ``python -m deploy_opt quantize-llm`` whose peak RSS comes from ``os.wait4``
 (the kernel's ru_maxrss of that child). The table compares it with the working set the design promises: one
 float32 decoder layer, its Hessians and activations (calibration samples and perplexity windows, float32) +
-float32 embeddings and lm_head + 1 GiB. ``--memory-layers N`` also runs the in-memory path on the N-layer model, for contrast.
-Also reported: the engine's seconds per decoder layer (the report's quantization section).
+float32 embeddings and lm_head + 1 GiB. ``--memory-layers N`` also runs the in-memory path on the N-layer model,
+for contrast. Also reported: the engine's seconds per decoder layer (the report's quantization section).
 """
 
 from __future__ import annotations
