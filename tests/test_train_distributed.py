@@ -19,8 +19,6 @@ run ends from the single-process fp32 run (20 AdamW steps at lr 1e-2; measured m
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +123,11 @@ def _train_fsdp(rank: int, state: str) -> tuple[dict[str, torch.Tensor], dict[st
     return weights, full_state
 
 
-def _worker(rank: int, port: int, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, folder: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # A file rendezvous, not a TCP port: a port found free and closed again can be taken by another test process
+    # (pytest -n 2) before rank 0 binds it, which aborted the workers.
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD)
     try:
         for engine, state in RUNS:
             weights, optimizer_state = (_train_zero if engine == "zero" else _train_fsdp)(rank, state)
@@ -138,16 +137,10 @@ def _worker(rank: int, port: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
     folder = tmp_path_factory.mktemp("distributed")
-    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=True)
     return {run: torch.load(folder / f"{run[0]}-{run[1]}.pt", weights_only=True) for run in RUNS}
 
 
