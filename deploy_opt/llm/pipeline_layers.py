@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from deploy_opt.llm.config import LLMConfig
-from deploy_opt.llm.pipeline import LoadedLLM, Measured, _docs, _plan, _refuse_overlap, write_report
+from deploy_opt.llm.run_common import LoadedLLM, Measured, plan_scheme, read_docs, refuse_overlap, write_report
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 from dopt_common.runs import Timings
@@ -99,11 +99,11 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     transformers = require("transformers", purpose="loading an LLM", extra="llm")
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
     model = load_skeleton(open_folder(source), config.model.device)
-    scheme = _plan(config.quantization, model)
+    scheme = plan_scheme(config.quantization, model)
     cal, checks = config.calibration, config.checks
-    calibration_docs = _docs(cal.texts, "calibration", config.base_dir)
-    evaluation_docs = _docs(checks.eval_texts, "evaluation", config.base_dir)
-    _refuse_overlap(calibration_docs, evaluation_docs)
+    calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
+    refuse_overlap(calibration_docs, evaluation_docs)
     selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
     for warning in selection.warnings:
         log.warning("calibration text: %s", warning)

@@ -220,6 +220,19 @@ def _node_scores(shared: _Shared, node: QuantizedNode) -> tuple[float, float, fl
     return _score_node(qdq, fp32, shared.scorer, shared.full, node)
 
 
+def _exact_scores(
+    qdq: onnx.ModelProto, fp32: onnx.ModelProto, scorer: SubsetScorer, exact: list, progress: Any, executor: Any
+) -> list[tuple[float, float, float, float]]:
+    """``_score_node`` of each exact node: here with a progress bar, or as tasks of ``executor``."""
+    full = all_roles(quantized_nodes(qdq))
+    if executor is None:
+        return [_score_node(qdq, fp32, scorer, full, node) for node in progress(exact)]
+    from dopt_common.executor import scatter
+
+    shared = _Shared(qdq.SerializeToString(), fp32.SerializeToString(), scorer, full)
+    return scatter(executor, _node_scores, shared, list(exact))
+
+
 def analyze(
     fp32_path: Path,
     qdq_path: Path,
@@ -242,16 +255,9 @@ def analyze(
     proxy_time = time.perf_counter() - started
     by_proxy = sorted(nodes, key=lambda n: proxy_key(proxies[n.name]))
     exact = {"exhaustive": nodes, "proxy": [], "proxy+topk": by_proxy[:top_k]}[mode]
-    full = all_roles(quantized_nodes(qdq))
     drop = scorer.metric.drop
     results: dict[str, dict[str, float]] = {}
-    if executor is None:
-        scores = [_score_node(qdq, fp32, scorer, full, node) for node in progress(exact)]
-    else:
-        from dopt_common.executor import scatter
-
-        shared = _Shared(qdq.SerializeToString(), fp32.SerializeToString(), scorer, full)
-        scores = scatter(executor, _node_scores, shared, list(exact))
+    scores = _exact_scores(qdq, fp32, scorer, exact, progress, executor)
     for node, (both, weight, act, rest) in zip(exact, scores, strict=True):
         results[node.name] = {
             "drop_both": drop(base_fp32, both),
