@@ -72,3 +72,18 @@ benchmark: {enabled: false}
     assert "tiny-b" in table[3] and "FAILED" in table[3]
     with pytest.raises(InputError, match="twice"):
         build_fleet([str(passing), str(passing)], settings, parallel=1, address=None)
+
+
+@pytest.mark.slow
+def test_the_auto_search_on_two_ray_workers_takes_the_serial_decisions(tmp_path: Path) -> None:
+    """The fallback scores its next doublings as Ray tasks, then walks them in the serial order."""
+    pytest.importorskip("ray")
+    from deploy_opt.pipeline.build import run_build
+
+    config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
+    serial = run_build(config, profile, tmp_path / "serial", progress=False).build["auto"]
+    on_ray = dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, parallel=2))
+    parallel = run_build(on_ray, profile, tmp_path / "ray", progress=False).build["auto"]
+    trials = lambda auto: [(t["step"], t["settings"], t["drop"]) for t in auto["trials"]]  # noqa: E731
+    assert "fallback" in [t["step"] for t in serial["trials"]]
+    assert trials(parallel) == trials(serial) and parallel["chosen"] == serial["chosen"]

@@ -61,6 +61,22 @@ class SearchContext:
     models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
     bar: Any = None  # tqdm over the time budget: trials so far, the last one, and the time left at most
     calibration_s: float = 0.0  # the first calibration's wall time: what SmoothQuant's calibration costs again
+    executor: Any = None  # Ray tasks for accuracy evaluations (sensitivity.parallel/address), None: in-process
+    variants: int = 0  # chain variants written so far (each its own scratch folder)
+
+    @property
+    def parallel(self) -> int:
+        """How many accuracy evaluations run at once."""
+        return 1 if self.executor is None else int(self.executor.parallel)
+
+    def scores_of(self, models: list[bytes]) -> list[np.ndarray]:
+        """Per-sample scores of each serialized model: as Ray tasks when there is an executor (the scorer goes
+        to the object store once). Nothing is timed meanwhile: timings run on the driver, with the workers idle."""
+        if self.executor is None:
+            return [self.scorer.sample_scores(m) for m in models]
+        from dopt_common.executor import scatter
+
+        return scatter(self.executor, _scores_of, self.scorer, models)
 
     def time_left(self, extra: float = 0.0) -> bool:
         """Whether another trial fits: one like the last few, plus ``extra`` seconds of work before it (a ViT-S
@@ -70,11 +86,19 @@ class SearchContext:
         expected = statistics.median(recent) if recent else 0.0
         return time.perf_counter() + expected + extra < self.deadline
 
-    def measure(self, step: str, candidate: Candidate, model: onnx.ModelProto, predicted: float | None = None) -> Trial:
+    def measure(
+        self,
+        step: str,
+        candidate: Candidate,
+        model: onnx.ModelProto,
+        predicted: float | None = None,
+        scores: np.ndarray | None = None,
+    ) -> Trial:
+        """Score (unless ``scores`` were computed already) and time one candidate, and record the trial."""
         started = time.perf_counter()
         data = model.SerializeToString()
         self.models[candidate] = data
-        scores = self.scorer.sample_scores(data)
+        scores = self.scorer.sample_scores(data) if scores is None else scores
         value = float(np.mean(scores))
         latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
         nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
@@ -105,6 +129,11 @@ class SearchContext:
         return trial
 
 
+def _scores_of(scorer: SubsetScorer, model: bytes) -> np.ndarray:
+    """A task's body: the scorer's per-sample scores of one serialized model."""
+    return scorer.sample_scores(model)
+
+
 def new_context(
     config: BuildConfig,
     fp32_path: Path,
@@ -124,6 +153,12 @@ def new_context(
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
     deadline = started + config.auto.budget_s
     baseline = scorer.sample_scores(fp32)
+    sens = config.sensitivity
+    executor = None
+    if sens.parallel > 1 or sens.address is not None or sens.gpus_per_task:
+        from dopt_common.executor import make_executor
+
+        executor = make_executor(sens.parallel, sens.address, sens.gpus_per_task)
     return SearchContext(
         config,
         fp32_path,
@@ -137,6 +172,7 @@ def new_context(
         [],
         calibration,
         work,
+        executor=executor,
     )
 
 
@@ -183,7 +219,8 @@ def variant_model(
     op_types = candidate.op_types(ctx.config.quantization.op_types)
     if candidate.coverage != "chain":
         return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
-    folder = ctx.work / f"variant-{len(ctx.trials)}"
+    ctx.variants += 1
+    folder = ctx.work / f"variant-{ctx.variants}"
     written = quantize(
         configured(ctx.config, candidate),
         base.source,

@@ -51,16 +51,33 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     predicted = {n.name: n.proxy.get("predicted_drop") for n in record.nodes}
     source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
 
+    ahead: dict[int, tuple[onnx.ModelProto, object]] = {}  # count → (variant, its scores), evaluated in advance
+
+    def candidate_of(count: int):
+        return dataclasses.replace(base.candidate, excluded=base.candidate.excluded + tuple(order[:count]))
+
     def attempt(count: int) -> Trial:
-        excluded = base.candidate.excluded + tuple(order[:count])
         rest = [predicted[n] for n in order[count:]]
         guess = sum(rest) if rest and all(p is not None for p in rest) else None
-        candidate = dataclasses.replace(base.candidate, excluded=excluded)
-        variant = variant_model(ctx, base, candidate, qdq, source)
-        return ctx.measure("fallback", candidate, variant, guess)
+        candidate = candidate_of(count)
+        variant, scores = ahead.pop(count, (None, None))
+        variant = variant if variant is not None else variant_model(ctx, base, candidate, qdq, source)
+        return ctx.measure("fallback", candidate, variant, guess, scores)
+
+    def look_ahead(count: int) -> None:
+        """With several workers, score the next doublings at once; the walk below then takes them in turn."""
+        steps = [count]
+        while len(steps) < ctx.parallel and steps[-1] < len(order):
+            steps.append(min(steps[-1] * 2, len(order)))
+        if len(steps) < 2 or count in ahead:
+            return
+        variants = [variant_model(ctx, base, candidate_of(c), qdq, source) for c in steps]
+        scores = ctx.scores_of([v.SerializeToString() for v in variants])
+        ahead.update({c: (v, s) for c, v, s in zip(steps, variants, scores, strict=True)})
 
     low, high, count = 0, None, 1
     while order and ctx.time_left():
+        look_ahead(count)
         if attempt(count).meets(config.gate.max_drop):
             high = count
             break

@@ -66,9 +66,28 @@ def run_search(
     static: tuple[str, ...],
     work: Path,
 ) -> SearchOutcome:
-    """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate."""
-    started = time.perf_counter()
-    ctx = new_context(config, fp32_path, held, metric, started, calibration, work)
+    """Search as the module docstring says; ``static`` nodes stay FP32 in every candidate.
+
+    With ``sensitivity.parallel`` > 1 (or an address) the fallback scores its next doublings as Ray tasks at once
+    and then walks them in the serial order, so it takes the serial run's decisions (``refine.py``)."""
+    ctx = new_context(config, fp32_path, held, metric, time.perf_counter(), calibration, work)
+    try:
+        return _search(ctx, config, fp32_path, calibration, held, static, work)
+    finally:
+        if ctx.executor is not None:
+            ctx.executor.close()
+
+
+def _search(
+    ctx: SearchContext,
+    config: BuildConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    held: list[Batch],
+    static: tuple[str, ...],
+    work: Path,
+) -> SearchOutcome:
+    started = ctx.deadline - config.auto.budget_s
     from tqdm import tqdm
 
     if sys.stderr.isatty():  # no bar object at all otherwise: a signal landing in its __del__ would be swallowed
