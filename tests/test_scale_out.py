@@ -11,7 +11,6 @@ import pytest
 from conftest import fragile_config, write_config
 
 from deploy_opt.pipeline.fleet import FleetSettings, build_fleet, fleet_exit, fleet_table
-from deploy_opt.pipeline.sensitivity import publish_sensitivity
 from dopt_common.errors import ConfigError, InputError
 from dopt_common.executor import InProcessExecutor, scatter
 
@@ -26,20 +25,6 @@ def test_scatter_keeps_the_items_order_and_raises_the_first_error() -> None:
     assert scatter(InProcessExecutor(), _square_or_fail, 1, [3, 1, 2]) == [10, 2, 5]
     with pytest.raises(InputError, match="item -1"):
         scatter(InProcessExecutor(), _square_or_fail, 0, [2, -1, -2])
-
-
-@pytest.mark.slow
-def test_exhaustive_sensitivity_on_two_ray_workers_equals_the_serial_run(tmp_path: Path) -> None:
-    pytest.importorskip("ray")
-    quantization = "mode: manual, op_types: [MatMul], quantize_outputs: false, keep_head: false"
-    extra = "sensitivity: {enabled: true, mode: exhaustive}\nseed: 3"
-    config, profile = fragile_config(tmp_path, 100.0, extra, quantization)
-    serial = publish_sensitivity(config, profile, tmp_path / "serial", progress=False)
-    on_ray = dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, parallel=2))
-    ray_run = publish_sensitivity(on_ray, profile, tmp_path / "ray", progress=False)
-    assert [n.name for n in serial.record.ranked()] == [n.name for n in ray_run.record.ranked()]
-    assert serial.record.nodes == ray_run.record.nodes  # every drop, bit for bit
-    assert serial.record.ranked()[0].name == "fc2" and serial.record.nodes[0].drop_both is not None
 
 
 def test_sensitivity_parallel_must_be_positive(tmp_path: Path) -> None:
@@ -75,15 +60,21 @@ benchmark: {enabled: false}
 
 
 @pytest.mark.slow
-def test_the_auto_search_on_two_ray_workers_takes_the_serial_decisions(tmp_path: Path) -> None:
-    """The fallback scores its next doublings as Ray tasks, then walks them in the serial order."""
+def test_two_ray_workers_give_the_serial_search_and_sensitivity(tmp_path: Path) -> None:
+    """One build with the auto search's fallback and an exhaustive sensitivity pass, serially and on two Ray
+    workers: the fallback scores its next doublings as tasks and walks them in the serial order, and the
+    sensitivity pass scores each node as a task; every trial, the choice and every node's numbers agree."""
     pytest.importorskip("ray")
     from deploy_opt.pipeline.build import run_build
 
-    config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
-    serial = run_build(config, profile, tmp_path / "serial", progress=False).build["auto"]
+    extra = "auto: {smoothquant_alpha: null}\nsensitivity: {enabled: true, mode: exhaustive}"
+    config, profile = fragile_config(tmp_path, 0.5, extra)
+    serial = run_build(config, profile, tmp_path / "serial", progress=False)
     on_ray = dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, parallel=2))
-    parallel = run_build(on_ray, profile, tmp_path / "ray", progress=False).build["auto"]
-    trials = lambda auto: [(t["step"], t["settings"], t["drop"]) for t in auto["trials"]]  # noqa: E731
-    assert "fallback" in [t["step"] for t in serial["trials"]]
-    assert trials(parallel) == trials(serial) and parallel["chosen"] == serial["chosen"]
+    parallel = run_build(on_ray, profile, tmp_path / "ray", progress=False)
+    trials = lambda result: [(t["step"], t["settings"], t["drop"]) for t in result.build["auto"]["trials"]]  # noqa: E731
+    assert "fallback" in [step for step, _, _ in trials(serial)]
+    assert trials(parallel) == trials(serial) and parallel.build["auto"]["chosen"] == serial.build["auto"]["chosen"]
+    nodes = lambda result: json.loads((result.out_dir / "sensitivity.json").read_text())["nodes"]  # noqa: E731
+    assert nodes(parallel) == nodes(serial) and all(n["exact"] for n in nodes(serial))
+    assert max(nodes(serial), key=lambda n: n["drop_both"])["name"] == "fc2"
