@@ -277,6 +277,38 @@ def test_pytorch_engine_loads_our_awq_and_its_linear_matches_ours(lmd, checkpoin
         torch.testing.assert_close(y.float(), x[:, :in_features] @ _ours(model, name), rtol=2e-2, atol=2e-2)
 
 
+def test_static_group_act_order_gptq_packs_as_awq_and_the_pytorch_engine_reads_it(lmd, llama, tmp_path: Path):
+    """GPTQ's rounding with act-order and static groups keeps one scale and zero point per group, in sequential
+    order, so the AWQ layout holds it (no g_idx needed): lmdeploy's PyTorch-engine reader gives our weights back."""
+    from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
+
+    gen = torch.Generator().manual_seed(0)
+    samples = [torch.randint(3, 500, (1, 64), generator=gen) for _ in range(8)]
+    model = copy.deepcopy(llama)
+    settings = EngineSettings(method="gptq", group_size=64, desc_act=True, static_groups=True, sym=False)
+    weights = quantize_model(model, samples, settings, progress=False).weights
+    for qw in weights.values():  # one scale and zero point per group, groups in column order
+        assert qw.scales.shape[0] == qw.shape[1] // 64 and not qw.act_order
+        assert torch.equal(qw.g_idx, (torch.arange(qw.shape[1]) // 64).to(qw.g_idx.dtype))
+    folder = write_quantized_checkpoint(model, weights, tmp_path / "checkpoint", fmt="awq")
+    quant = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
+    loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
+    tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
+    for name, qw in weights.items():
+        out_features, in_features = qw.shape
+        params = lmd.awq.AwqLinear.create_weights(
+            None, in_features, out_features, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
+        )[:3]
+        for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
+            lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])
+        qweight, scales, qzeros = params
+        weight = lmd.awq_modules.dequantize_gemm(qweight, qzeros, scales, quant.bits, quant.group_size).float()
+        # Our codes with the fp16 scales the file holds: lmdeploy's dequantization is exactly that.
+        g = qw.g_idx.long()
+        expected = ((qw.qweight.float() - qw.zeros.float()[g].t()) * qw.scales.half().float()[g].t()).t()
+        assert torch.equal(weight, expected.half().float()), name  # bit for bit, in fp16
+
+
 def test_pytorch_engine_has_no_gptq_and_no_hf_model_format(lmd, checkpoints):
     folder, _, _ = checkpoints["gptq", 128, False]
     with pytest.raises(TypeError, match="Unsupported quant method: gptq"):
