@@ -153,12 +153,9 @@ def new_context(
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
     deadline = started + config.auto.budget_s
     baseline = scorer.sample_scores(fp32)
-    sens = config.sensitivity
-    executor = None
-    if sens.parallel > 1 or sens.address is not None or sens.gpus_per_task:
-        from dopt_common.executor import make_executor
+    from deploy_opt.analysis.sensitivity.mixed_precision import task_executor
 
-        executor = make_executor(sens.parallel, sens.address, sens.gpus_per_task)
+    executor = task_executor(config.sensitivity)
     return SearchContext(
         config,
         fp32_path,

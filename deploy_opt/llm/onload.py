@@ -22,13 +22,12 @@ from typing import Any
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
-from deploy_opt.llm.quantize_engine import LayerSource, decoder_layers
+from deploy_opt.llm.quantize_engine import LayerSource, advance, decoder_layers, layer_prefix
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ModelError
+from exporters.shards import INDEX_FILE, SINGLE_FILE
 
 log = logging.getLogger(__name__)
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -85,12 +84,6 @@ def open_folder(folder: str | Path) -> ShardedFolder:
 
     with safe_open(str(single), framework="pt") as handle:
         return ShardedFolder(folder, {name: single for name in handle.keys()})  # noqa: SIM118
-
-
-def layer_prefix(model: torch.nn.Module) -> str:
-    """The state-dict prefix of the decoder layers: ``model.layers`` for Llama-family models."""
-    layers = decoder_layers(model)
-    return next(name for name, module in model.named_modules() if module is layers)
 
 
 def _rebuild_buffers(model: torch.nn.Module, prefix: str, device: str) -> None:
@@ -236,9 +229,7 @@ def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: A
     inputs = catch_layer_inputs(model, chunks)
     for index in range(len(decoder_layers(model))):
         layer = source.load(index)
-        for position, (hidden, kwargs) in enumerate(inputs):
-            out = layer(hidden, **kwargs)
-            inputs[position] = (out[0] if isinstance(out, tuple) else out, kwargs)
+        advance(layer, inputs)
         source.release(index, layer, {})
     norm, head = getattr(model.model, "norm", None), model.get_output_embeddings()
     if norm is None or head is None:

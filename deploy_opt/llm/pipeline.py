@@ -14,10 +14,11 @@ from deploy_opt.llm.config import LLMConfig
 from deploy_opt.llm.run_common import (
     LoadedLLM,
     Measured,
+    checkpoint_format,
+    engine_settings,
     model_source,
     plan_scheme,
-    read_docs,
-    refuse_overlap,
+    select_texts,
     write_report,
 )
 from deploy_opt.llm.scheme import QuantScheme
@@ -50,9 +51,10 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
 
     seed_everything(config.seed)
     times = Timings()
-    onload = choose_onload(config.model.onload, model_source(config))
+    source = model_source(config)
+    onload = choose_onload(config.model.onload, source)
     with times.stage("load", explain=False):
-        loaded = load_layers(config, model_source(config)) if onload == "layers" else load_llm(config)
+        loaded = (load_layers if onload == "layers" else load_llm)(config, source)
     name = config.name or default_run_name(config.model.path, loaded.scheme)
     out_dir = run_dir(ensure_writable_dir(output_root), name, "--name")
     refuse_other_model(out_dir, loaded.source)
@@ -62,23 +64,15 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     return LLMResult(out_dir, report, gate)
 
 
-def load_llm(config: LLMConfig) -> LoadedLLM:
+def load_llm(config: LLMConfig, source: Path) -> LoadedLLM:
     """Load the model and texts and resolve ``auto`` (a group that cannot work fails here, before any long step)."""
     from deploy_opt.llm.gguf_model import load_model_folder
-    from deploy_opt.llm.text_data import stratified_text_samples
 
-    cal, checks = config.calibration, config.checks
-    source = model_source(config)
     model, tokenizer = load_model_folder(source)
     if config.model.device != "cpu":
         model = model.to(config.model.device)
     scheme = plan_scheme(config.quantization, model)
-    calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
-    evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
-    refuse_overlap(calibration_docs, evaluation_docs)
-    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
-    for warning in selection.warnings:
-        log.warning("calibration text: %s", warning)
+    evaluation_docs, selection = select_texts(config, tokenizer)
     return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection)
 
 
@@ -173,21 +167,13 @@ def _quantize(
         summary = quantize_torchao(model, scheme.method, group_size=scheme.group_size, keep=quant.keep)
         save_torchao_checkpoint(model, checkpoint, summary, tokenizer=tokenizer)
         return summary, "torchao"
-    from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
+    from deploy_opt.llm.quantize_engine import quantize_model
     from exporters.w4a16_writer import write_quantized_checkpoint
 
-    settings = EngineSettings(
-        method=scheme.method,
-        bits=quant.bits,
-        group_size=scheme.group_size,
-        desc_act=scheme.desc_act,
-        sym=scheme.symmetric if scheme.method != "awq" else None,
-        keep=quant.keep,
-    )
-    result = quantize_model(model, samples, settings, progress=progress)
+    result = quantize_model(model, samples, engine_settings(quant, scheme), progress=progress)
     if quant.format == "gguf":
         return _write_gguf(model, result, source, checkpoint, tokenizer), "gguf"
-    fmt = "awq" if scheme.method == "awq" else "gptq"  # RTN codes are GPTQ-layout codes without act-order
+    fmt = checkpoint_format(scheme)
     write_quantized_checkpoint(model, result.weights, checkpoint, fmt=fmt, tokenizer=tokenizer)
     return result.as_dict(), fmt
 

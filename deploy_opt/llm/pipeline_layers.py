@@ -16,7 +16,15 @@ import logging
 from pathlib import Path
 
 from deploy_opt.llm.config import LLMConfig
-from deploy_opt.llm.run_common import LoadedLLM, Measured, plan_scheme, read_docs, refuse_overlap, write_report
+from deploy_opt.llm.run_common import (
+    LoadedLLM,
+    Measured,
+    checkpoint_format,
+    engine_settings,
+    plan_scheme,
+    select_texts,
+    write_report,
+)
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 from dopt_common.runs import Timings
@@ -93,20 +101,13 @@ def _refuse_whole_model_outputs(config: LLMConfig) -> None:
 def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     """The skeleton model (decoder layers on the meta device), tokenizer, scheme and texts."""
     from deploy_opt.llm.onload import load_skeleton, open_folder
-    from deploy_opt.llm.text_data import stratified_text_samples
 
     _refuse_whole_model_outputs(config)
     transformers = require("transformers", purpose="loading an LLM", extra="llm")
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
     model = load_skeleton(open_folder(source), config.model.device)
     scheme = plan_scheme(config.quantization, model)
-    cal, checks = config.calibration, config.checks
-    calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
-    evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
-    refuse_overlap(calibration_docs, evaluation_docs)
-    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
-    for warning in selection.warnings:
-        log.warning("calibration text: %s", warning)
+    evaluation_docs, selection = select_texts(config, tokenizer)
     return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers")
 
 
@@ -122,7 +123,6 @@ def run_layers(
         quantize_streamed,
         streamed_perplexity,
     )
-    from deploy_opt.llm.quantize_engine import EngineSettings
     from exporters.w4a16_writer import CheckpointWriter
 
     quant, checks, scheme, device = config.quantization, config.checks, loaded.scheme, config.model.device
@@ -130,15 +130,8 @@ def run_layers(
     window = PerplexityWindow(max_seq_len=checks.eval_seq_len, max_tokens=checks.eval_tokens, progress=progress)
     with times.stage("perplexity_original"):
         original = streamed_perplexity(model, layer_source(folder, model, device), tokenizer, docs, window)
-    settings = EngineSettings(
-        method=scheme.method,
-        bits=quant.bits,
-        group_size=scheme.group_size,
-        desc_act=scheme.desc_act,
-        sym=scheme.symmetric if scheme.method != "awq" else None,
-        keep=quant.keep,
-    )
-    fmt = "awq" if scheme.method == "awq" else "gptq"
+    settings = engine_settings(quant, scheme)
+    fmt = checkpoint_format(scheme)
     with times.stage("quantize"):
         writer = CheckpointWriter(stage / "checkpoint", fmt)
         try:

@@ -108,10 +108,15 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def layer_prefix(model: torch.nn.Module) -> str:
+    """The state-dict prefix of the decoder layers: ``model.layers`` for Llama-family models."""
+    layers = decoder_layers(model)
+    return next(name for name, module in model.named_modules() if module is layers)
+
+
 def target_linears(model: torch.nn.Module, keep: Sequence[str]) -> dict[str, torch.nn.Linear]:
     """Every Linear inside the decoder layers whose name matches no ``keep`` pattern, by full name."""
-    layers = decoder_layers(model)
-    prefix = next(name for name, module in model.named_modules() if module is layers)
+    layers, prefix = decoder_layers(model), layer_prefix(model)
     return {
         f"{prefix}.{name}": module
         for name, module in layers.named_modules()
@@ -318,7 +323,7 @@ def _quantize_layer(
     return records
 
 
-def _advance(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> None:
+def advance(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> None:
     """Replace each input by the layer's output, in place (one set of activations alive at a time)."""
     for position, (hidden, kwargs) in enumerate(inputs):
         out = layer(hidden, **kwargs)
@@ -354,8 +359,7 @@ def quantize_model(
 
     source = _prepare(model, source)
     started = time.perf_counter()
-    layers = decoder_layers(model)
-    prefix = next(name for name, module in model.named_modules() if module is layers)
+    layers, prefix = decoder_layers(model), layer_prefix(model)
     inputs = catch_layer_inputs(model, samples)
     records: list[LinearRecord] = []
     weights: dict[str, QuantizedWeight] = {}
@@ -370,7 +374,7 @@ def quantize_model(
         if names:
             records += _quantize_layer(layer, names, inputs, settings, codes)
         if index + 1 < len(layers):
-            _advance(layer, inputs)
+            advance(layer, inputs)
         source.release(index, layer, codes)
         if source.keep_codes:
             weights.update(codes)

@@ -187,3 +187,36 @@ def _resolve(path: str, base_dir: str) -> Path:
 
 def _versions() -> dict[str, str]:
     return {**versions(PACKAGES), "deploy_opt": __version__}
+
+
+def select_texts(config: LLMConfig, tokenizer: Any) -> tuple[list[TextDoc], Any]:
+    """(evaluation docs, stratified calibration selection), refusing evaluation text that calibration also holds."""
+    from deploy_opt.llm.text_data import stratified_text_samples
+
+    cal, checks = config.calibration, config.checks
+    calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
+    evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
+    refuse_overlap(calibration_docs, evaluation_docs)
+    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+    for warning in selection.warnings:
+        log.warning("calibration text: %s", warning)
+    return evaluation_docs, selection
+
+
+def engine_settings(quant: LLMQuantConfig, scheme: QuantScheme) -> Any:
+    """The engine's settings for a resolved gptq/awq/rtn scheme."""
+    from deploy_opt.llm.quantize_engine import EngineSettings
+
+    return EngineSettings(
+        method=scheme.method,
+        bits=quant.bits,
+        group_size=scheme.group_size,
+        desc_act=scheme.desc_act,
+        sym=scheme.symmetric if scheme.method != "awq" else None,
+        keep=quant.keep,
+    )
+
+
+def checkpoint_format(scheme: QuantScheme) -> str:
+    """The lmdeploy layout the engine's codes are written in: RTN codes are GPTQ-layout codes without act-order."""
+    return "awq" if scheme.method == "awq" else "gptq"

@@ -75,7 +75,7 @@ def fp32_references(fp32_path: Path, batches: list[Batch], threads: int) -> list
     return [session.run(None, b.inputs)[0] for b in batches]
 
 
-def _executor(sens: Any) -> Any:
+def task_executor(sens: Any) -> Any:
     """None (in-process, with a progress bar) for parallel 1 without an address, else Ray's executor."""
     if sens.parallel == 1 and sens.address is None and sens.gpus_per_task == 0:
         return None
@@ -94,7 +94,7 @@ def run_sensitivity(
     subset = pick_subset(evaluation, sens.subset, config.seed)
     scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
-    executor = _executor(sens)
+    executor = task_executor(sens)
     try:
         op_types = config.quantization.op_types
         analysis = analyze(fp32_path, qdq_path, scorer, op_types, sens.mode, sens.top_k, progress, executor)
