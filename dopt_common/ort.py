@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import logging
 import os
 from typing import Any
@@ -22,6 +24,8 @@ def create_session(
 ) -> Any:
     """An ORT InferenceSession with fixed thread counts; graph optimisations off for calibration."""
     ort = require("onnxruntime", purpose="running ONNX models")
+    if "CUDAExecutionProvider" in providers:
+        preload_cuda_libraries(ort)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
@@ -39,6 +43,23 @@ def create_session(
         # Whole: ORT names the node first and the reason last, and a cut message loses one of them.
         reason = one_line(exc)
         raise ModelError(f"ONNX Runtime cannot load '{name}': {reason}") from exc
+
+
+def preload_cuda_libraries(ort: Any) -> None:
+    """Load the CUDA and cuDNN libraries that onnxruntime-gpu[cuda,cudnn] installed as pip packages.
+
+    Its CUDA provider library has no RUNPATH to them, so without this a process that has not imported a CUDA
+    torch first gets no CUDA session. ``preload_dlls`` exists from onnxruntime-gpu 1.21 and skips what it does not
+    find; it loads each library once per process.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):  # it prints what it could not load; stdout is for CLI results
+        preload()
+    if said.getvalue().strip():
+        log.info("onnxruntime.preload_dlls: %s", " ".join(said.getvalue().split()))
 
 
 def usable_threads(threads: int) -> int:

@@ -223,3 +223,48 @@ def test_tensorrt_parser_confirms_the_table(tiny_model: Path) -> None:
     if not report.tensorrt_parser["ran"]:
         pytest.skip(report.tensorrt_parser["reason"])
     assert all(r["tensorrt_parser"] for r in report.nodes) and report.summary["tensorrt"]["fail"] == 0
+
+
+def _clear_kernel_caches() -> None:
+    for loader in (compat_data._registry, compat_data.runtime_kernels, compat_data.cuda_kernels):
+        loader.cache_clear()
+
+
+def test_a_gpu_build_reads_its_registry_in_a_child_process(monkeypatch, tiny_model: Path) -> None:
+    """onnxruntime-gpu lists more providers than the CPU wheel: its registry is read in a child process (the
+    child here runs the real CPU wheel), and gives the same CPU kernels as the in-process read."""
+    from deploy_opt.analysis import ort_registry
+
+    in_process = ort_registry.registry_rows()
+    calls = []
+    real_run = ort_registry.subprocess.run
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort_registry.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    version, rows = ort_registry.read_registry()
+    assert calls and version == ort.__version__ and rows == json.loads(json.dumps(in_process))
+
+
+def test_a_registry_read_that_dies_falls_back_to_the_published_tables(monkeypatch, caplog, tiny_model: Path) -> None:
+    """onnxruntime-gpu 1.31 without TensorRT's libraries segfaults reading its registry (seen on an H200): the
+    child dies by signal 11 (subprocess.run's CompletedProcess has returncode -11), and the report reads the CPU
+    and CUDA kernels from data/ instead of failing the build."""
+    from deploy_opt.analysis import ort_registry
+
+    died = ort_registry.subprocess.CompletedProcess(args=[], returncode=-11, stdout="", stderr="")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort_registry.subprocess, "run", lambda *a, **k: died)
+    _clear_kernel_caches()
+    try:
+        with caplog.at_level("WARNING"):
+            report = check_compat(tiny_model, targets=("ort-cpu", "ort-cuda"))
+        assert "signal 11" in caplog.text
+        assert "ort_cpu_kernels.json" in report.sources["ort_cpu"]
+        assert "ort_cuda_kernels.json" in report.sources["ort_cuda"]
+        published = compat_data.runtime_kernels(compat_data.CPU_PROVIDER)
+    finally:
+        _clear_kernel_caches()
+    installed = compat_data.runtime_kernels(compat_data.CPU_PROVIDER)
+    # The shipped CPU table is a real registry: every op the installed CPU wheel registers is in it.
+    assert set(installed.kernels) <= set(published.kernels)
+    # And it judges the model as the installed registry does.
+    assert report.summary == check_compat(tiny_model, targets=("ort-cpu", "ort-cuda")).summary

@@ -147,10 +147,37 @@ def test_stratified_samples_counts_lengths_and_seed(tokenizer) -> None:
     other = stratified_text_samples(docs, tokenizer, count=40, max_seq_len=64, seed=2)
     assert again == first
     assert other.sample_hash != first.sample_hash
-    assert any("below the recommended 500" in w for w in first.warnings)
+    assert any("below the recommended 128" in w for w in first.warnings)
     tensors = first.tensors()
     assert tensors[0].shape == (1, len(first.input_ids[0]))
     assert first.to_report()["samples"] == 40
+
+
+def test_packed_windows_are_full_and_cut_from_each_domain_joined(tokenizer) -> None:
+    """windows: packed joins each domain's documents (a blank line between) and cuts full windows, so the short
+    'code' documents give full windows too; every window is a slice of its domain's joined tokens."""
+    docs = _docs(tokenizer)
+    packed = stratified_text_samples(docs, tokenizer, count=40, max_seq_len=64, seed=1, windows="packed")
+    per_doc = stratified_text_samples(docs, tokenizer, count=40, max_seq_len=64, seed=1)
+    assert all(len(ids) == 64 for ids in packed.input_ids)
+    assert any(len(ids) < 64 for ids in per_doc.input_ids)
+    assert set(packed.domain_share) == {"prose", "code"}
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    separator = encode("\n\n")
+    joined = {
+        domain: [t for d in docs if d.domain == domain for t in encode(d.text) + separator]
+        for domain in packed.domain_share
+    }
+    spans_two = 0
+    for sample_id, ids in zip(packed.sample_ids, packed.input_ids, strict=True):
+        domain, start = sample_id.split(" (packed)@")
+        assert list(ids) == joined[domain][int(start) : int(start) + 64]
+        inner = [list(ids[k : k + len(separator)]) for k in range(1, 64 - len(separator))]
+        spans_two += separator in inner
+    assert spans_two > 0  # some window holds the end of one document and the start of the next
 
 
 def test_stratified_samples_warn_when_one_domain_dominates(tokenizer) -> None:

@@ -13,7 +13,7 @@ from calibrators.groupwise.awq import search_awq_scale
 from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
 from calibrators.groupwise.rtn import QuantizedWeight, output_error, rtn_quantize
 from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
-from dopt_common.errors import ConfigError
+from dopt_common.errors import CalibrationError, ConfigError
 from exporters.lmdeploy import (
     AWQ_ORDER,
     load_quantized_checkpoint,
@@ -54,7 +54,8 @@ def _quantized(base_model, samples, **kwargs):
 
 @pytest.mark.parametrize("group_size", [32, 64])
 @pytest.mark.parametrize(
-    "method,extra", [("gptq", {"desc_act": True}), ("gptq", {"desc_act": False}), ("awq", {}), ("rtn", {})]
+    "method,extra",
+    [("gptq", {"desc_act": True}), ("gptq", {"desc_act": False}), ("awq", {}), ("awq-gptq", {}), ("rtn", {})],
 )
 def test_engine_quantizes_every_linear(base_model, samples, method, extra, group_size):
     model, result = _quantized(base_model, samples, method=method, group_size=group_size, **extra)
@@ -68,11 +69,12 @@ def test_engine_quantizes_every_linear(base_model, samples, method, extra, group
     for key in ("model.embed_tokens.weight", "lm_head.weight"):
         assert torch.equal(before[key], after[key])
     norms = [k for k in before if "norm" in k]
-    if method == "awq":  # scales are folded into the norms, which stay float
+    if method.startswith("awq"):  # scales are folded into the norms, which stay float
         assert any(not torch.equal(before[k], after[k]) for k in norms)
+        assert all(not qw.act_order for qw in result.weights.values())  # AWQ's layout: groups in column order
     else:
         assert all(torch.equal(before[k], after[k]) for k in norms)
-    assert result.sym == (method != "awq") and result.desc_act == extra.get("desc_act", False)
+    assert result.sym == (not method.startswith("awq")) and result.desc_act == extra.get("desc_act", False)
 
 
 def test_gptq_output_error_not_above_rtn(base_model, samples):
@@ -185,6 +187,38 @@ def test_static_groups_keep_act_order_out_of_the_layout():
     rtn = rtn_quantize(w, 4, 16)
     assert not static.act_order and torch.equal(static.scales, rtn.scales)  # groups fixed from the original W
     assert output_error(w, static.dequantize(), h) < output_error(w, rtn.dequantize(), h)
+
+
+def test_given_group_params_are_kept_and_gptq_rounds_inside_them():
+    x = _correlated_inputs()
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(2))
+    h = 2 * x.t() @ x / x.shape[0]
+    rtn = rtn_quantize(0.8 * w, 4, 16, sym=False)  # narrower ranges than W's own: GPTQ must clamp into them
+    params = (rtn.scales.clone(), rtn.zeros.float())
+    qw = gptq_quantize(w, h, group_size=16, sym=False, desc_act=True, group_params=params)
+    assert torch.equal(qw.scales, rtn.scales) and torch.equal(qw.zeros, rtn.zeros) and not qw.act_order
+    assert qw.qweight.min() >= 0 and qw.qweight.max() <= 15
+    group = torch.arange(64) // 16
+    scale, zero = rtn.scales[group].t(), rtn.zeros.float()[group].t()
+    nearest = (torch.clamp(torch.round(w / scale) + zero, 0, 15) - zero) * scale  # round to nearest, same grid
+    assert output_error(w, qw.dequantize(), h) < output_error(w, nearest, h)
+    with pytest.raises(CalibrationError, match="group_params shapes"):
+        gptq_quantize(w, h, group_size=16, group_params=(rtn.scales.t(), rtn.zeros.float().t()))
+
+
+def test_awq_gptq_rounds_better_than_awq_in_the_same_ranges():
+    from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip
+    from deploy_opt.llm.awq_layer import round_in_ranges
+
+    gen = torch.Generator().manual_seed(4)
+    x = _correlated_inputs()
+    w = torch.randn(32, 64, generator=gen)
+    h = 2 * x.t() @ x / x.shape[0]
+    clipped = apply_clip(w, search_awq_clip(w, h, group_size=16), 16)
+    ours = round_in_ranges(w, clipped, h, bits=4, group_size=16, sym=False, percdamp=0.01)
+    awq = awq_quantize(clipped, 4, 16)
+    assert torch.equal(ours.scales, awq.scales) and torch.equal(ours.zeros, awq.zeros)  # AWQ's own ranges
+    assert output_error(w, ours.dequantize(), h) < 0.8 * output_error(w, awq.dequantize(), h)
 
 
 def test_awq_scaling_beats_rtn_on_outlier_channels():

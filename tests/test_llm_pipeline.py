@@ -83,21 +83,29 @@ def tiny_folder_128(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("hidden", "method", "group", "backend"),
-    [(64, "awq", 64, "pytorch"), (128, "gptq", 128, "turbomind")],  # 64 like SmolLM2's 576: 128 does not divide
+    ("hidden", "group", "backend"),
+    [(64, 64, "pytorch"), (128, 128, "turbomind")],  # 64 like SmolLM2's 576: 128 does not divide
 )
 def test_the_default_writes_a_checkpoint_lmdeploy_serves(
-    request: pytest.FixtureRequest, tmp_path: Path, hidden: int, method: str, group: int, backend: str
+    request: pytest.FixtureRequest, tmp_path: Path, hidden: int, group: int, backend: str
 ) -> None:
     folder = request.getfixturevalue("tiny_folder" if hidden == 64 else "tiny_folder_128")
     config = _config(folder, None)
     assert (config.quantization.method, config.quantization.group_size) == ("auto", "auto")
     report = run_quantize_llm(config, tmp_path, progress=False).report.to_json()
     scheme = report["scheme"]
-    assert (scheme["method"], scheme["group_size"], scheme["desc_act"]) == (method, group, False)
+    assert (scheme["method"], scheme["layout"], scheme["group_size"], scheme["desc_act"]) == (
+        "awq-gptq",
+        "awq",
+        group,
+        False,
+    )
     assert scheme["requested"]["method"] == "auto" and "method auto" in scheme["reason"]
     qconfig = json.loads((tmp_path / config.name / "checkpoint" / "config.json").read_text())["quantization_config"]
-    assert (qconfig["quant_method"], qconfig["group_size"], qconfig.get("desc_act", False)) == (method, group, False)
+    assert (qconfig["quant_method"], qconfig["group_size"], qconfig.get("desc_act", False)) == ("awq", group, False)
+    # The default calibration text is the mixed corpus: several domains, none above half of the windows.
+    shares = report["calibration"]["domain_share"]
+    assert {"docstrings", "code"} <= set(shares) and max(shares.values()) <= 0.5
     out = _serve_dry_run(tmp_path / config.name / "checkpoint")
     assert out.returncode == 0, out.stderr
     assert report["serve"]["backend"] == backend and f"--backend {backend}" in out.stdout

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from deploy_opt.llm.config import LLMQuantConfig, load_llm_config
-from deploy_opt.llm.scheme import resolve_scheme
+from deploy_opt.llm.scheme import layout_of, resolve_scheme
 from dopt_common.errors import ConfigError
 
 torch = pytest.importorskip("torch")
@@ -24,7 +24,7 @@ def _qconfig(method: str, group: int, in_features: int, *, desc_act: bool = Fals
     qw = rtn_quantize(torch.randn(16, in_features, generator=torch.Generator().manual_seed(0)), 4, group, sym)
     if desc_act:  # act-order: a g_idx that is not column // group
         qw = QuantizedWeight(qw.qweight, qw.scales, qw.zeros, qw.g_idx.flip(0), 4, group, sym)
-    return quantization_config("awq" if method == "awq" else "gptq", {"layer": qw})
+    return quantization_config(layout_of(method), {"layer": qw})
 
 
 def test_the_defaults_are_auto_without_act_order() -> None:
@@ -51,12 +51,13 @@ def test_bad_quantization_settings_name_the_field(quant: dict, match: str) -> No
 @pytest.mark.parametrize(
     ("quant", "dims", "expected", "engine", "reason"),
     [
-        ({}, DIVIDES_128, ("gptq", 128, False, True), "turbomind", "128 divides every"),
-        ({}, SMOLLM2, ("awq", 64, False, False), "pytorch", r"128 does not divide .*q_proj \(in_features 576\)"),
-        ({}, {"q": 96}, ("awq", 32, False, False), "pytorch", "32 divides every"),
-        ({"symmetric": False}, DIVIDES_128, ("awq", 128, False, False), "turbomind", "symmetric is false"),
-        ({"group_size": 64}, DIVIDES_128, ("awq", 64, False, False), "pytorch", "group_size 64 as configured"),
-        ({"group_size": 128}, DIVIDES_128, ("gptq", 128, False, True), "turbomind", "group_size 128 as configured"),
+        ({}, DIVIDES_128, ("awq-gptq", 128, False, False), "turbomind", "both serve; group_size auto: 128 divides"),
+        ({}, SMOLLM2, ("awq-gptq", 64, False, False), "pytorch", r"128 does not divide .*q_proj \(in_features 576\)"),
+        ({}, {"q": 96}, ("awq-gptq", 32, False, False), "pytorch", "32 divides every"),
+        ({"symmetric": False}, DIVIDES_128, ("awq-gptq", 128, False, False), "turbomind", "AWQ layout at group 128"),
+        ({"group_size": 64}, DIVIDES_128, ("awq-gptq", 64, False, False), "pytorch", "group_size 64 as configured"),
+        ({"group_size": 128}, DIVIDES_128, ("awq-gptq", 128, False, False), "turbomind", "group_size 128 as"),
+        ({"method": "awq-gptq"}, SMOLLM2, ("awq-gptq", 64, False, False), "pytorch", "awq-gptq as configured"),
         # explicit methods are kept: act-order GPTQ quantizes, and no engine serves it
         ({"method": "gptq", "desc_act": True}, SMOLLM2, ("gptq", 64, True, True), None, "method gptq as configured"),
         ({"method": "gptq"}, DIVIDES_128, ("gptq", 128, False, True), "turbomind", "as configured"),
@@ -73,6 +74,7 @@ def test_auto_resolves_to_what_lmdeploy_serves(
     assert re.search(reason, scheme.reason), scheme.reason
     record = scheme.to_json()
     assert record["requested"]["method"] == quant.get("method", "auto") and record["method"] == scheme.method
+    assert record["layout"] == ("awq" if scheme.method.startswith("awq") else "gptq")
     qconfig = _qconfig(
         scheme.method, scheme.group_size, min(dims.values()), desc_act=scheme.desc_act, sym=scheme.symmetric
     )
@@ -80,17 +82,17 @@ def test_auto_resolves_to_what_lmdeploy_serves(
 
 
 @pytest.mark.parametrize("arch", ["MistralForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM"])
-def test_auto_picks_awq_for_an_architecture_turbomind_lacks(arch: str) -> None:
+def test_auto_writes_the_awq_layout_for_an_architecture_turbomind_lacks(arch: str) -> None:
     from exporters.lmdeploy import serving_engine
 
     scheme = resolve_scheme(LLMQuantConfig(), DIVIDES_128, arch)
-    assert (scheme.method, scheme.group_size, scheme.symmetric) == ("awq", 128, False)
+    assert (scheme.method, scheme.layout, scheme.group_size, scheme.symmetric) == ("awq-gptq", "awq", 128, False)
     assert f"{arch} is not in TurboMind's list" in scheme.reason
     qconfig = _qconfig("awq", 128, min(DIVIDES_128.values()))
     assert serving_engine(qconfig, arch) == "pytorch"
     assert serving_engine(_qconfig("gptq", 128, min(DIVIDES_128.values())), arch) is None  # what auto avoids
     llama = resolve_scheme(LLMQuantConfig(), DIVIDES_128, "LlamaForCausalLM")
-    assert (llama.method, llama.group_size) == ("gptq", 128)
+    assert (llama.method, llama.group_size) == ("awq-gptq", 128) and "TurboMind and PyTorch engine" in llama.reason
 
 
 def test_auto_refuses_a_model_no_auto_group_divides() -> None:
@@ -106,6 +108,7 @@ def test_default_run_name_comes_from_the_model_and_method() -> None:
         return QuantScheme(method, group, False, True, "", {})
 
     assert default_run_name("smollm2", scheme("awq", 64)) == "smollm2-awq-g64"
+    assert default_run_name("smollm2", scheme("awq-gptq", 64)) == "smollm2-awq-gptq-g64"
     assert default_run_name("/models/Llama-3.2-1B/", scheme("gptq", 128)) == "Llama-3.2-1B-gptq-g128"
     assert default_run_name("weights/tiny.Q8_0.gguf", scheme("rtn", 32)) == "tiny.Q8_0-rtn-g32"
     assert default_run_name("/m/llama", scheme("torchao-int8-wo", 128)) == "llama-torchao-int8-wo"
@@ -121,5 +124,7 @@ def test_gguf_format_fixes_group_32_and_picks_the_block_type() -> None:
     assert "Q4_0" in auto.reason
     awq = resolve_scheme(LLMQuantConfig(format="gguf", method="awq"), widths)
     assert (awq.method, awq.symmetric) == ("awq", False) and "Q4_1" in awq.reason
+    mixed = resolve_scheme(LLMQuantConfig(format="gguf", method="awq-gptq"), widths)
+    assert (mixed.layout, mixed.symmetric, auto.layout) == ("gguf", False, "gguf") and "Q4_1" in mixed.reason
     with pytest.raises(ConfigError, match="blocks of 32 do not divide"):
         resolve_scheme(LLMQuantConfig(format="gguf"), {"odd": 48})

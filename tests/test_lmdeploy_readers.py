@@ -277,7 +277,17 @@ def test_pytorch_engine_loads_our_awq_and_its_linear_matches_ours(lmd, checkpoin
         torch.testing.assert_close(y.float(), x[:, :in_features] @ _ours(model, name), rtol=2e-2, atol=2e-2)
 
 
-def test_static_group_act_order_gptq_packs_as_awq_and_the_pytorch_engine_reads_it(lmd, llama, tmp_path: Path):
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"method": "gptq", "desc_act": True, "static_groups": True, "sym": False},
+        {"method": "awq-gptq"},  # method auto's: AWQ's scales and clip ranges, act-order GPTQ rounding
+    ],
+    ids=["gptq-static", "awq-gptq"],
+)
+def test_static_group_act_order_gptq_packs_as_awq_and_the_pytorch_engine_reads_it(
+    lmd, llama, tmp_path: Path, settings: dict
+):
     """GPTQ's rounding with act-order and static groups keeps one scale and zero point per group, in sequential
     order, so the AWQ layout holds it (no g_idx needed): lmdeploy's PyTorch-engine reader gives our weights back."""
     from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
@@ -285,8 +295,7 @@ def test_static_group_act_order_gptq_packs_as_awq_and_the_pytorch_engine_reads_i
     gen = torch.Generator().manual_seed(0)
     samples = [torch.randint(3, 500, (1, 64), generator=gen) for _ in range(8)]
     model = copy.deepcopy(llama)
-    settings = EngineSettings(method="gptq", group_size=64, desc_act=True, static_groups=True, sym=False)
-    weights = quantize_model(model, samples, settings, progress=False).weights
+    weights = quantize_model(model, samples, EngineSettings(group_size=64, **settings), progress=False).weights
     for qw in weights.values():  # one scale and zero point per group, groups in column order
         assert qw.scales.shape[0] == qw.shape[1] // 64 and not qw.act_order
         assert torch.equal(qw.g_idx, (torch.arange(qw.shape[1]) // 64).to(qw.g_idx.dtype))
@@ -406,7 +415,8 @@ def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_pat
         "checks": {"eval_tokens": 64, "eval_seq_len": 32, "generations": 1, "max_new_tokens": 4},
     }
     report = run_quantize_llm(load_llm_config(None, flags), tmp_path / "out", progress=False).report.to_json()
-    assert (report["scheme"]["method"], report["scheme"]["group_size"]) == ("awq", 128)
+    scheme = report["scheme"]
+    assert (scheme["method"], scheme["layout"], scheme["group_size"]) == ("awq-gptq", "awq", 128)
     assert "MistralForCausalLM is not in TurboMind's list" in report["scheme"]["reason"]
     assert report["serve"]["servable"] and report["serve"]["backend"] == "pytorch"
     folder = tmp_path / "out" / "mistral" / "checkpoint"

@@ -108,8 +108,13 @@ def gptq_quantize(
     percdamp: float = 0.01,
     blocksize: int = 128,
     static_groups: bool = False,
+    group_params: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> QuantizedWeight:
-    """GPTQ-quantize ``weight`` [out, in] with the Hessian ``hessian`` [in, in] of its inputs."""
+    """GPTQ-quantize ``weight`` [out, in] with the Hessian ``hessian`` [in, in] of its inputs.
+
+    ``group_params`` (scales, zeros), each [groups, out], fixes every group's parameters (static groups) instead of
+    taking them from the weights' min/max: AWQ + GPTQ passes the ranges of AWQ's clip search, so the rounding
+    compensates the clipping error too."""
     check_bits(bits)
     out_features, in_features = weight.shape
     check_group_size("weight", in_features, group_size)
@@ -123,7 +128,15 @@ def gptq_quantize(
     w[:, dead] = 0.0
 
     size = in_features if group_size == -1 else group_size
-    if static_groups:
+    static_groups = static_groups or group_params is not None
+    if group_params is not None:
+        fixed = [p.to(w.device, torch.float32) for p in group_params]
+        if fixed[0].shape != (in_features // size, out_features) or fixed[1].shape != fixed[0].shape:
+            raise CalibrationError(
+                f"group_params shapes {tuple(fixed[0].shape)}, {tuple(fixed[1].shape)} do not match "
+                f"({in_features // size}, {out_features}) groups x rows"
+            )
+    elif static_groups:
         grouped = w.reshape(out_features, in_features // size, size).transpose(0, 1).reshape(-1, size)
         fixed = [p.reshape(in_features // size, out_features) for p in compute_qparams(grouped, bits, sym)]
     perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(in_features, device=h.device)

@@ -1,8 +1,9 @@
 """The facts behind the compatibility report: ORT kernel registries, TensorRT's operator table, ORT's opset table.
 
-Sources (see deploy_opt/data/README.md): the CPU kernels come from the installed onnxruntime's own registry;
-the CUDA kernels from that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json``
-(ORT's published docs/OperatorKernels.md); TensorRT from ``data/tensorrt_*.csv`` (onnx-tensorrt's operator
+Sources (see deploy_opt/data/README.md): the CPU kernels come from the installed onnxruntime's own registry
+(``data/ort_cpu_kernels.json`` where that registry cannot be read, see ``ort_registry``); the CUDA kernels from
+that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json`` (ORT's published
+docs/OperatorKernels.md); TensorRT from ``data/tensorrt_*.csv`` (onnx-tensorrt's operator
 tables); ORT release -> opset from ``data/ort_opset_support.csv``. Every loader is cached: a build calls the
 report twice and the files never change while it runs.
 """
@@ -146,27 +147,29 @@ def _index(kernels: list[Kernel]) -> dict[tuple[str, str], tuple[Kernel, ...]]:
 
 
 @functools.cache
-def _registry() -> tuple[str, tuple[Any, ...]]:
-    import onnxruntime
-    from onnxruntime.capi import _pybind_state
+def _registry() -> tuple[str, tuple[Any, ...] | None]:
+    from deploy_opt.analysis.ort_registry import read_registry
 
-    return onnxruntime.__version__, tuple(_pybind_state.get_all_opkernel_def())
+    version, rows = read_registry()
+    return version, None if rows is None else tuple(rows)
 
 
 @functools.cache
 def runtime_kernels(provider: str) -> KernelTable | None:
-    """The installed onnxruntime's registered kernels of ``provider``; None when it registers none."""
-    version, defs = _registry()
+    """The installed onnxruntime's registered kernels of ``provider``; None when it registers none.
+
+    Where the registry cannot be read (``ort_registry``), the CPU and CUDA providers come from the published
+    tables in data/ instead.
+    """
+    version, rows = _registry()
+    if rows is None:
+        return _published_kernels(provider, f"the installed onnxruntime {version}'s registry could not be read")
     kernels = [
         Kernel(
-            d.op_name,
-            normal_domain(d.domain),
-            int(d.version_range[0]),
-            None if d.version_range[1] >= _OPEN_END else int(d.version_range[1]),
-            {name: tuple(types) for name, types in d.type_constraints.items()},
+            op, normal_domain(domain), since, None if until >= _OPEN_END else until, {k: tuple(v) for k, v in t.items()}
         )
-        for d in defs
-        if d.provider == provider
+        for p, op, domain, since, until, t in rows
+        if p == provider
     ]
     if not kernels:
         return None
@@ -179,17 +182,25 @@ def cuda_kernels() -> KernelTable:
     table = runtime_kernels(CUDA_PROVIDER)
     if table is not None:
         return table
-    data = json.loads(_data_text("ort_cuda_kernels.json"))
+    installed, _ = _registry()
+    return _published_kernels(CUDA_PROVIDER, f"the installed onnxruntime {installed} has no CUDA execution provider")
+
+
+_PUBLISHED = {CPU_PROVIDER: "ort_cpu_kernels.json", CUDA_PROVIDER: "ort_cuda_kernels.json"}
+
+
+def _published_kernels(provider: str, why: str) -> KernelTable | None:
+    """``provider``'s kernels from the table shipped in data/ (see its README), or None where none is shipped."""
+    name = _PUBLISHED.get(provider)
+    if name is None:
+        return None
+    data = json.loads(_data_text(name))
     kernels = [
         Kernel(op, normal_domain(domain), since, until, {k: tuple(v) for k, v in types.items()})
         for op, domain, since, until, types in data["kernels"]
     ]
-    installed, _ = _registry()
-    source = (
-        f"deploy_opt/data/ort_cuda_kernels.json: ONNX Runtime {data['ort_version']}'s docs/OperatorKernels.md "
-        f"({data['source']}); the installed onnxruntime {installed} has no CUDA execution provider"
-    )
-    return KernelTable(CUDA_PROVIDER, source, data["ort_version"], _index(kernels))
+    source = f"deploy_opt/data/{name}: ONNX Runtime {data['ort_version']} ({data['source']}); {why}"
+    return KernelTable(provider, source, data["ort_version"], _index(kernels))
 
 
 @functools.cache

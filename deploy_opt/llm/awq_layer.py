@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import torch
 
 from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
-from calibrators.groupwise.gptq import HessianAccumulator
-from calibrators.groupwise.rtn import QuantizedWeight
+from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
+from calibrators.groupwise.rtn import QuantizedWeight, compute_qparams
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,13 @@ def quantize_awq_layer(
     bits: int,
     group_size: int,
     sym: bool,
+    rounding: str = "rtn",
+    percdamp: float = 0.01,
 ) -> dict[str, tuple[torch.Tensor, QuantizedWeight, torch.Tensor, float]]:
-    """Scale, fold, clip and quantize a Llama-family layer; local name → (reference W, codes, H, seconds)."""
+    """Scale, fold, clip and quantize a Llama-family layer; local name → (reference W, codes, H, seconds).
+
+    ``rounding`` "rtn" is AWQ as published (round to nearest in the clipped ranges); "gptq" keeps AWQ's scaling
+    and clip ranges as static groups and rounds with act-order GPTQ inside them (``round_in_ranges``)."""
     modules = dict(layer.named_modules())
     hessians = {local: stats[leader[local]].hessian() for local in names}
     means = {local: stats[leader[local]].mean_abs() for local in names}
@@ -91,6 +96,40 @@ def quantize_awq_layer(
         if not local.endswith(AWQ_NO_CLIP):
             bound = search_awq_clip(weight, hessians[local], bits=bits, group_size=group_size, sym=sym)
             weight = apply_clip(weight, bound, group_size)
-        codes = awq_quantize(weight, bits, group_size, sym)
+        if rounding == "gptq":
+            codes = round_in_ranges(reference, weight, hessians[local], bits, group_size, sym, percdamp)
+        else:
+            codes = awq_quantize(weight, bits, group_size, sym)
         results[local] = (reference, codes, hessians[local], time.perf_counter() - start)
     return results
+
+
+def round_in_ranges(
+    weight: torch.Tensor,
+    clipped: torch.Tensor,
+    hessian: torch.Tensor,
+    bits: int,
+    group_size: int,
+    sym: bool,
+    percdamp: float,
+) -> QuantizedWeight:
+    """GPTQ codes (act-order, static groups) of the scaled ``weight`` in the ranges AWQ chose for ``clipped``.
+
+    The group parameters are AWQ's (AutoAWQ's min/max of the clipped weights), so the codes are an AWQ checkpoint's;
+    GPTQ rounds the unclipped weights, and its error feedback spreads the clipping error as well as the rounding."""
+    out_features, in_features = clipped.shape
+    size = in_features if group_size == -1 else group_size
+    groups = in_features // size
+    grouped = clipped.reshape(out_features, groups, size).transpose(0, 1).reshape(groups * out_features, size)
+    scale, zero = compute_qparams(grouped, bits, sym, style="awq")
+    params = (scale.reshape(groups, out_features), zero.reshape(groups, out_features))
+    return gptq_quantize(
+        weight,
+        hessian,
+        bits=bits,
+        group_size=group_size,
+        sym=sym,
+        desc_act=True,
+        percdamp=percdamp,
+        group_params=params,
+    )

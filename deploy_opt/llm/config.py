@@ -18,7 +18,7 @@ from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError
 from dopt_common.names import check_run_name
 
-Method = Literal["auto", "gptq", "awq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
+Method = Literal["auto", "gptq", "awq", "awq-gptq", "rtn", "torchao-int8-wo", "torchao-int4-wo"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,11 @@ class LLMModelConfig:
 class LLMQuantConfig:
     """W4A16 settings. Norms are always kept; ``keep`` names more modules (substring or glob).
 
-    The defaults write a checkpoint lmdeploy 0.18 serves: ``method: auto`` is GPTQ (symmetric, no act-order) at
-    group 128 for TurboMind when 128 divides every quantized Linear, else AWQ at the largest group that does (64
-    on SmolLM2's 576) for lmdeploy's PyTorch engine; ``group_size: auto`` is that largest group of 128, 64, 32.
+    The defaults write a checkpoint lmdeploy 0.18 serves: ``method: auto`` is awq-gptq (AWQ's scales and clip
+    ranges, act-order GPTQ rounding in static groups) in the AWQ layout, which TurboMind serves at group 128 and
+    the PyTorch engine at any group (``scheme.py``); ``group_size: auto`` is the largest of 128, 64, 32 dividing
+    every quantized Linear (64 on SmolLM2's 576). ``symmetric`` applies to gptq and rtn (AWQ-layout codes carry
+    zero points).
     """
 
     method: Method = "auto"
@@ -80,16 +82,21 @@ class LLMQuantConfig:
 
 @dataclass(frozen=True)
 class LLMCalibrationConfig:
-    """Calibration text: local files (txt, jsonl or folders) or 'pydoc' (Python's own docs); never a hub."""
+    """Calibration text: local files (txt, jsonl or folders), 'mixed' (the default: offline text of several
+    domains, ``llm/corpus.py``) or 'pydoc' (Python's own docs alone); never a hub. ``samples`` windows of
+    ``max_seq_len`` tokens are chosen over domain x length strata. ``windows: packed`` (the default) joins each
+    domain's documents and cuts full windows; ``documents`` cuts each document alone, so short ones give short
+    windows (README, "The LLM path", measures both)."""
 
-    texts: tuple[str, ...] = ("pydoc",)
-    samples: int = 512
+    texts: tuple[str, ...] = ("mixed",)
+    samples: int = 256
     max_seq_len: int = 512
     seed: int = 0
+    windows: Literal["packed", "documents"] = "packed"
 
     def __post_init__(self) -> None:
         if not 1 <= self.samples <= 100_000:
-            raise ConfigError(f"calibration.samples {self.samples}: use 500-1000 (1-100000 allowed)")
+            raise ConfigError(f"calibration.samples {self.samples}: use 128-512 (1-100000 allowed)")
         if self.max_seq_len < 16:
             raise ConfigError(f"calibration.max_seq_len {self.max_seq_len}: use at least 16 tokens")
 

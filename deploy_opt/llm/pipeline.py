@@ -77,10 +77,10 @@ def load_llm(config: LLMConfig, source: Path) -> LoadedLLM:
 
 
 def default_run_name(model_path: str, scheme: QuantScheme) -> str:
-    """``<model>-<method>[-g<group>]``: smollm2-awq-g64, llama-gptq-g128, llama-torchao-int8-wo."""
+    """``<model>-<method>[-g<group>]``: smollm2-awq-gptq-g64, llama-gptq-g128, llama-torchao-int8-wo."""
     model = "smollm2" if model_path == "smollm2" else Path(model_path.rstrip("/")).name
     model = Path(model).stem if model.endswith(".gguf") else model
-    grouped = scheme.method in ("gptq", "awq", "rtn", "torchao-int4-wo")
+    grouped = scheme.method in ("gptq", "awq", "awq-gptq", "rtn", "torchao-int4-wo")
     group = f"-g{scheme.group_size}" if grouped and scheme.group_size > 0 else ""
     return f"{model}-{scheme.method}{group}"
 

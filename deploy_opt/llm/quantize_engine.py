@@ -37,7 +37,7 @@ from calibrators.groupwise.rtn import (
 from dopt_common.errors import ConfigError, InputError, ModelError
 
 log = logging.getLogger(__name__)
-METHODS = ("gptq", "awq", "rtn")
+METHODS = ("gptq", "awq", "awq-gptq", "rtn")
 RTN_ERROR_SAMPLES = 8  # RTN rounds from the weights alone; these samples only measure its output error
 
 
@@ -222,7 +222,7 @@ class EngineSettings:
     @property
     def symmetric(self) -> bool:
         """``sym``, or the method's usual choice when it is None."""
-        return (self.method != "awq") if self.sym is None else self.sym
+        return (not self.method.startswith("awq")) if self.sym is None else self.sym
 
 
 def _round_linear(layer: torch.nn.Module, local: str, stats: Any, rounding: EngineSettings) -> tuple:
@@ -309,11 +309,19 @@ def _quantize_layer(
     float layer first), so only one Linear's copies are alive; AWQ rescales across Linears and rounds them after.
     """
     stats, leader = _collect_stats(layer, names, inputs)
-    if settings.method == "awq":
+    if settings.method in ("awq", "awq-gptq"):
         from deploy_opt.llm.awq_layer import quantize_awq_layer
 
         done = quantize_awq_layer(
-            layer, names, stats, leader, bits=settings.bits, group_size=settings.group_size, sym=settings.symmetric
+            layer,
+            names,
+            stats,
+            leader,
+            bits=settings.bits,
+            group_size=settings.group_size,
+            sym=settings.symmetric,
+            rounding="gptq" if settings.method == "awq-gptq" else "rtn",
+            percdamp=settings.percdamp,
         )
         return _apply_codes(layer, names, done, codes, settings.method)
     records = []

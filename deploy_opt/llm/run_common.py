@@ -13,6 +13,7 @@ from typing import Any
 from deploy_opt import __version__
 from deploy_opt.config.serve import ServeConfig
 from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
+from deploy_opt.llm.corpus import MIXED, mixed_texts
 from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate
@@ -161,9 +162,16 @@ def _serve_record(checkpoint: Path, published: Path, serve: ServeConfig) -> dict
 
 
 def read_docs(texts: tuple[str, ...], part: str, base_dir: str) -> list[TextDoc]:
-    """'pydoc' stands for Python's own docs (its calibration or evaluation split); anything else is a path."""
+    """'pydoc' stands for Python's own docs (its calibration or evaluation split), 'mixed' for the default corpus of
+    several domains (``llm/corpus.py``; calibration only); anything else is a path."""
     docs: list[TextDoc] = []
-    paths = [_resolve(t, base_dir) for t in texts if t != "pydoc"]
+    paths = [_resolve(t, base_dir) for t in texts if t not in (MIXED, "pydoc")]
+    if MIXED in texts:
+        if part != "calibration":
+            raise ConfigError(
+                "checks.eval_texts 'mixed': the mixed corpus is calibration text; evaluate on 'pydoc' or on files"
+            )
+        docs += mixed_texts()
     if "pydoc" in texts:
         docs += pydoc_texts(part)  # type: ignore[arg-type]
     if paths:
@@ -197,7 +205,9 @@ def select_texts(config: LLMConfig, tokenizer: Any) -> tuple[list[TextDoc], Any]
     calibration_docs = read_docs(cal.texts, "calibration", config.base_dir)
     evaluation_docs = read_docs(checks.eval_texts, "evaluation", config.base_dir)
     refuse_overlap(calibration_docs, evaluation_docs)
-    selection = stratified_text_samples(calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed)
+    selection = stratified_text_samples(
+        calibration_docs, tokenizer, cal.samples, cal.max_seq_len, cal.seed, windows=cal.windows
+    )
     for warning in selection.warnings:
         log.warning("calibration text: %s", warning)
     return evaluation_docs, selection
@@ -212,11 +222,12 @@ def engine_settings(quant: LLMQuantConfig, scheme: QuantScheme) -> Any:
         bits=quant.bits,
         group_size=scheme.group_size,
         desc_act=scheme.desc_act,
-        sym=scheme.symmetric if scheme.method != "awq" else None,
+        sym=None if scheme.layout == "awq" else scheme.symmetric,
         keep=quant.keep,
     )
 
 
 def checkpoint_format(scheme: QuantScheme) -> str:
-    """The lmdeploy layout the engine's codes are written in: RTN codes are GPTQ-layout codes without act-order."""
-    return "awq" if scheme.method == "awq" else "gptq"
+    """The lmdeploy layout the engine's codes are written in (``scheme.layout``): awq and awq-gptq codes in AWQ's,
+    gptq and rtn codes in GPTQ's (RTN's are GPTQ-layout codes without act-order)."""
+    return scheme.layout

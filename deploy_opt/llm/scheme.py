@@ -1,16 +1,19 @@
 """The scheme a ``quantize-llm`` run writes: ``method: auto`` and ``group_size: auto`` resolved against the model.
 
-The rule follows what lmdeploy 0.18 serves (``exporters/lmdeploy.py``: ``engine_problems``, which cites its source):
-TurboMind reads GPTQ only at group 128, symmetric and without act-order, and AWQ only at group 128; the PyTorch
-engine has no GPTQ but reads AWQ at any group of 16 or more. So ``auto`` is
+The packing layout is not the algorithm. lmdeploy 0.18 (``exporters/lmdeploy.py``: ``engine_problems``, which cites
+its source) reads the AWQ layout (per group: an fp16 scale, a 4-bit zero point, packed 4-bit codes) in both engines,
+TurboMind at group 128 and the PyTorch engine at any group of 16 or more; it reads the GPTQ layout only in
+TurboMind, at group 128, symmetric and without act-order. Any algorithm that produces group-wise asymmetric codes
+in sequential groups can write the AWQ layout. So ``auto`` is
 
-- GPTQ, symmetric, no act-order, group 128 (TurboMind) when 128 divides every quantized Linear's in_features;
-- else AWQ at the largest of 64, 32 that divides them all (the PyTorch engine), e.g. 64 on SmolLM2's 576;
-- AWQ as well when ``symmetric: false`` (TurboMind refuses asymmetric GPTQ; AWQ carries zero points);
-- AWQ as well for an architecture outside TurboMind's list (Mistral, Phi-3, Gemma): lmdeploy's CLI serves those
-  on the PyTorch engine whatever ``--backend`` says, and that engine has no GPTQ.
+- ``awq-gptq`` in the AWQ layout, at group 128 when 128 divides every quantized Linear's in_features (TurboMind or
+  the PyTorch engine), else at the largest of 64, 32 that divides them all (the PyTorch engine), e.g. 64 on
+  SmolLM2's 576. AWQ's activation-aware scales and clip ranges fix each group's scale and zero point (static
+  groups), and act-order GPTQ rounds inside them. On SmolLM2-135M at group 64 it measured better than AWQ's
+  round-to-nearest and than symmetric GPTQ in the GPTQ layout (``benchmarks/llm_quantize.py``, README).
 
-An explicit method is kept as given (an act-order GPTQ still quantizes; ``serve`` refuses it with advice).
+An explicit method is kept as given, in its own layout: awq and awq-gptq write AWQ, gptq and rtn write GPTQ (an
+act-order GPTQ still quantizes; ``serve`` refuses it with advice).
 """
 
 from __future__ import annotations
@@ -39,17 +42,30 @@ class QuantScheme:
     symmetric: bool
     reason: str
     requested: Mapping[str, Any]
+    layout: str = ""  # awq | gptq | gguf | torchao; "" takes the method's own (layout_of)
+
+    def __post_init__(self) -> None:
+        if not self.layout:
+            object.__setattr__(self, "layout", layout_of(self.method))
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready record for the run's report."""
         return {
             "method": self.method,
+            "layout": self.layout,
             "group_size": self.group_size,
             "desc_act": self.desc_act,
             "symmetric": self.symmetric,
             "reason": self.reason,
             "requested": dict(self.requested),
         }
+
+
+def layout_of(method: str) -> str:
+    """The checkpoint layout a method's codes are written in (lmdeploy's names; gguf is set by the format)."""
+    if method.startswith("torchao"):
+        return "torchao"
+    return "awq" if method.startswith("awq") else "gptq"
 
 
 def _blocker(in_features: Mapping[str, int], group: int) -> tuple[str, int] | None:
@@ -91,32 +107,21 @@ def resolve_scheme(
         group, group_reason = int(quant.group_size), f"group_size {quant.group_size} as configured"
     if quant.method != "auto":
         desc_act = quant.desc_act and quant.method == "gptq"
-        symmetric = quant.symmetric and quant.method != "awq"  # AWQ's codes always carry zero points (AutoAWQ)
+        # AWQ-layout codes always carry zero points (AutoAWQ)
+        symmetric = quant.symmetric and not quant.method.startswith("awq")
         reason = f"method {quant.method} as configured; {group_reason}"
         return QuantScheme(quant.method, group, desc_act, symmetric, reason, requested)
-    if not quant.symmetric:
-        reason = (
-            f"method auto: awq because symmetric is false (TurboMind refuses asymmetric GPTQ; AWQ carries zero "
-            f"points and lmdeploy serves it); {group_reason}"
-        )
-        return QuantScheme("awq", group, False, False, reason, requested)
-    if architecture is not None and architecture not in TURBOMIND_ARCHITECTURES:
-        reason = (
-            f"method auto: awq at group {group} for lmdeploy's PyTorch engine, because {architecture} is not in "
-            f"TurboMind's list (lmdeploy serves it on the PyTorch engine, which has no GPTQ); {group_reason}"
-        )
-        return QuantScheme("awq", group, False, False, reason, requested)
-    if group == TURBOMIND_GROUP_SIZE:
-        reason = (
-            f"method auto: gptq, symmetric, no act-order, at group 128, which lmdeploy's TurboMind serves; "
-            f"{group_reason}"
-        )
-        return QuantScheme("gptq", group, False, True, reason, requested)
+    if group == TURBOMIND_GROUP_SIZE and (architecture is None or architecture in TURBOMIND_ARCHITECTURES):
+        engine = "which lmdeploy's TurboMind and PyTorch engine both serve"
+    elif group == TURBOMIND_GROUP_SIZE:
+        engine = f"which lmdeploy's PyTorch engine serves ({architecture} is not in TurboMind's list)"
+    else:
+        engine = "which lmdeploy's PyTorch engine serves (TurboMind serves only group 128)"
     reason = (
-        f"method auto: awq at group {group} for lmdeploy's PyTorch engine, because TurboMind serves only group 128 "
-        f"and the PyTorch engine has no GPTQ; {group_reason}"
+        f"method auto: awq-gptq (AWQ's scales and clip ranges, act-order GPTQ rounding in static groups) in the "
+        f"AWQ layout at group {group}, {engine}; {group_reason}"
     )
-    return QuantScheme("awq", group, False, False, reason, requested)
+    return QuantScheme("awq-gptq", group, False, False, reason, requested)
 
 
 def _gguf_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int], requested: Mapping[str, Any]) -> QuantScheme:
@@ -131,8 +136,8 @@ def _gguf_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int], requeste
         method, symmetric = "gptq", quant.symmetric
         how = "method auto: gptq, no act-order"
     else:
-        method, symmetric = quant.method, quant.symmetric and quant.method != "awq"
+        method, symmetric = quant.method, quant.symmetric and not quant.method.startswith("awq")
         how = f"method {method} as configured"
     block = "Q4_0 (symmetric codes)" if symmetric else "Q4_1 (asymmetric codes)"
     reason = f"format gguf: group 32 (ggml's block); {how} → {block}"
-    return QuantScheme(method, GGUF_GROUP_SIZE, False, symmetric, reason, requested)
+    return QuantScheme(method, GGUF_GROUP_SIZE, False, symmetric, reason, requested, layout="gguf")

@@ -29,7 +29,7 @@ DOC_SEPARATOR = "\n\n"
 # About 9,000 SmolLM2 tokens with Python 3.11's topics: more than the 4,096 the perplexity check scores.
 EVALUATION_MIN_CHARS = 32_000
 MAX_SAMPLES = 100_000
-RECOMMENDED_SAMPLES = (500, 1000)
+RECOMMENDED_SAMPLES = (128, 512)  # windows: 128 of 512 tokens is 65k tokens, GPTQ's 128 x 2048 halved
 BINARY_PROBE_BYTES = 8192  # a NUL byte in the first 8 KiB: a binary file (git's and grep's rule)
 
 # Coarse groups of pydoc topics, following the chapters of the language reference; unknown topics are "other".
@@ -255,6 +255,25 @@ def _check_counts(count: int, max_seq_len: int, min_tokens: int) -> None:
         raise ConfigError(f"min_tokens {min_tokens!r} must be an integer in 1..max_seq_len={max_seq_len}")
 
 
+def _packed_windows(docs: Sequence[TextDoc], tokenizer: Any, max_seq_len: int, min_tokens: int):
+    """Each domain's documents, in their order, joined by a blank line and cut into full ``max_seq_len`` windows
+    (GPTQ's and AWQ's own practice): every window calibrates every position. A domain shorter than one window
+    gives its one window."""
+    separator = _encode(tokenizer, "\n\n")
+    streams: dict[str, list[int]] = {}
+    for doc in docs:
+        stream = streams.setdefault(doc.domain, [])
+        stream.extend(_encode(tokenizer, doc.text) + separator)
+    windows: list[tuple[TextDoc, int, list[int]]] = []
+    for domain, stream in streams.items():
+        source = TextDoc(f"{domain} (packed)", domain, "")
+        for start in range(0, len(stream), max_seq_len):
+            piece = stream[start : start + max_seq_len]
+            if len(piece) >= min_tokens and (len(piece) == max_seq_len or start == 0):
+                windows.append((source, start, piece))
+    return windows
+
+
 def _windows(docs: Sequence[TextDoc], tokenizer: Any, max_seq_len: int, min_tokens: int):
     windows: list[tuple[TextDoc, int, list[int]]] = []
     for doc in docs:
@@ -286,8 +305,13 @@ def stratified_text_samples(
     seed: int = 0,
     min_tokens: int = 32,
     mode: str = "balanced",
+    windows: Literal["packed", "documents"] = "documents",
 ) -> TextSelection:
-    """Cut docs into ≤ max_seq_len-token windows and choose ``count`` of them over domain × length strata."""
+    """Cut docs into ≤ max_seq_len-token windows and choose ``count`` of them over domain × length strata.
+
+    ``windows``: "documents" cuts each document on its own (its last window is short); "packed" joins each
+    domain's documents and cuts full windows (``_packed_windows``).
+    """
     _check_counts(count, max_seq_len, min_tokens)
     messages: list[str] = []
     if count < RECOMMENDED_SAMPLES[0]:
@@ -295,16 +319,22 @@ def stratified_text_samples(
             f"{count} calibration samples is below the recommended {RECOMMENDED_SAMPLES[0]}–"
             f"{RECOMMENDED_SAMPLES[1]}; GPTQ/AWQ error estimates get noisy with fewer"
         )
-    windows = _windows(docs, tokenizer, max_seq_len, min_tokens)
-    if not windows:
+    cut = _packed_windows if windows == "packed" else _windows
+    pieces = cut(docs, tokenizer, max_seq_len, min_tokens)
+    if not pieces:
         raise InputError(
             f"no document has {min_tokens} tokens or more ({len(docs)} documents); fix: give longer texts "
             "or lower min_tokens"
         )
     edges = _bucket_edges(max_seq_len)
-    keys = [f"{doc.domain}/{length_bucket(len(ids), edges)}" for doc, _, ids in windows]
-    ids = [f"{doc.source}@{start}" for doc, start, _ in windows]
-    selection = stratified_sample(keys, count, ids=ids, mode=mode, seed=seed)
+    keys = [f"{doc.domain}/{length_bucket(len(ids), edges)}" for doc, _, ids in pieces]
+    ids = [f"{doc.source}@{start}" for doc, start, _ in pieces]
+    strata = len(set(keys))
+    if count < strata:  # the mixed corpus has ~30 strata: a short run still works, some strata get no window
+        messages.append(
+            f"{count} calibration samples are fewer than the {strata} domain x length strata; some strata get none"
+        )
+    selection = stratified_sample(keys, count, ids=ids, mode=mode, seed=seed, min_per_stratum=int(count >= strata))
 
     # The sampler has logged its own warnings; keep them in the selection, with one line for all capped strata.
     capped = [w for w in selection.warnings if "below its balanced share" in w]
@@ -314,7 +344,7 @@ def stratified_text_samples(
             f"{len(capped)} of {len(selection.counts)} strata had fewer windows than their balanced share; "
             "took all of them and gave the rest to the other strata"
         )
-    chosen = [windows[i] for i in selection.indices]
+    chosen = [pieces[i] for i in selection.indices]
     domains = Counter(doc.domain for doc, _, _ in chosen)
     domain_share = {d: domains[d] / len(chosen) for d in sorted(domains)}
     messages.extend(_domain_warnings(domain_share, len(chosen)))
