@@ -4,9 +4,9 @@
 #   env         torch, CUDA, the GPU, and which needed packages import here                         (<= 45 s)
 #   optimizers  Int8AdamW vs torch.optim.AdamW(fused=True) training a 27M-parameter Llama on Python's own
 #               docs: optimizer state bytes per parameter, median step times (CUDA events), final loss (<= 180 s)
-#   llm         deploy_opt's GPTQ (sym, no act-order) and AWQ on CUDA: quantization time and held-out
-#               perplexity, on SmolLM2-135M when its GGUF is here, else on the model trained above, and
-#               again with lmdeploy's int8 and int4 KV cache simulated                                (<= 180 s)
+#   llm         deploy_opt's GPTQ (sym, no act-order), AWQ and AWQ + GPTQ (quantize-llm's default) on CUDA:
+#               quantization time and held-out perplexity, on SmolLM2-135M when its GGUF is here, else on the
+#               model trained above, and again with lmdeploy's int8 and int4 KV cache simulated      (<= 180 s)
 #   report      OUT/device_check.json and a table on stdout                                         (<= 20 s)
 #
 #   bash benchmarks/device_check.sh              # the GPU run
@@ -76,8 +76,11 @@ export DEPLOY_OPT_CACHE="$OUT/cache"  # the GGUF conversion, if any, lands here 
 #    made from an image whose python is itself a venv would not see the image's torch.
 ready() { "$PYTHON" -c 'import deploy_opt.train.optimizers, deploy_opt.llm.quantize_engine, transformers, tokenizers' \
   2> /dev/null; }
+# deploy_opt runs from this checkout: `python -c` would import it from the working directory alone, and the
+# section scripts run from benchmarks/ (found on the H200 on 2026-12-04: the check passed, the sections did not).
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ready; then
-  log "using $PYTHON as it is (deploy_opt and transformers import)"
+  log "using $PYTHON as it is, deploy_opt from $REPO (deploy_opt and transformers import)"
 else
   SITE="$OUT/site"
   if [ -n "${WHEELS:-}" ]; then
@@ -89,7 +92,7 @@ else
     timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$SITE" \
       "${wheels[@]}"
   fi
-  export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$SITE:$PYTHONPATH"
   if ready; then
     log "deploy_opt from $REPO and the wheels in $SITE import"
   else

@@ -24,7 +24,7 @@ import torch
 
 log = logging.getLogger(__name__)
 # GPTQ in the form lmdeploy's TurboMind serves (symmetric, no act-order); AWQ in AutoAWQ's (asymmetric).
-METHODS = (("gptq", {"desc_act": False, "sym": True}), ("awq", {}))
+METHODS = (("gptq", {"desc_act": False, "sym": True}), ("awq", {}), ("awq-gptq", {}))
 SETTINGS = {
     "smollm2": {"samples": 128, "max_seq_len": 512, "eval_seq_len": 512, "eval_tokens": 4096},
     "trained": {"samples": 64, "max_seq_len": 256, "eval_seq_len": 256, "eval_tokens": 4096},

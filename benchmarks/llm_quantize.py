@@ -3,6 +3,11 @@
     python benchmarks/llm_quantize.py [--methods awq-gptq,awq,gptq,gptq-static,gptq-turbomind,rtn]
         [--calibrations mixed] [--sample-counts 256] [--max-seq-len 512] [--threads 2]
 
+A calibration is ``mixed`` (quantize-llm's default corpus), ``mixed:code,manpages`` (some of its domains),
+``pydoc`` or ``licenses`` (five license texts the judge split lacks), with ``@packed`` or ``@documents`` for
+``calibration.windows`` (default: quantize-llm's). ``--runs awq-gptq:mixed@documents:256,rtn:mixed:256`` names
+runs one by one.
+
 Each (method, calibration, sample count) runs in a fresh process (`--one`), with the same seed, so the rows
 share their calibration windows when they share the calibration. Two held-out texts, neither in any calibration:
 
@@ -104,10 +109,11 @@ def run_one(method: str, calibration: str, samples: int, max_seq_len: int) -> di
     window = PerplexityWindow(max_seq_len=512, max_tokens=EVAL_TOKENS)
     evals = {"decide": decide_docs(), "judge": load_texts([LICENSES / n for n in JUDGE])}
     before = {k: perplexity(model, tokenizer, docs, window)["ppl"] for k, docs in evals.items()}
+    from deploy_opt.llm.config import LLMCalibrationConfig
+
     corpus, _, windows = calibration.partition("@")
-    selection = stratified_text_samples(
-        calibration_docs(corpus), tokenizer, samples, max_seq_len, 0, windows=windows or "documents"
-    )
+    windows = windows or LLMCalibrationConfig().windows  # quantize-llm's default
+    selection = stratified_text_samples(calibration_docs(corpus), tokenizer, samples, max_seq_len, 0, windows=windows)
     settings = EngineSettings(group_size=64, **METHODS[method])
     start = time.perf_counter()
     quantize_model(model, selection.tensors(), settings, progress=False)

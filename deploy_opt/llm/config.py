@@ -84,15 +84,15 @@ class LLMQuantConfig:
 class LLMCalibrationConfig:
     """Calibration text: local files (txt, jsonl or folders), 'mixed' (the default: offline text of several
     domains, ``llm/corpus.py``) or 'pydoc' (Python's own docs alone); never a hub. ``samples`` windows of
-    ``max_seq_len`` tokens are chosen over domain x length strata. ``windows: packed`` (the default) joins each
-    domain's documents and cuts full windows; ``documents`` cuts each document alone, so short ones give short
-    windows (README, "The LLM path", measures both)."""
+    ``max_seq_len`` tokens are chosen over domain x length strata. ``windows: documents`` (the default) cuts each
+    document alone, so short ones give short windows; ``packed`` joins each domain's documents and cuts full
+    windows. benchmarks/llm_quantize.py measured both; documents won on the held-out split the choice was made on."""
 
     texts: tuple[str, ...] = ("mixed",)
     samples: int = 256
     max_seq_len: int = 512
     seed: int = 0
-    windows: Literal["packed", "documents"] = "packed"
+    windows: Literal["packed", "documents"] = "documents"
 
     def __post_init__(self) -> None:
         if not 1 <= self.samples <= 100_000:
@@ -140,7 +140,7 @@ class LLMGateConfig:
 class LLMConfig:
     """A whole ``quantize-llm`` run."""
 
-    name: str | None = None  # None: <model>-<method>[-g<group>], e.g. smollm2-awq-g64
+    name: str | None = None  # None: <model>-<method>[-g<group>], e.g. smollm2-awq-gptq-g64
     seed: int = 0
     model: LLMModelConfig = field(default_factory=LLMModelConfig)
     quantization: LLMQuantConfig = field(default_factory=LLMQuantConfig)
