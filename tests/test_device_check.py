@@ -51,7 +51,11 @@ def test_json_has_every_section_and_row(dry_run):
         ("optimizers", "Int8AdamW"),
         ("optimizers", "Int8AdamW eager"),
     } <= subjects
-    assert {row["subject"].split()[0] for row in summary["rows"] if row["check"] == "llm"} == {"gptq", "awq"}
+    assert {row["subject"].split()[0] for row in summary["rows"] if row["check"] == "llm"} == {
+        "gptq",
+        "awq",
+        "awq-gptq",
+    }
     assert {row["subject"] for row in summary["rows"] if row["check"] == "kv-cache"} == {
         f"{row['subject'].split()[0]} {row['subject'].split()[1]} + KV int8/int4"
         for row in summary["rows"]
