@@ -3,7 +3,7 @@
     python benchmarks/llm_quantize.py [--methods awq-gptq,awq,gptq,gptq-static,gptq-turbomind,rtn]
         [--calibrations mixed] [--sample-counts 256] [--max-seq-len 512] [--threads 2]
 
-A calibration is ``mixed`` (quantize-llm's default corpus), ``mixed:code,manpages`` (some of its domains),
+A calibration is ``mixed`` (quantize-llm's default corpus), ``mixed:code+manpages`` (some of its domains),
 ``pydoc`` or ``licenses`` (five license texts the judge split lacks), with ``@packed`` or ``@documents`` for
 ``calibration.windows`` (default: quantize-llm's). ``--runs awq-gptq:mixed@documents:256,rtn:mixed:256`` names
 runs one by one.
@@ -77,14 +77,14 @@ def decide_docs() -> list:
 
 def calibration_docs(name: str) -> list:
     """'mixed' (the default corpus), 'pydoc', 'licenses' (five licenses the judge split lacks), or a mixed subset
-    'mixed:docstrings,code'."""
+    'mixed:docstrings+code'."""
     from deploy_opt.llm.corpus import mixed_texts
     from deploy_opt.llm.text_data import load_texts, pydoc_texts
 
     if name == "mixed":
         return mixed_texts()
     if name.startswith("mixed:"):
-        return mixed_texts(name.split(":", 1)[1].split(","))
+        return mixed_texts(name.split(":", 1)[1].split("+"))
     if name == "pydoc":
         return pydoc_texts("calibration")
     if name == "licenses":
@@ -147,7 +147,8 @@ def main() -> int:
         print(json.dumps(run_one(args.one[0], args.one[1], int(args.one[2]), args.max_seq_len)), flush=True)
         return 0
     if args.runs:
-        runs = [tuple(run.split(":")) for run in args.runs.split(",")]
+        # method:calibration:samples, where the calibration may hold a colon of its own (mixed:code+manpages)
+        runs = [(run.split(":", 1)[0], *run.split(":", 1)[1].rsplit(":", 1)) for run in args.runs.split(",")]
     else:
         runs = [
             (method, calibration, samples)

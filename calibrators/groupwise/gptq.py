@@ -97,6 +97,33 @@ def _inverse_cholesky(hessian: torch.Tensor, percdamp: float) -> torch.Tensor:
     return torch.linalg.cholesky(inverse, upper=True).float()
 
 
+def _check_inputs(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int) -> None:
+    check_bits(bits)
+    in_features = weight.shape[1]
+    check_group_size("weight", in_features, group_size)
+    if hessian.shape != (in_features, in_features):
+        raise CalibrationError(f"Hessian shape {tuple(hessian.shape)} does not match in_features {in_features}")
+
+
+def _static_group_params(
+    w: torch.Tensor, size: int, bits: int, sym: bool, given: tuple[torch.Tensor, torch.Tensor] | None
+) -> list[torch.Tensor]:
+    """Each static group's [scales, zeros], each [groups, out]: ``given`` (shape-checked), or the min/max of the
+    group's weights."""
+    out_features, in_features = w.shape
+    groups = in_features // size
+    if given is None:
+        grouped = w.reshape(out_features, groups, size).transpose(0, 1).reshape(-1, size)
+        return [p.reshape(groups, out_features) for p in compute_qparams(grouped, bits, sym)]
+    fixed = [p.to(w.device, torch.float32) for p in given]
+    if fixed[0].shape != (groups, out_features) or fixed[1].shape != fixed[0].shape:
+        raise CalibrationError(
+            f"group_params shapes {tuple(fixed[0].shape)}, {tuple(fixed[1].shape)} do not match "
+            f"({groups}, {out_features}) groups x rows"
+        )
+    return fixed
+
+
 def gptq_quantize(
     weight: torch.Tensor,
     hessian: torch.Tensor,
@@ -115,11 +142,8 @@ def gptq_quantize(
     ``group_params`` (scales, zeros), each [groups, out], fixes every group's parameters (static groups) instead of
     taking them from the weights' min/max: AWQ + GPTQ passes the ranges of AWQ's clip search, so the rounding
     compensates the clipping error too."""
-    check_bits(bits)
+    _check_inputs(weight, hessian, bits, group_size)
     out_features, in_features = weight.shape
-    check_group_size("weight", in_features, group_size)
-    if hessian.shape != (in_features, in_features):
-        raise CalibrationError(f"Hessian shape {tuple(hessian.shape)} does not match in_features {in_features}")
     w = weight.detach().float().clone()
     h = hessian.detach().double().clone()
 
@@ -129,16 +153,7 @@ def gptq_quantize(
 
     size = in_features if group_size == -1 else group_size
     static_groups = static_groups or group_params is not None
-    if group_params is not None:
-        fixed = [p.to(w.device, torch.float32) for p in group_params]
-        if fixed[0].shape != (in_features // size, out_features) or fixed[1].shape != fixed[0].shape:
-            raise CalibrationError(
-                f"group_params shapes {tuple(fixed[0].shape)}, {tuple(fixed[1].shape)} do not match "
-                f"({in_features // size}, {out_features}) groups x rows"
-            )
-    elif static_groups:
-        grouped = w.reshape(out_features, in_features // size, size).transpose(0, 1).reshape(-1, size)
-        fixed = [p.reshape(in_features // size, out_features) for p in compute_qparams(grouped, bits, sym)]
+    fixed = _static_group_params(w, size, bits, sym, group_params) if static_groups else []
     perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(in_features, device=h.device)
     w = w[:, perm]
     h = h[perm][:, perm]
@@ -150,8 +165,7 @@ def gptq_quantize(
     zeros: list[torch.Tensor] = []
     if group_size == -1 and not static_groups:
         scale, zero = compute_qparams(w, bits, sym)
-        scales.append(scale)
-        zeros.append(zero)
+        scales, zeros = [scale], [zero]
 
     for i1 in range(0, in_features, block):
         i2 = min(i1 + block, in_features)
