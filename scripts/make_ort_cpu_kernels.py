@@ -20,9 +20,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from make_ort_cuda_kernels import write_kernel_table  # noqa: E402
 
 from deploy_opt.analysis.ort_registry import registry_rows  # noqa: E402
-from dopt_common.files import write_text  # noqa: E402
 
 log = logging.getLogger("make_ort_cpu_kernels")
 PROVIDER = "CPUExecutionProvider"
@@ -46,17 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not kernels:
         raise SystemExit(f"the installed onnxruntime {onnxruntime.__version__} registers no {PROVIDER} kernels")
-    head = {
-        "format": "deploy_opt.ort_kernels/1",
-        "provider": PROVIDER,
-        "ort_version": onnxruntime.__version__,
-        "source": f"the kernel registry of the onnxruntime {onnxruntime.__version__} CPU wheel from PyPI",
-        "generated_by": "scripts/make_ort_cpu_kernels.py",
-    }
-    body = ",\n".join("    " + json.dumps(k, separators=(", ", ": ")) for k in kernels)
-    text = json.dumps(head, indent=2)[:-2] + ',\n  "kernels": [\n' + body + "\n  ]\n}\n"
-    json.loads(text)
-    write_text(args.out, text)
+    version = onnxruntime.__version__
+    source = f"the kernel registry of the onnxruntime {version} CPU wheel from PyPI"
+    write_kernel_table(args.out, PROVIDER, version, source, "scripts/make_ort_cpu_kernels.py", kernels)
     log.info("wrote %d %s kernels to %s", len(kernels), PROVIDER, args.out)
     return 0
 

@@ -82,6 +82,24 @@ def parse_kernels(lines: list[str]) -> list[list[object]]:
     return kernels
 
 
+def write_kernel_table(
+    out: Path, provider: str, ort_version: str, source: str, generated_by: str, kernels: list[list[object]]
+) -> None:
+    """deploy_opt/data/ort_*_kernels.json (format deploy_opt.ort_kernels/1), one kernel a line: diffs stay
+    readable when the table is regenerated for a newer ORT."""
+    head = {
+        "format": "deploy_opt.ort_kernels/1",
+        "provider": provider,
+        "ort_version": ort_version,
+        "source": source,
+        "generated_by": generated_by,
+    }
+    body = ",\n".join("    " + json.dumps(k, separators=(", ", ": ")) for k in kernels)
+    text = json.dumps(head, indent=2)[:-2] + ',\n  "kernels": [\n' + body + "\n  ]\n}\n"
+    json.loads(text)  # the hand-joined document must still be JSON
+    write_text(out, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", type=Path, help="ONNX Runtime's docs/OperatorKernels.md")
@@ -93,18 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = parse_kernels(provider_section(args.table.read_text(encoding="utf-8"), PROVIDER))
     if not kernels:
         raise SystemExit(f"no kernels parsed from the {PROVIDER} section of {args.table}")
-    head = {
-        "format": "deploy_opt.ort_kernels/1",
-        "provider": PROVIDER,
-        "ort_version": args.ort_version,
-        "source": args.source,
-        "generated_by": "scripts/make_ort_cuda_kernels.py",
-    }
-    # One kernel a line: diffs stay readable when the table is regenerated for a newer ORT.
-    body = ",\n".join("    " + json.dumps(k, separators=(", ", ": ")) for k in kernels)
-    text = json.dumps(head, indent=2)[:-2] + ',\n  "kernels": [\n' + body + "\n  ]\n}\n"
-    json.loads(text)  # the hand-joined document must still be JSON
-    write_text(args.out, text)
+    write_kernel_table(args.out, PROVIDER, args.ort_version, args.source, "scripts/make_ort_cuda_kernels.py", kernels)
     ops = len({(k[0], k[1]) for k in kernels})
     log.info("wrote %d %s kernels (%d ops) to %s", len(kernels), PROVIDER, ops, args.out)
     return 0

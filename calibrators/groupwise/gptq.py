@@ -105,6 +105,18 @@ def _check_inputs(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
         raise CalibrationError(f"Hessian shape {tuple(hessian.shape)} does not match in_features {in_features}")
 
 
+def group_qparams(
+    w: torch.Tensor, size: int, bits: int, sym: bool, *, style: str = "gptq"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, zeros), each [groups, out]: the min/max parameters of each ``size``-column group of ``w`` [out, in],
+    in ``compute_qparams``'s ``style``."""
+    out_features, in_features = w.shape
+    groups = in_features // size
+    grouped = w.reshape(out_features, groups, size).transpose(0, 1).reshape(-1, size)
+    scale, zero = compute_qparams(grouped, bits, sym, style=style)
+    return scale.reshape(groups, out_features), zero.reshape(groups, out_features)
+
+
 def _static_group_params(
     w: torch.Tensor, size: int, bits: int, sym: bool, given: tuple[torch.Tensor, torch.Tensor] | None
 ) -> list[torch.Tensor]:
@@ -113,8 +125,7 @@ def _static_group_params(
     out_features, in_features = w.shape
     groups = in_features // size
     if given is None:
-        grouped = w.reshape(out_features, groups, size).transpose(0, 1).reshape(-1, size)
-        return [p.reshape(groups, out_features) for p in compute_qparams(grouped, bits, sym)]
+        return list(group_qparams(w, size, bits, sym))
     fixed = [p.to(w.device, torch.float32) for p in given]
     if fixed[0].shape != (groups, out_features) or fixed[1].shape != fixed[0].shape:
         raise CalibrationError(

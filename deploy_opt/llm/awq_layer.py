@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import torch
 
 from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
-from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize
-from calibrators.groupwise.rtn import QuantizedWeight, compute_qparams
+from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize, group_qparams
+from calibrators.groupwise.rtn import QuantizedWeight
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,8 @@ def round_in_ranges(
 
     The group parameters are AWQ's (AutoAWQ's min/max of the clipped weights), so the codes are an AWQ checkpoint's;
     GPTQ rounds the unclipped weights, and its error feedback spreads the clipping error as well as the rounding."""
-    out_features, in_features = clipped.shape
-    size = in_features if group_size == -1 else group_size
-    groups = in_features // size
-    grouped = clipped.reshape(out_features, groups, size).transpose(0, 1).reshape(groups * out_features, size)
-    scale, zero = compute_qparams(grouped, bits, sym, style="awq")
-    params = (scale.reshape(groups, out_features), zero.reshape(groups, out_features))
+    size = clipped.shape[1] if group_size == -1 else group_size
+    params = group_qparams(clipped, size, bits, sym, style="awq")
     return gptq_quantize(
         weight,
         hessian,
