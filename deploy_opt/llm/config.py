@@ -86,10 +86,11 @@ class LLMCalibrationConfig:
     domains, ``llm/corpus.py``) or 'pydoc' (Python's own docs alone); never a hub. ``samples`` windows of
     ``max_seq_len`` tokens are chosen over domain x length strata. ``windows: documents`` (the default) cuts each
     document alone, so short ones give short windows; ``packed`` joins each domain's documents and cuts full
-    windows. benchmarks/llm_quantize.py measured both; documents won on the held-out split the choice was made on."""
+    windows. benchmarks/llm_quantize.py measured both; documents won on the held-out split the choice was made on.
+    128 samples: over calibration seeds it matched 256 on that split (+8.19% vs +8.27% mean) in 60% of the time."""
 
     texts: tuple[str, ...] = ("mixed",)
-    samples: int = 256
+    samples: int = 128
     max_seq_len: int = 512
     seed: int = 0
     windows: Literal["packed", "documents"] = "documents"
