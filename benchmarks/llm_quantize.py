@@ -118,6 +118,7 @@ def run_one(method: str, calibration: str, samples: int, max_seq_len: int, seed:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from deploy_opt.llm.checks import PerplexityWindow, perplexity
+    from deploy_opt.llm.config import LLMCalibrationConfig
     from deploy_opt.llm.gguf_model import gguf_to_hf_folder, smollm2_gguf
     from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model
     from deploy_opt.llm.text_data import load_texts, stratified_text_samples
@@ -129,8 +130,6 @@ def run_one(method: str, calibration: str, samples: int, max_seq_len: int, seed:
     window = PerplexityWindow(max_seq_len=512, max_tokens=EVAL_TOKENS)
     evals = {"decide": decide_docs(), "judge": load_texts([LICENSES / n for n in JUDGE])}
     before = {k: perplexity(model, tokenizer, docs, window)["ppl"] for k, docs in evals.items()}
-    from deploy_opt.llm.config import LLMCalibrationConfig
-
     corpus, _, windows = calibration.partition("@")
     windows = windows or LLMCalibrationConfig().windows  # quantize-llm's default
     selection = stratified_text_samples(
