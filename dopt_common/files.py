@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import OutputError
+from dopt_common.errors import InputError, OutputError
+from dopt_common.names import shown
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
-    final = Path(path)
-    if final.is_dir():
-        raise OutputError(f"'{final}' is a folder; fix: give a file path (e.g. '{final / final.name}.json')")
+    final = check_output_file(path)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
@@ -146,6 +147,83 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:
     """Write JSON atomically, indented and with a trailing newline."""
     return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+KINDS = {
+    stat.S_ISDIR: "a folder",
+    stat.S_ISLNK: "a symbolic link",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a named pipe (FIFO)",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in KINDS.items() if test(mode)), "not a regular file")
+
+
+def check_output_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` when a file may be written there: absent, or a regular file (never a link, device, FIFO or
+    folder, which an atomic rename would replace: ``--out /dev/full`` must not turn the device into a file)."""
+    final = Path(path)
+    try:
+        mode = os.lstat(final).st_mode
+    except FileNotFoundError:
+        return final
+    except OSError as exc:
+        raise OutputError(f"cannot write '{shown(str(final))}': {exc.strerror}; fix: choose another path") from exc
+    if stat.S_ISREG(mode):
+        return final
+    if stat.S_ISDIR(mode):
+        raise OutputError(
+            f"'{shown(str(final))}' is a folder; fix: give a file path (e.g. '{shown(str(final / final.name))}.json')"
+        )
+    raise OutputError(
+        f"'{shown(str(final))}' is {_kind(mode)}, not a regular file; deploy_opt writes only regular files it can "
+        "replace whole; fix: give a plain file path ('-' writes to standard output where the option allows it)"
+    )
+
+
+def regular_input(path: str | os.PathLike[str], what: str = "input file", max_bytes: int | None = None) -> Path:
+    """``path`` when it is a readable regular file (a link to one is fine) of at most ``max_bytes``: a device
+    (``/dev/zero``), a FIFO or a folder is refused before anything reads it, so no read can run forever."""
+    source = Path(path)
+    try:
+        info = os.stat(source)
+    except FileNotFoundError:
+        raise InputError(f"{what} '{shown(str(source))}' does not exist; fix: check the path") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} '{shown(str(source))}': {exc.strerror}; fix: check the path") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(
+            f"{what} '{shown(str(source))}' is {_kind(info.st_mode)}, not a regular file; fix: pass a file"
+        )
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise InputError(
+            f"{what} '{shown(str(source))}' is {info.st_size:,} bytes, over the {max_bytes:,}-byte cap; "
+            "fix: pass a smaller file"
+        )
+    return source
+
+
+def open_nofollow(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT, mode: int = 0o644) -> int:
+    """A file descriptor for the regular file at ``path``, never through a symbolic link (``O_NOFOLLOW``) and
+    never a device or FIFO (``O_NONBLOCK`` so opening a FIFO cannot hang; checked with fstat)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OutputError(
+                f"'{shown(str(path))}' is a symbolic link; deploy_opt never writes through one; fix: remove the link"
+            ) from exc
+        raise OutputError(f"cannot open '{shown(str(path))}': {exc.strerror}; fix: check the folder") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OutputError(f"'{shown(str(path))}' is {_kind(info.st_mode)}, not a regular file; fix: remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -8,6 +8,7 @@ so a YAML anchor bomb or a 50 MB string cannot become a 300 MB message.
 from __future__ import annotations
 
 import os
+import re
 import reprlib
 from pathlib import Path
 
@@ -66,3 +67,12 @@ def _broken_rule(name: object) -> str | None:
 def run_dir(output_root: str | os.PathLike[str], name: object, what: str = "name") -> Path:
     """``output_root/name`` after ``check_run_name``: the only way a pipeline turns a name into its folder."""
     return Path(output_root) / check_run_name(name, what)
+
+
+QUOTED = re.compile("'([^'\\n]{" + str(MAX_SHOWN + 1) + ",})'")
+
+
+def shorten_quoted(message: str, limit: int = MAX_SHOWN) -> str:
+    """``message`` with every quoted value (a path, a name) longer than ``limit`` cut to ``limit`` characters and
+    its length said: the CLI's last guard, so no error line quotes a 5,000-character path whole."""
+    return QUOTED.sub(lambda m: f"'{shown(m.group(1), limit)}'", message)

@@ -19,7 +19,7 @@ from pathlib import Path
 from deploy_opt.cli import analysis, build, llm, report, train
 from deploy_opt.cli.parser import make_parser
 from dopt_common.errors import DeployOptError, Interrupted, one_line
-from dopt_common.names import shown
+from dopt_common.names import shorten_quoted, shown
 
 log = logging.getLogger("deploy_opt")
 FIRST_PARTY = ("deploy_opt", "calibrators", "exporters", "dopt_common")
@@ -125,7 +125,7 @@ def _run(args: object, commands: dict[str, Callable]) -> int:
         print(f"deploy_opt {command}: interrupted ({name}); {outcome}", file=sys.stderr)
         return 128 + int(signum)
     except DeployOptError as exc:
-        print(f"deploy_opt {command}: error: {shown(one_line(exc), 2000)}", file=sys.stderr)
+        print(f"deploy_opt {command}: error: {shown(shorten_quoted(one_line(exc)), 2000)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, ours or in user code: never exit 1, which means "gate failed"
         log.debug("traceback", exc_info=True)
