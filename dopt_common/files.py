@@ -108,12 +108,15 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def recover_published(folder: Path, name: str, alive: Callable[[int], bool]) -> Path | None:
-    """Undo a publish killed between its renames: ``folder/name`` is missing and a ``.<name>.old-<pid>`` of a
-    process no longer running is there, so that (complete) previous folder is renamed back. Returns it, or None.
+def recover_published(folder: Path, name: str, moved_by_gone: Callable[[Path], bool]) -> Path | None:
+    """Undo a publish killed between its renames: ``folder/name`` is missing and a ``.<name>.old-<pid>`` whose
+    mover is provably gone (``moved_by_gone``) is there, so that (complete) previous folder is renamed back, and
+    its claim removed. Returns it, or None.
 
     Runs before any sweep, so the last complete report is never deleted as a leftover.
     """
+    from dopt_common.ownership import MOVING
+
     target = folder / name
     if os.path.lexists(target):
         return None
@@ -121,15 +124,13 @@ def recover_published(folder: Path, name: str, alive: Callable[[int], bool]) -> 
     candidates = [
         e
         for e in folder.glob(f"{glob.escape(prefix)}*")
-        if e.name[len(prefix) :].isdigit()
-        and not e.is_symlink()
-        and e.is_dir()
-        and not alive(int(e.name[len(prefix) :]))
+        if e.name[len(prefix) :].isdigit() and not e.is_symlink() and e.is_dir() and moved_by_gone(e)
     ]
     if not candidates:
         return None
     newest = max(candidates, key=lambda e: e.stat().st_mtime)
     os.rename(newest, target)
+    (target / MOVING).unlink(missing_ok=True)
     return target
 
 

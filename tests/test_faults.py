@@ -24,6 +24,7 @@ from deploy_opt.llm.config import LLMConfig
 from dopt_common.errors import ConfigError, ModelError, OutputError, ReportError, SourceError
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import check_run_name, run_dir, shown
+from dopt_common.ownership import new_owner, write_marker
 from dopt_common.runs import failed_dir, staged_dir, sweep_stale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,7 @@ def test_a_publish_killed_between_any_two_steps_leaves_a_complete_report(
     out.mkdir(parents=True)
     (out / "build.json").write_text("old")
     (out / "model.onnx").write_text("old model")
+    write_marker(out, new_owner("build"))
     run = subprocess.run([sys.executable, "-c", _KILLED_PUBLISH, str(out), step], cwd=ROOT, check=False)
     assert run.returncode == -signal.SIGKILL
     # The next run fails before publishing: the last complete report must still be there afterwards.
@@ -131,6 +133,7 @@ def test_a_signal_during_the_swap_lands_after_it_and_reports_the_new_build(tmp_p
     out = tmp_path / "demo"
     out.mkdir()
     (out / "build.json").write_text("old")
+    write_marker(out, new_owner("build"))
     run = subprocess.run(
         [sys.executable, "-c", _SIGNALLED_PUBLISH, str(out), step],
         cwd=ROOT,
@@ -144,15 +147,15 @@ def test_a_signal_during_the_swap_lands_after_it_and_reports_the_new_build(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["demo"]  # the old folder was removed whole, no leftover
 
 
-def test_a_stale_old_symlink_is_swept_without_following_it(tmp_path: Path) -> None:
+def test_a_stale_old_symlink_is_left_and_never_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("keep")
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / ".demo.old-999999999").symlink_to(outside)
-    assert sweep_stale(reports) == [reports / ".demo.old-999999999"]
-    assert (outside / "keep.txt").read_text() == "keep" and not os.path.lexists(reports / ".demo.old-999999999")
+    assert sweep_stale(reports) == []  # a link is not a folder deploy_opt wrote: not ours to remove
+    assert (outside / "keep.txt").read_text() == "keep" and os.path.islink(reports / ".demo.old-999999999")
 
 
 # --------------------------------------------------------------------------------- failing vs passing builds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 
 import dopt_common.files as files
 from dopt_common.errors import OutputError
+from dopt_common.ownership import MOVING, new_owner, write_marker
 from dopt_common.runs import report_lock, staged_dir, sweep_stale
 
 
@@ -28,6 +30,7 @@ def _old_report(root: Path, name: str = "model") -> Path:
     (old / "sub").mkdir(parents=True)
     (old / "build.json").write_text('{"old": true}\n')
     (old / "sub" / "model.onnx").write_bytes(os.urandom(256))
+    write_marker(old, new_owner("build"))  # a run deploy_opt wrote
     return old
 
 
@@ -64,11 +67,24 @@ def test_a_staging_folder_on_another_filesystem_is_copied_then_swapped(
 def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    for name in (f".a.partial-{dead_pid}", f".a.old-{dead_pid}", f".b.partial-{os.getpid()}", "c"):
+    marked = {f".a.partial-{dead_pid}": dead_pid, f".b.partial-{os.getpid()}": os.getpid()}
+    for name, pid in marked.items():
         (tmp_path / name).mkdir()
+        write_marker(tmp_path / name, dataclasses.replace(new_owner("stage:build"), pid=pid))
+    (tmp_path / f".a.old-{dead_pid}").mkdir()  # a previous report its dead mover claimed, while "a" exists
+    (tmp_path / "a").mkdir()
+    write_marker(tmp_path / f".a.old-{dead_pid}", new_owner("build"))
+    write_marker(tmp_path / f".a.old-{dead_pid}", dataclasses.replace(new_owner("build"), pid=dead_pid), MOVING)
+    other_host = dataclasses.replace(new_owner("stage:build"), host="another-node", pid=dead_pid)
+    (tmp_path / f".c.partial-{dead_pid}").mkdir()  # another node's live stage on shared storage
+    write_marker(tmp_path / f".c.partial-{dead_pid}", other_host)
+    (tmp_path / ".thesis.old-2023").mkdir()  # a look-alike deploy_opt never wrote
+    (tmp_path / ".thesis.old-2023" / "thesis.tex").write_text("x")
     removed = sweep_stale(tmp_path)
     assert sorted(p.name for p in removed) == [f".a.old-{dead_pid}", f".a.partial-{dead_pid}"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.partial-{os.getpid()}", "c"]
+    kept = [".thesis.old-2023", "a", f".b.partial-{os.getpid()}", f".c.partial-{dead_pid}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+    assert (tmp_path / ".thesis.old-2023" / "thesis.tex").read_text() == "x"
 
 
 def _hold_lock(out_dir: Path, seconds: int) -> subprocess.Popen[str]:

@@ -28,6 +28,7 @@ from deploy_opt.report.llm_report import LLMReport
 from dopt_common.errors import OutputError
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
+from dopt_common.ownership import check_separate, check_target
 from dopt_common.runs import Timings, seed_everything, staged_dir
 
 log = logging.getLogger(__name__)
@@ -52,16 +53,25 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     seed_everything(config.seed)
     times = Timings()
     source = model_source(config)
+    if config.name:  # known before loading: a folder that cannot be replaced is refused in the first second
+        _check_output(run_dir(ensure_writable_dir(output_root), config.name, "--name"), source)
     onload = choose_onload(config.model.onload, source)
     with times.stage("load", explain=False):
         loaded = (load_layers if onload == "layers" else load_llm)(config, source)
     name = config.name or default_run_name(config.model.path, loaded.scheme)
     out_dir = run_dir(ensure_writable_dir(output_root), name, "--name")
+    _check_output(out_dir, source)
     refuse_other_model(out_dir, loaded.source)
-    with staged_dir(out_dir) as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
+    with staged_dir(out_dir, kind="llm") as stage, torch.no_grad():  # no_grad scoped: a global switch would leak
         run = run_layers if onload == "layers" else _run
         report, gate = run(config, name, loaded, times, stage, out_dir, progress)
     return LLMResult(out_dir, report, gate)
+
+
+def _check_output(out_dir: Path, source: Path) -> None:
+    """The run folder may be replaced (absent, empty, or an LLM run deploy_opt wrote) and holds not the model."""
+    check_target(out_dir, "llm")
+    check_separate(out_dir, [source], [source] if source.is_dir() else [])
 
 
 def load_llm(config: LLMConfig, source: Path) -> LoadedLLM:

@@ -9,6 +9,7 @@ assembled in a staging folder and published whole (``staged_dir``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +37,11 @@ from deploy_opt.pipeline.prune import ORIGINAL_DIR, PrunedModel, finish_prune, p
 from deploy_opt.pipeline.qat import fine_tune, int8_nodes
 from deploy_opt.prune.distill import DistillData
 from deploy_opt.report import record
-from deploy_opt.report.gate import GateResult, apply_gate, load_build
+from deploy_opt.report.gate import GateResult, apply_gate
 from deploy_opt.report.trust import alignment_criterion, with_criterion
-from dopt_common.errors import ReportError
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
+from dopt_common.ownership import check_separate, run_kind
 from dopt_common.runs import Timings, failed_dir, seed_everything, staged_dir
 from exporters.tensorrt.profile import input_shapes
 
@@ -66,6 +67,9 @@ def run_build(
     ``wait``: wait for another build of the same name to finish instead of failing at once.
     """
     out_dir = run_dir(ensure_writable_dir(output_root), config.name)
+    held, read = input_locations(config)
+    check_separate(out_dir, held, read)
+    check_separate(failed_dir(out_dir), held, read)
     diverted: list[bool] = []  # decided before the publish: a failing build must not replace a passing one
     with staged_dir(out_dir, wait=wait, divert=lambda: diverted[0]) as stage:
         build, gate = _build_into(config, profile, stage, progress)
@@ -79,11 +83,29 @@ def run_build(
 
 
 def passed_before(out_dir: Path) -> bool:
-    """Whether ``out_dir`` holds a build whose recorded gate passed (an unreadable record: no)."""
-    try:
-        return bool(load_build(out_dir / "build.json")["gate"]["passed"])
-    except (ReportError, KeyError, TypeError):
+    """Whether ``out_dir`` holds a build to keep: its recorded gate passed, in any build.json format deploy_opt
+    can read. A build whose record this release cannot read (another format version, an unreadable file) counts
+    as passed: it is kept beside a failing build rather than destroyed."""
+    if run_kind(out_dir) != "build":
         return False
+    try:
+        data = json.loads((out_dir / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return True
+    gate = data.get("gate") if isinstance(data, dict) else None
+    passed = gate.get("passed") if isinstance(gate, dict) else None
+    return passed if isinstance(passed, bool) else True
+
+
+def input_locations(config: BuildConfig) -> tuple[list[Path], list[Path]]:
+    """What a build reads from disk: every input path (the config's folder, the model, the data), and of those
+    the folders it reads as data (image folders, datasets, text folders, a Hugging Face model folder)."""
+    base = Path(config.base_dir)
+    model, data = config.model, config.data
+    named = [model.onnx, model.hf, model.checkpoint, data.calibration, data.evaluation, data.validation]
+    named += [data.train, data.tokenizer]
+    paths = [base / ref for ref in named if ref is not None and ":" not in ref and (base / ref).exists()]
+    return [base, *paths], [p for p in paths if p.is_dir()]
 
 
 def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[dict, GateResult]:

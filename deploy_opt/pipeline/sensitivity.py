@@ -94,7 +94,7 @@ def publish_sensitivity(
 ) -> SensitivityRun:
     """Analyze ``config``'s model and publish sensitivity.json/.png/.html whole in ``<name>-sensitivity/``."""
     out_dir = sensitivity_dir(ensure_writable_dir(output_root), config.name)
-    with staged_dir(out_dir) as stage:
+    with staged_dir(out_dir, kind="sensitivity") as stage:
         built = run_build(config, profile, stage / ".build", progress=progress)  # a working folder: dropped
         analysis = json.loads((built.out_dir / "sensitivity.json").read_text(encoding="utf-8"))
         published = Path(output_root) / config.name / "build.json"
