@@ -182,12 +182,36 @@ def _staged_by_gone(entry: Path) -> bool:
     return owner is not None and str(owner.pid) == entry.name.rsplit("-", 1)[1] and owner.gone()
 
 
+def _drop_free_lock(path: Path) -> bool:
+    """Remove a run's lock file that no process holds (its run was killed): taken, then unlinked while held, as
+    a run's own release does, so a run that opens it meanwhile retries on a fresh file. Only a regular file
+    whose content is a run's ("pid N host H") is touched."""
+    import fcntl
+
+    try:
+        fd = open_nofollow(path, os.O_RDWR)
+    except OutputError:
+        return False
+    try:
+        if not os.pread(fd, 64, 0).startswith(b"pid "):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            return False
+        path.unlink()
+        return True
+    except OSError:  # held by a live run (BlockingIOError), or gone meanwhile
+        return False
+    finally:
+        os.close(fd)
+
+
 def sweep_stale(folder: Path) -> list[Path]:
     """Remove the leftovers of this host's dead runs: ``.<name>.partial-<pid>``, ``.incoming-<pid>`` and
     ``.old-<pid>`` folders whose marker proves deploy_opt wrote them and names a process that no longer runs here.
     A complete ``.old-`` whose run folder is missing is renamed back instead. Anything else, a look-alike name
     without our marker or a folder of another host's run, is left as it is."""
-    removed = []
+    removed = [lock for lock in sorted(folder.glob(".*.lock")) if folder.is_dir() and _drop_free_lock(lock)]
     for entry in sorted(folder.glob(".*-*")) if folder.is_dir() else ():
         match = STALE.match(entry.name)
         if match is None or entry.is_symlink() or not entry.is_dir():
@@ -202,7 +226,7 @@ def sweep_stale(folder: Path) -> list[Path]:
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     if removed:
-        log.info("removed %d leftover folder(s) of interrupted runs in %s", len(removed), folder)
+        log.info("removed %d leftover(s) of interrupted runs in %s", len(removed), folder)
     return removed
 
 
