@@ -32,6 +32,7 @@ data:
 deploy:
   targets: {targets}
 quantization:
+  mode: manual  # the scheme under test, not the auto search's choice (which differs by CPU)
   activations: {scheme}
   op_types: [MatMul]
 benchmark:
