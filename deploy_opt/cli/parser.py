@@ -116,7 +116,9 @@ def _add_build_commands(sub: argparse._SubParsersAction, command: Command) -> No
     gate.add_argument(
         "--max-drop", type=_non_negative, help="largest allowed metric drop in points (default: the build's)"
     )
-    gate.add_argument("--min-speedup", type=_positive, help="smallest allowed INT8 speedup (default: the build's)")
+    gate.add_argument(
+        "--min-speedup", type=_non_negative, help="smallest allowed INT8 speedup, >= 0 (default: the build's)"
+    )
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
     gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
     gate.add_argument(
@@ -266,12 +268,4 @@ def _non_negative(text: str) -> float:
     value = float(text)
     if not (value >= 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
-def _positive(text: str) -> float:
-    """A finite number > 0."""
-    value = float(text)
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
     return value
