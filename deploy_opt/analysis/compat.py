@@ -24,7 +24,9 @@ from deploy_opt.analysis import compat_data as data
 from deploy_opt.analysis.compat_report import CompatReport
 from deploy_opt.analysis.trt_qdq import qdq_problem
 from deploy_opt.analysis.trt_restrictions import NodeFacts, check_restrictions
-from dopt_common.errors import ConfigError, ModelError, ReportError
+from dopt_common.errors import ConfigError, InputError, ModelError, ReportError
+from dopt_common.files import regular_input
+from dopt_common.names import shown
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +119,24 @@ def check_compat(
 def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
     if isinstance(model, onnx.ModelProto):
         return model, None
-    path = Path(model)
     try:
-        return onnx.load(str(path), load_external_data=False), path
+        path = regular_input(model, "ONNX model")  # a FIFO or /dev/zero is refused before any read
+    except InputError as exc:
+        raise ModelError(str(exc)) from None
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
     except (OSError, DecodeError) as exc:
         why = f"{type(exc).__name__}: {exc}"
-        raise ModelError(f"cannot read ONNX model '{path}' ({why}); fix: pass the path of a .onnx file") from exc
+        raise ModelError(
+            f"cannot read ONNX model '{shown(str(path))}' ({why}); fix: pass the path of a .onnx file"
+        ) from exc
+    if not proto.ir_version or not proto.HasField("graph"):  # any byte string, even an empty file, parses
+        size = path.stat().st_size
+        raise ModelError(
+            f"'{shown(str(path))}' ({size} bytes) is not an ONNX model: it has no IR version or no graph; fix: pass "
+            "the path of a .onnx file (an empty or truncated file reads as an empty model)"
+        )
+    return proto, path
 
 
 def _check_targets(targets: Sequence[str]) -> tuple[str, ...]:

@@ -17,10 +17,10 @@ from typing import Literal
 from calibrators.scales.format import ScaleFile, TensorScale, load_scale_file, validate_scale_data
 from deploy_opt import __version__
 from dopt_common.errors import ConfigError
-from dopt_common.files import sha256_file
-from exporters.aimet import parse_aimet_encodings, write_aimet_encodings
-from exporters.ort.overrides import parse_ort_overrides, write_ort_overrides
-from exporters.tensorrt.cache import parse_trt_cache, write_trt_cache
+from dopt_common.files import sha256_file, write_text
+from exporters.aimet import encodings_data, parse_aimet_encodings
+from exporters.ort.overrides import overrides_data, parse_ort_overrides
+from exporters.tensorrt.cache import cache_text, parse_trt_cache
 
 log = logging.getLogger(__name__)
 ExportFormat = Literal["trt-cache", "aimet", "ort-overrides"]
@@ -94,18 +94,30 @@ def export_scales(
     trt_version: str = "10.0.1",
 ) -> Path:
     """Write scales.json as ``fmt`` to ``out``, by default beside it (see ``DEFAULT_NAMES``)."""
+    source = Path(scales_path)
+    target = Path(out) if out is not None else source.parent / DEFAULT_NAMES.get(fmt, "scales.out")
+    if _same_file(target, source):
+        raise ConfigError(f"export of '{source}' would overwrite it; fix: pass another output path")
+    return write_text(target, exported_text(source, fmt, trt_version))
+
+
+def exported_text(scales_path: str | Path, fmt: ExportFormat, trt_version: str = "10.0.1") -> str:
+    """scales.json as ``fmt``, the text ``export_scales`` writes (``--out -`` prints it)."""
     if fmt not in DEFAULT_NAMES:
         raise ConfigError(f"export format '{fmt}' is unknown; use one of {', '.join(DEFAULT_NAMES)}")
-    source = Path(scales_path)
-    scales = load_scale_file(source)
-    target = Path(out) if out is not None else source.parent / DEFAULT_NAMES[fmt]
-    if target.resolve() == source.resolve():
-        raise ConfigError(f"export of '{source}' would overwrite it; fix: pass another output path")
+    scales = load_scale_file(scales_path)
     if fmt == "trt-cache":
-        return write_trt_cache(scales, target, trt_version)
-    if fmt == "aimet":
-        return write_aimet_encodings(scales, target)
-    return write_ort_overrides(scales, target)
+        return cache_text(scales, trt_version)
+    data = encodings_data(scales) if fmt == "aimet" else overrides_data(scales)
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (a link or another spelling of the same path included)."""
+    try:
+        return a.samefile(b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def _read_text(path: str | Path) -> str:

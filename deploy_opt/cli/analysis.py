@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from dopt_common.errors import DeployOptError
+from dopt_common.errors import DeployOptError, OutputError
 
 
 def cmd_align(args: argparse.Namespace) -> int:
@@ -41,17 +43,36 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 def cmd_scales(args: argparse.Namespace) -> int:
     from calibrators.scales.format import save_scale_file
-    from deploy_opt.analysis.scale_interop import export_scales, import_scales
+    from deploy_opt.analysis.scale_interop import export_scales, exported_text, import_scales
 
     if args.scales_command == "import":
+        _refuse_same_file(args.file, args.to)
         scales = import_scales(args.file, args.format)
         path = save_scale_file(scales, args.to)
         roles = sorted({t.role for t in scales.tensors.values()})
         print(f"imported {len(scales.tensors)} tensors ({', '.join(roles)}) from {args.file} → {path}")
         return 0
+    if args.out is not None and str(args.out) == "-":  # standard output: the file's text alone
+        sys.stdout.write(exported_text(args.file, args.format, trt_version=args.trt_version))
+        return 0
     path = export_scales(args.file, args.format, args.out, trt_version=args.trt_version)
     print(f"exported {args.file} as {args.format} → {path}")
     return 0
+
+
+def _refuse_same_file(source: Path, target: Path) -> None:
+    """``scales import X --to X`` would replace the only copy of what it reads: refused before any write."""
+    from dopt_common.names import shown
+
+    try:
+        same = source.samefile(target)
+    except OSError:  # one of them does not exist (yet): compare the spellings
+        same = source.resolve() == target.resolve()
+    if same:
+        raise OutputError(
+            f"scales import: --to '{shown(str(target))}' is the input file itself, which the import would overwrite; "
+            "fix: pass another path to --to, e.g. scales.json"
+        )
 
 
 def cmd_compat(args: argparse.Namespace) -> int:

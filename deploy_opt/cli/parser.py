@@ -116,9 +116,11 @@ def _add_build_commands(sub: argparse._SubParsersAction, command: Command) -> No
     gate.add_argument(
         "--max-drop", type=_non_negative, help="largest allowed metric drop in points (default: the build's)"
     )
-    gate.add_argument("--min-speedup", type=_positive, help="smallest allowed INT8 speedup (default: the build's)")
+    gate.add_argument(
+        "--min-speedup", type=_non_negative, help="smallest allowed INT8 speedup, >= 0 (default: the build's)"
+    )
     gate.add_argument("--speedup-batch", type=int, help="batch size whose speedup is gated (default: largest)")
-    gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here")
+    gate.add_argument("--junit", type=Path, help="also write a JUnit XML report here ('-': standard output)")
     gate.add_argument(
         "--max-ppl-increase", help="for a quantize_report.json: largest perplexity increase, e.g. 5%% (default: its)"
     )
@@ -172,7 +174,7 @@ def _add_artifact_commands(sub: argparse._SubParsersAction, command: Command) ->
     exp = command(scales_sub, "export", "scales.json → another tool's format")
     exp.add_argument("file", type=Path, help="a deploy_opt scales.json")
     exp.add_argument("--format", choices=SCALE_FORMATS, required=True)
-    exp.add_argument("--out", type=Path, help="output path (default: next to the input)")
+    exp.add_argument("--out", type=Path, help="output path (default: next to the input; '-': standard output)")
     exp.add_argument("--trt-version", default="10.0.1", help="TensorRT version for the cache header")
 
     compat = command(sub, "compat", "per-node support on ORT CPU/CUDA and TensorRT")
@@ -266,12 +268,4 @@ def _non_negative(text: str) -> float:
     value = float(text)
     if not (value >= 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
-def _positive(text: str) -> float:
-    """A finite number > 0."""
-    value = float(text)
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
     return value

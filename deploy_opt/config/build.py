@@ -223,8 +223,8 @@ class GateConfig:
     def __post_init__(self) -> None:
         if not self.max_drop >= 0:  # a negative tolerance fails every build, and would replace a passing one
             raise ConfigError(f"gate.max_drop must be >= 0 (metric points), got {self.max_drop}; fix: e.g. 1.0")
-        if self.min_speedup is not None and not self.min_speedup > 0:
-            raise ConfigError(f"gate.min_speedup must be positive or null, got {self.min_speedup}")
+        if self.min_speedup is not None and not self.min_speedup >= 0:  # 0: any measured speed passes
+            raise ConfigError(f"gate.min_speedup must be >= 0 or null, got {self.min_speedup}; fix: e.g. 1.0")
         if self.speedup_batch is not None and self.speedup_batch < 1:
             raise ConfigError(f"gate.speedup_batch must be >= 1 or null, got {self.speedup_batch}")
 

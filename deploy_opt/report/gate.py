@@ -170,8 +170,8 @@ def apply_gate(
     """
     if max_drop is not None and not math.isfinite(max_drop):
         raise ConfigError(f"gate: --max-drop {max_drop} is not a finite number; give the largest drop in points")
-    if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup > 0):
-        raise ConfigError(f"gate: --min-speedup {min_speedup} must be a positive finite factor, e.g. 1.2")
+    if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup >= 0):
+        raise ConfigError(f"gate: --min-speedup {min_speedup} must be a finite factor >= 0, e.g. 1.2")
     criteria: list[Criterion] = _int8_criterion(build, allow_fp32)
     if max_drop is not None:
         criteria.append(_accuracy_criterion(build["metrics"], max_drop))
@@ -211,10 +211,12 @@ def _accuracy_criterion(metrics: dict[str, Any], max_drop: float) -> Criterion:
 def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: int | None) -> Criterion:
     """INT8 speedup at one batch size; not judged when model.int8.onnx is the FP32 model (timed against itself)."""
     batches = (build.get("benchmark") or {}).get("batches") or {}
-    if not batches:
-        raise ReportError(
-            "build report has no benchmark; fix: rebuild with benchmark.enabled=true or drop --min-speedup"
+    if not batches:  # benchmark.enabled=false: the build's own gate leaves speed out, so does this one
+        text = (
+            f"speed not measured: the build ran without a benchmark (benchmark.enabled=false), so min_speedup "
+            f"{min_speedup:g}x is not judged; rebuild with benchmark.enabled=true to gate speed"
         )
+        return Criterion("min_speedup", 0.0, min_speedup, True, text, judged=False)
     size = str(speedup_batch or max(int(b) for b in batches))
     if size not in batches or "speedup" not in batches[size]:
         raise ReportError(
@@ -270,16 +272,20 @@ def _int8_criterion(build: dict[str, Any], allow_fp32: bool) -> list[Criterion]:
     return [Criterion("int8_nodes", 0, 1, False, text)]
 
 
-def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
+def junit_xml(result: GateResult, suite: str) -> str:
     """A JUnit XML report, one test case per criterion, for CI systems to display."""
     failures = sum(not c.passed for c in result.criteria)
     cases = []
     for c in result.criteria:
         body = "" if c.passed else f"<failure message={quoteattr(c.text)}/>"
         cases.append(f"    <testcase classname={quoteattr(suite)} name={quoteattr(c.name)}>{body}</testcase>")
-    xml = (
+    return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<testsuite name={quoteattr("deploy_opt.report.gate." + suite)} tests="{len(result.criteria)}" '
         f'failures="{failures}" errors="0">\n' + "\n".join(cases) + "\n</testsuite>\n"
     )
-    return write_text(path, xml)
+
+
+def write_junit(result: GateResult, path: str | Path, suite: str) -> Path:
+    """``junit_xml`` written atomically to ``path`` (a regular file: never a link, device or FIFO)."""
+    return write_text(path, junit_xml(result, suite))

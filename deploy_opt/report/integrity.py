@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.report.manifest import DIGESTED, plain_name_problem, required_artifacts
 from dopt_common.errors import one_line
-from dopt_common.files import sha256_file
+from dopt_common.files import KINDS, sha256_file
+from dopt_common.names import shown
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +73,79 @@ def integrity_record(stage: Path) -> dict[str, Any]:
 
 
 def check_integrity(folder: Path, build: Mapping[str, Any]) -> IntegrityReport:
-    """Compare every artifact build.json lists with the file in ``folder``; never raises on a bad file."""
-    listed: Mapping[str, Any] = build.get("artifacts") or {}
-    recorded: Mapping[str, Any] = build.get("integrity") or {}
-    problems = []
+    """Compare every artifact the build must carry (fixed by its format, see ``manifest``) and every one build.json
+    lists with the file in ``folder``; never raises on a bad file, never opens a name that is not a plain file name
+    inside ``folder``."""
+    listed = _mapping(build.get("artifacts"))
+    recorded = _mapping(build.get("integrity"))
+    required = required_artifacts(build)
+    for name in [n for n in required if n.endswith(".onnx")]:
+        for location in _external_files(folder, name):
+            required.setdefault(location, f"{name} keeps its tensors in it (external data)")
+    problems = [_unlisted(name, why) for name, why in required.items() if name not in listed]
+    problems += [
+        f"{name}: build.json's integrity section has no tensor digests for it, but the build records them for "
+        "every Q/DQ model it writes (the record was edited); fix: rebuild"
+        for name in DIGESTED
+        if name in required and name in listed and name not in recorded
+    ]
     for name, expected in listed.items():
         problem = _check_artifact(folder, name, expected, listed, recorded.get(name))
         if problem:
             problems.append(problem)
-            log.debug("integrity: %s", problem)
-    return IntegrityReport(tuple(listed), tuple(problems))
+    for problem in problems:
+        log.debug("integrity: %s", problem)
+    checked = tuple(dict.fromkeys([*listed, *required]))
+    return IntegrityReport(tuple(shown(str(n)) for n in checked), tuple(problems))
+
+
+def _external_files(folder: Path, name: str) -> list[str]:
+    """The external-data files a (regular, plain-named) ONNX artifact keeps its tensors in; [] when unreadable."""
+    import onnx
+
+    path = folder / name
+    if plain_name_problem(name) or _file_kind(path):
+        return []
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # a damaged model is reported by its own hash check
+        return []
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for node in model.graph.node for a in node.attribute if a.type == onnx.AttributeProto.TENSOR]
+    external = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    found = (e.value for t in external for e in t.external_data if e.key == "location")
+    return list(dict.fromkeys(v for v in found if v))
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _unlisted(name: str, why: str) -> str:
+    return (
+        f"{shown(name)} is not listed in build.json's artifacts, but {why} (entries deleted?); fix: rebuild, "
+        "a build.json that drops an artifact cannot vouch for it"
+    )
 
 
 def _check_artifact(
     folder: Path, name: str, expected: Mapping[str, Any], listed: Mapping[str, Any], tensors: Any
 ) -> str | None:
     """One line naming what is wrong with one artifact, or None when it is the bytes the build wrote."""
+    unsafe = plain_name_problem(name)
+    if unsafe is not None:
+        return (
+            f"artifact name {shown(name, quote=True)} in build.json {unsafe}; a build lists only plain file names in "
+            "its folder, so it was not opened; fix: rebuild"
+        )
     path = folder / name
     if not isinstance(expected, Mapping):
         return f"{name}: build.json's entry for it is not {{sha256, bytes}} ({expected!r:.60})"
-    if not path.is_file():
+    kind = _file_kind(path)
+    if kind == "missing":
         return f"{name} is missing (the build wrote {expected.get('bytes')} bytes)"
+    if kind:
+        return f"{name} is {kind}, not the regular file the build wrote; fix: rebuild"
     try:
         size, digest = path.stat().st_size, sha256_file(path)
     except OSError as exc:
@@ -106,6 +162,18 @@ def _check_artifact(
     if twin:  # e.g. the FP32 model copied over the INT8 one
         return f"{name} has the bytes of {twin}, not the ones the build wrote: {detail}"
     return f"{name} {detail}"
+
+
+def _file_kind(path: Path) -> str | None:
+    """None for a regular file; 'missing'; or what else is there (a link may point outside the folder, a FIFO
+    would block the read)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    return None if stat.S_ISREG(mode) else next((kind for test, kind in KINDS.items() if test(mode)), "not a file")
 
 
 def _onnx_difference(path: Path, recorded: Mapping[str, Any]) -> str:

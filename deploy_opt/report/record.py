@@ -9,11 +9,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.report.manifest import BUILD_FORMAT
 from deploy_opt.report.prune_report import prune_lines
 from dopt_common.files import sha256_file, write_json, write_text
 
 PACKAGES = ("deploy_opt", "torch", "onnx", "onnxruntime", "onnxscript", "onnxsim", "onnxslim", "numpy")
-BUILD_FORMAT = "deploy_opt.build/1"
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from deploy_opt.report.gate import Criterion, GateResult, load_build
 from deploy_opt.report.integrity import IntegrityReport, check_integrity
+from deploy_opt.report.manifest import is_build_folder
 
 
 def integrity_criterion(report: IntegrityReport) -> Criterion:
@@ -37,20 +38,21 @@ def with_criterion(result: GateResult, criterion: Criterion) -> GateResult:
 
 
 def check_build_folder(path: str | Path) -> IntegrityReport | None:
-    """Integrity of a build folder (or its build.json); None without a build.json that lists artifacts."""
+    """Integrity of a build folder (or its build.json); None without a build.json, or for a report written by
+    hand alone in its folder (``manifest.is_build_folder``)."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     if not (folder / "build.json").is_file():
         return None
     build = load_build(folder / "build.json")
-    return check_integrity(folder, build) if "artifacts" in build else None
+    return check_integrity(folder, build) if is_build_folder(folder, build) else None
 
 
 def trust_criteria(path: str | Path, build: dict[str, Any]) -> tuple[Criterion, ...]:
-    """For ``gate``: 'alignment' as build.json recorded it, and 'integrity' checked now (when it lists artifacts)."""
+    """For ``gate``: 'alignment' as build.json recorded it, and 'integrity' checked now (of any build folder)."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     found = [recorded_alignment(build)]
-    if "artifacts" in build:
+    if is_build_folder(folder, build):
         found.append(integrity_criterion(check_integrity(folder, build)))
     return tuple(c for c in found if c is not None)
