@@ -21,8 +21,8 @@ EXIT_CODES = """exit codes:
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: the previous report is left as it was"""
 GATE_EXIT_CODES = """exit codes:
   0    the build passes
-  1    it fails a criterion (each is listed)
-  2    the report is unusable: unreadable, tampered with, or not a build.json / quantize_report.json"""
+  1    it fails a criterion (each is listed), integrity included: a tampered, missing or unlisted artifact
+  2    the report is unusable: unreadable, or not a build.json / quantize_report.json"""
 
 
 def program_name(argv0: str | None = None) -> str:
