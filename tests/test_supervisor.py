@@ -47,8 +47,8 @@ def _config(tmp_path: Path, calibration: str) -> Path:
     return config
 
 
-def _start(tmp_path: Path, calibration: str, **popen) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "deploy_opt", "build", str(_config(tmp_path, calibration))]
+def _start(tmp_path: Path, calibration: str, *flags: str, **popen) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "deploy_opt", *flags, "build", str(_config(tmp_path, calibration))]
     argv += ["--profile", "ci", "--output-dir", str(tmp_path / "out")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DEPLOY_OPT_NO_SUPERVISOR", None)
@@ -74,6 +74,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_factory_that_calls_os_exit_0_exits_2_with_a_line_and_no_report(tmp_path: Path) -> None:
     run = _start(tmp_path, "exits")
     _, err = run.communicate(timeout=120)
@@ -84,6 +85,7 @@ def test_a_factory_that_calls_os_exit_0_exits_2_with_a_line_and_no_report(tmp_pa
     assert not (tmp_path / "out" / "sup").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "whole_group", "code"),
     [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130), (signal.SIGINT, False, 130)],
@@ -103,6 +105,35 @@ def test_a_signal_reaches_the_run_once_and_leaves_nothing(
     assert not out.exists() or list(out.iterdir()) == []  # no .sup.partial-*, no .sup.lock
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_interrupts_the_run_once(tmp_path: Path) -> None:
+    """The CLI on a pseudo-terminal of its own; ^C makes the terminal send SIGINT to its foreground group, the
+    supervisor and the run together (si_code SI_KERNEL), and the supervisor does not forward a second copy."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def take_terminal() -> None:  # runs in the new session: the pty becomes its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        terminal = {"stdin": slave, "stdout": slave, "start_new_session": True, "preexec_fn": take_terminal}
+        run = _start(tmp_path, "stalls", "-v", **terminal)  # -v: a second copy of the signal would be logged
+        _wait_stalled(tmp_path, run)
+        os.write(master, b"\x03")
+        _, err = run.communicate(timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert run.returncode == 130, err
+    assert err.count("interrupted") == 1 and "interrupted (SIGINT); staging removed" in err, err
+    assert "second interrupting signal" not in err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.slow
 def test_the_run_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
     run = _start(tmp_path, "stalls")
     _wait_stalled(tmp_path, run)
@@ -118,6 +149,19 @@ def test_the_run_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
             return
         time.sleep(0.1)
     pytest.fail(f"the child {children[0]} outlived its parent")
+
+
+@pytest.mark.slow
+def test_a_run_killed_by_sigkill_exits_137_with_a_line(tmp_path: Path) -> None:
+    run = _start(tmp_path, "stalls")
+    _wait_stalled(tmp_path, run)
+    (child,) = _children(run.pid)
+    os.kill(child, signal.SIGKILL)  # as the out-of-memory killer would
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 137, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("deploy_opt build: error: the process ended without finishing (os._exit or a kill in user")
+    assert "killed by SIGKILL; fix: " in line
 
 
 def test_ctrl_c_from_the_terminal_is_not_forwarded_twice() -> None:
