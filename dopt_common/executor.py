@@ -7,8 +7,12 @@ On a cluster the output folder must be on storage every node sees (each trial re
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dopt_common.deps import require
@@ -17,6 +21,11 @@ from dopt_common.errors import ConfigError
 log = logging.getLogger(__name__)
 
 Key = Any
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+WAIT_S = 0.5  # how long one wait for a task lasts, so that a signal is seen this soon
+CANCEL_GRACE_S = 20.0  # how long cancelled tasks have to clean up before they are killed
+# [ray://]host[:port]: a host name or IPv4 address, or an IPv6 one in brackets; the port required without ray://
+ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:(?P<port>\d{1,5}))?$")
 
 
 class InProcessExecutor:
@@ -56,10 +65,10 @@ class RayExecutor:
         ray = require("ray", purpose="--parallel > 1 or --address (Ray tasks)", extra="search")
         self._ray = ray
         self.parallel = parallel
-        if not ray.is_initialized():
-            if address:
+        with _signals_held():  # ray.init sets a SIGTERM handler of its own (sys.exit): ours comes back after it
+            if not ray.is_initialized() and address:
                 ray.init(address=address, log_to_driver=False)
-            else:
+            elif not ray.is_initialized():
                 ray.init(
                     num_cpus=parallel,
                     num_gpus=None if gpus_per_trial else 0,
@@ -94,7 +103,10 @@ class RayExecutor:
 
     def next_result(self) -> tuple[Key, Any]:
         """The first task to finish: its key and result, or the exception it raised."""
-        done, _ = self._ray.wait(list(self._refs), num_returns=1)
+        done: list[Any] = []
+        while not done:  # short waits: a signal noted during one is raised between them, in Python
+            with _signals_held():
+                done, _ = self._ray.wait(list(self._refs), num_returns=1, timeout=WAIT_S)
         key = self._refs.pop(done[0])
         try:
             return key, self._ray.get(done[0])
@@ -102,14 +114,58 @@ class RayExecutor:
             return key, getattr(exc, "cause", None) or exc
 
     def close(self) -> None:
-        for ref in self._refs:
-            self._ray.cancel(ref, force=True)
+        """Cancel the tasks still running, then stop Ray. Each first gets a KeyboardInterrupt, so its finally
+        blocks remove its staging folder and lock; one still running ``CANCEL_GRACE_S`` later is killed."""
+        refs = list(self._refs)
         self._refs.clear()
-        self._ray.shutdown()
+        with _signals_held():  # a second Ctrl-C must not cut the cleanup short
+            for ref in refs:
+                self._ray.cancel(ref, force=False)
+            _, stuck = self._ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S) if refs else ([], [])
+            for ref in stuck:
+                self._ray.cancel(ref, force=True)
+            self._ray.shutdown()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM noted while Ray's own code runs, then raised again once the previous handlers are back.
+
+    A handler that raises inside Ray's CoreWorker.wait comes out as a SystemError (an internal error, exit 3),
+    and ray.init replaces the SIGTERM handler with one that exits 1; both would hide an interrupted run.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {signum: signal.signal(signum, lambda n, _f: noted.append(n)) for signum in STOPPING}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
+def check_address(address: str | None, field: str = "--address") -> str | None:
+    """``address`` when it has a form ``ray.init`` accepts (``auto``, ``host:port``, ``[ipv6]:port``,
+    ``ray://host[:port]``); a ConfigError naming ``field`` otherwise, raised before Ray starts."""
+    if address is None or address in ("auto", "local"):
+        return address
+    match = ADDRESS.match(address)
+    port = match and match.group("port")
+    if match and (0 < int(port) < 65536 if port else address.startswith("ray://")):  # Ray Client has a default
+        return address
+    raise ConfigError(
+        f"{field} '{address}' is not a Ray address; fix: give the head node's host:port (e.g. 10.0.0.5:6379), "
+        "ray://host:10001 for Ray Client, or auto"
+    )
 
 
 def make_executor(parallel: int, address: str | None, gpus_per_trial: float) -> InProcessExecutor | RayExecutor:
     """In-process for ``--parallel 1`` without an address when Ray is absent; Ray otherwise."""
+    check_address(address)
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1, got {parallel}")
     if gpus_per_trial < 0:

@@ -387,3 +387,17 @@ def test_exponent_floats_without_a_dot_are_floats() -> None:
     assert config.optimizer.lr == 5e-5 and config.optimizer.rho == 0.04
     with pytest.raises(ConfigError, match="optimizer.lr: expected float, got '5e-5x'"):
         load_train_config(example_config("train_minilm"), ["optimizer.lr=5e-5x"])
+
+
+@pytest.mark.parametrize(
+    ("channels", "mean", "message"),
+    [
+        ("L", (0.5, 0.5), r"preprocess.mean has 2 values; give 1 value \(channels L has one\)$"),
+        ("RGB", (0.5, 0.5), r"preprocess.mean has 2 values; give 1 value or 3 \(one a channel\)$"),
+    ],
+)
+def test_a_mean_of_the_wrong_length_names_the_lengths_allowed(channels: str, mean: tuple, message: str) -> None:
+    from deploy_opt.config.data import PreprocessConfig
+
+    with pytest.raises(ConfigError, match=message):
+        PreprocessConfig(channels=channels, mean=mean, std=(1.0,))

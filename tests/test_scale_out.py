@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +18,35 @@ from conftest import fragile_config, write_config
 from deploy_opt.pipeline.fleet import FleetSettings, build_fleet, fleet_exit, fleet_table
 from dopt_common.errors import ConfigError, InputError
 from dopt_common.executor import InProcessExecutor, scatter
+
+HERE = Path(__file__).resolve().parent
+# A calibration function that marks that it started, then works in short steps (a cancelled Ray task's
+# KeyboardInterrupt lands between two of them, as it would in a real loop).
+STALL = f"""
+import os, sys, time
+sys.path.insert(0, {str(HERE)!r})
+import tiny_onnx
+
+def calibration():
+    open(os.path.join(os.path.dirname(__file__), f"stalled-{{os.getpid()}}"), "w").close()
+    for _ in range(1200):
+        time.sleep(0.1)
+    return tiny_onnx.calibration()
+"""
+
+
+def tiny_config_file(tmp_path: Path, name: str, calibration: str = "@TINY@:calibration") -> Path:
+    """A build config of the tiny MLP named ``par<name>``, in ``<name>.yaml``."""
+    import tiny_onnx
+
+    model = tmp_path / "tiny.onnx"
+    if not model.exists():
+        tiny_onnx.make_model(model)
+    text = (
+        f"name: par{name}\nmodel: {{onnx: tiny.onnx}}\ndata: {{calibration: '{calibration}', evaluation: "
+        "'@TINY@:evaluation', metric: top1}\nquantization: {mode: manual}\nbenchmark: {enabled: false}\n"
+    )
+    return write_config(tmp_path, text, f"{name}.yaml")
 
 
 def _square_or_fail(offset: int, item: int) -> int:
@@ -78,3 +112,48 @@ def test_two_ray_workers_give_the_serial_search_and_sensitivity(tmp_path: Path) 
     nodes = lambda result: json.loads((result.out_dir / "sensitivity.json").read_text())["nodes"]  # noqa: E731
     assert nodes(parallel) == nodes(serial) and all(n["exact"] for n in nodes(serial))
     assert max(nodes(serial), key=lambda n: n["drop_both"])["name"] == "fc2"
+
+
+@pytest.mark.parametrize("address", ["::::", "host:notaport", "ray://", "host:70000"])
+@pytest.mark.parametrize("configs", [1, 2], ids=["one-build", "fleet"])
+def test_a_malformed_ray_address_exits_2_before_ray_starts(tmp_path: Path, capsys, address: str, configs: int) -> None:
+    from deploy_opt.cli import main
+
+    paths = [str(tiny_config_file(tmp_path, name)) for name in "ab"[:configs]]
+    code = main(["build", *paths, "--profile", "ci", "--address", address, "--output-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"'{address}' is not a Ray address; fix: " in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "whole_group", "code"), [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)], ids=["INT", "TERM"]
+)
+def test_a_signal_during_parallel_builds_exits_128_plus_it_and_leaves_nothing(
+    tmp_path: Path, signum: int, whole_group: bool, code: int
+) -> None:
+    """Ctrl-C (SIGINT to the whole group) or SIGTERM to the CLI while two builds run as Ray tasks: the tasks are
+    cancelled, their staging folders and locks removed, and the CLI exits 130 or 143 (not 3 or 1). ~30 s each."""
+    pytest.importorskip("ray")
+    (tmp_path / "stall.py").write_text(STALL)
+    configs = [str(tiny_config_file(tmp_path, n, f"{tmp_path / 'stall.py'}:calibration")) for n in "ab"]
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "deploy_opt", "build", *configs, "--parallel", "2", "--profile", "ci"]
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    run = subprocess.Popen(
+        [*argv, "--output-dir", str(out)], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("stalled-*"))) < 2:
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.stderr else ""
+        time.sleep(0.2)
+    assert len(list(out.glob(".par?.partial-*"))) == 2 and len(list(out.glob(".par?.lock"))) == 2
+    os.killpg(run.pid, signum) if whole_group else os.kill(run.pid, signum)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == code, err
+    assert err.strip().splitlines()[-1] == (
+        f"deploy_opt build: interrupted ({signal.Signals(signum).name}); staging removed, no partial report left"
+    )
+    assert list(out.iterdir()) == []

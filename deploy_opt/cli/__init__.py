@@ -105,7 +105,15 @@ def _free_bytes(path: Path) -> int | None:
 
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
+    # One signal interrupts the run; a copy (the same SIGTERM sent to the whole process group, which the
+    # supervisor also forwards) must not cut the cleanup short. main() restores the handlers when it returns.
+    for other in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(other, _ignore_repeat)
     raise Interrupted(signum)
+
+
+def _ignore_repeat(_signum: int, _frame: object) -> None:
+    log.debug("a second interrupting signal ignored: the run is already stopping")
 
 
 def _run(args: object, commands: dict[str, Callable]) -> int:

@@ -18,6 +18,7 @@ from deploy_opt.config.model import ModelConfig
 from deploy_opt.config.prune import PruneConfig
 from deploy_opt.config.qat import QATConfig
 from dopt_common.errors import ConfigError
+from dopt_common.executor import check_address
 from dopt_common.names import check_run_name
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class SensitivityConfig:
             raise ConfigError(f"sensitivity.subset must be in (0, 1], got {self.subset}")
         if self.top_k < 1:
             raise ConfigError(f"sensitivity.top_k must be at least 1, got {self.top_k}")
+        check_address(self.address, "sensitivity.address (--address)")
 
 
 @dataclass(frozen=True)

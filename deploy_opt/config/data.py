@@ -44,7 +44,8 @@ class PreprocessConfig:
         count = 1 if self.channels == "L" else 3
         for name, values in (("mean", self.mean), ("std", self.std)):
             if len(values) not in (1, count):
-                raise ConfigError(f"preprocess.{name} has {len(values)} values; give 1 or {count} (one a channel)")
+                allowed = "1 value (channels L has one)" if count == 1 else f"1 value or {count} (one a channel)"
+                raise ConfigError(f"preprocess.{name} has {len(values)} values; give {allowed}")
         if any(v == 0 for v in self.std):
             raise ConfigError(f"preprocess.std {list(self.std)} has a zero; every std must be non-zero")
         if self.scale <= 0:
