@@ -157,7 +157,7 @@ def leftovers(out: Path, scenario: Scenario) -> list[str]:
 
 def next_start(out: Path, scenario: Scenario) -> None:
     """What the next run's start does before any work: restore a killed publish, sweep dead runs' leftovers."""
-    from dopt_common.files import recover_published
+    from dopt_common.ownership import recover_published
     from dopt_common.runs import _moved_by_gone, sweep_stale
 
     for name in scenario.runs:

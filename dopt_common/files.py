@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import hashlib
 import json
 import os
@@ -106,32 +105,6 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def recover_published(folder: Path, name: str, moved_by_gone: Callable[[Path], bool]) -> Path | None:
-    """Undo a publish killed between its renames: ``folder/name`` is missing and a ``.<name>.old-<pid>`` whose
-    mover is provably gone (``moved_by_gone``) is there, so that (complete) previous folder is renamed back, and
-    its claim removed. Returns it, or None.
-
-    Runs before any sweep, so the last complete report is never deleted as a leftover.
-    """
-    from dopt_common.ownership import MOVING
-
-    target = folder / name
-    if os.path.lexists(target):
-        return None
-    prefix = f".{name}.old-"
-    candidates = [
-        e
-        for e in folder.glob(f"{glob.escape(prefix)}*")
-        if e.name[len(prefix) :].isdigit() and not e.is_symlink() and e.is_dir() and moved_by_gone(e)
-    ]
-    if not candidates:
-        return None
-    newest = max(candidates, key=lambda e: e.stat().st_mtime)
-    os.rename(newest, target)
-    (target / MOVING).unlink(missing_ok=True)
-    return target
 
 
 def _device(path: Path) -> int:

@@ -9,11 +9,13 @@ same kind (no marker, and no record of that kind from an earlier release) is nev
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
 import stat
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,3 +173,27 @@ def check_separate(out_dir: Path, held: list[Path], read_folders: list[Path]) ->
                 f"the output folder '{shown(str(root))}' is inside the data folder '{shown(str(source))}': the "
                 "report would be read back as data; fix: choose an --output-dir outside it"
             )
+
+
+def recover_published(folder: Path, name: str, moved_by_gone: Callable[[Path], bool]) -> Path | None:
+    """Undo a publish killed between its renames: ``folder/name`` is missing and a ``.<name>.old-<pid>`` whose
+    mover is provably gone (``moved_by_gone``) is there, so that (complete) previous folder is renamed back, and
+    its claim removed. Returns it, or None.
+
+    Runs before any sweep, so the last complete report is never deleted as a leftover.
+    """
+    target = folder / name
+    if os.path.lexists(target):
+        return None
+    prefix = f".{name}.old-"
+    candidates = [
+        e
+        for e in folder.glob(f"{glob.escape(prefix)}*")
+        if e.name[len(prefix) :].isdigit() and not e.is_symlink() and e.is_dir() and moved_by_gone(e)
+    ]
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda e: e.stat().st_mtime)
+    os.rename(newest, target)
+    (target / MOVING).unlink(missing_ok=True)
+    return target

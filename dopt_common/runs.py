@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dopt_common.errors import DeployOptError, Interrupted, OutputError, one_line
-from dopt_common.files import check_replaceable_dir, open_nofollow, recover_published, replace_dir
+from dopt_common.files import check_replaceable_dir, open_nofollow, replace_dir
 from dopt_common.ownership import (
     MARKER,
     MOVING,
@@ -27,6 +27,7 @@ from dopt_common.ownership import (
     check_target,
     new_owner,
     read_marker,
+    recover_published,
     run_kind,
     this_host,
     write_marker,

@@ -169,8 +169,12 @@ def test_init_writes_a_config_that_builds_unchanged_from_npz_splits(tmp_path: Pa
     assert again.returncode == 2 and "exists" in again.stderr  # never over a config without --force
     untimed = ["--set", "benchmark.enabled=false"]  # speed figures come from benchmarks/, never from tests
     built = subprocess.run([*run, "build", "deploy_opt.yaml", *untimed], cwd=tmp_path, capture_output=True, text=True)
-    assert built.returncode == 0, built.stdout + built.stderr
-    assert "top1 ORT FP32" in built.stdout
+    # The config builds unchanged: a whole report with a verdict (0 passed, 1 the gate failed). Whether a 128-sample
+    # toy passes max_drop 1 depends on the CPU's kernels (one judged sample moves the drop 0.78 points).
+    assert built.returncode in (0, 1), built.stdout + built.stderr
+    assert "top1 ORT FP32" in built.stdout and "gate: " in built.stdout
+    record = json.loads((tmp_path / "reports" / "tiny" / "build.json").read_text())
+    assert record["gate"]["verdict"] == ("PASSED" if built.returncode == 0 else "FAILED")
 
 
 def test_init_names_what_it_cannot_read(tmp_path: Path) -> None:

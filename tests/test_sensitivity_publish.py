@@ -12,8 +12,9 @@ from conftest import write_config
 from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.cli import main
 from deploy_opt.pipeline.sensitivity import build_figures
+from dopt_common.ownership import MARKER
 
-FILES = {"sensitivity.json", "sensitivity.png", "sensitivity.html"}
+FILES = {"sensitivity.json", "sensitivity.png", "sensitivity.html", MARKER}
 
 
 @pytest.mark.parametrize(
@@ -123,7 +124,7 @@ def test_the_page_quotes_the_published_build_only_when_it_built_these_models(
         assert figures["ort_fp32"] == 95.0 and why in figures["why"] and "this command ran" in figures["source"]
 
 
-def test_gate_on_a_build_without_benchmark_names_the_config_not_a_flag(
+def test_gate_on_a_build_without_benchmark_skips_the_config_and_refuses_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "tiny"
@@ -136,10 +137,8 @@ def test_gate_on_a_build_without_benchmark_names_the_config_not_a_flag(
     }
     (folder / "build.json").write_text(json.dumps(build))
 
-    assert main(["gate", str(folder)]) == 2
-    err = capsys.readouterr().err
-    assert "has no benchmark" in err and "gate.min_speedup" in err and "benchmark.enabled=true" in err
-    assert "--min-speedup" not in err
+    assert main(["gate", str(folder)]) == 0  # the config's min_speedup: not measured, as the build's own gate
+    assert "SKIP  speed not measured" in capsys.readouterr().out
 
     assert main(["gate", str(folder), "--min-speedup", "1"]) == 2  # the flag was passed: dropping it is the fix
     assert "drop --min-speedup" in capsys.readouterr().err
