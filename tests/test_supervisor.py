@@ -135,6 +135,7 @@ def test_ctrl_c_in_a_terminal_interrupts_the_run_once(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_run_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
+    """The kernel sends the child SIGTERM when the parent dies: it cleans up as after any SIGTERM and ends."""
     run = _start(tmp_path, "stalls")
     _wait_stalled(tmp_path, run)
     children = _children(run.pid)
@@ -146,6 +147,7 @@ def test_the_run_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
         try:
             os.kill(children[0], 0)
         except ProcessLookupError:
+            assert list((tmp_path / "out").iterdir()) == []  # its staging and lock removed on the way out
             return
         time.sleep(0.1)
     pytest.fail(f"the child {children[0]} outlived its parent")

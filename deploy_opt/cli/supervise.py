@@ -9,8 +9,10 @@ Signals: the child stays in the parent's process group (a terminal's job control
 so Ctrl-C, which the terminal sends to the whole group, reaches it directly and the parent does not forward it.
 The parent forwards SIGTERM, and a SIGINT sent with kill(2), to the child. When such a signal went to the whole
 group (``kill -- -PGID``), the child gets a second copy; the CLI ignores it (once the first signal has
-interrupted the run, the rest only wait for the cleanup). The child dies with the parent (PR_SET_PDEATHSIG), so a
-SIGKILLed parent leaves no orphan run. ``DEPLOY_OPT_NO_SUPERVISOR=1`` runs the command in this process.
+interrupted the run, the rest only wait for the cleanup). When the parent dies, the kernel sends the child SIGTERM
+(PR_SET_PDEATHSIG), so a SIGKILLed parent leaves no orphan run: the child cleans up as after any SIGTERM (its
+staging, its lock, Ray's local instance with all its processes) and ends. ``DEPLOY_OPT_NO_SUPERVISOR=1`` runs
+the command in this process.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def _child(main: Callable[[], int], write_end: int, parent: int, old_mask: set) 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os.write(write_end, f"{code}\n".encode())
+    with contextlib.suppress(OSError):  # EPIPE: the parent is gone (killed), no one reads the code
+        os.write(write_end, f"{code}\n".encode())
     os.close(write_end)
     return code
 
@@ -157,12 +160,13 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def _die_with(parent: int) -> None:
-    """Have the kernel SIGKILL this child when the parent dies; exit at once if it is already gone."""
+    """Have the kernel SIGTERM this child when the parent dies (a SIGTERM it cleans up after, where SIGKILL would
+    orphan Ray's agents for a minute); exit at once if the parent is already gone."""
     import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before the request took effect
