@@ -255,7 +255,7 @@ def run_scenario(name: str, trials: int, seed: int) -> list[Trial]:
             results.append(trial)
             verdict = "ok" if not trial.problems else "BROKEN: " + "; ".join(trial.problems)
             print(
-                f"{name} {number:3d} {signal.Signals(trial.signum).name:7s} after {trial.delay:5.1f} s "
+                f"{name} {number:3d} {_signal_name(trial.signum):7s} after {trial.delay:5.1f} s "
                 f"exit {trial.code:4d}  {verdict}",
                 flush=True,
             )
