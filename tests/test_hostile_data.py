@@ -1,0 +1,85 @@
+"""Hostile data files (issue 54): labels that are not class ids, broken or huge arrays, images, text, tokenizers and
+``datasets`` folders, and non-regular files. Each exits 2 with one line naming the file, the fault and the fix,
+before any model runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_onnx
+from conftest import write_config
+
+from deploy_opt.cli import main
+from deploy_opt.config.data import DataConfig
+from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.sources import iter_batches
+from dopt_common.errors import InputError
+
+VECTOR = (InputSpec("x", ("batch", tiny_onnx.FEATURES), "float32"),)
+
+
+def _data(**kwargs: object) -> DataConfig:
+    return DataConfig(calibration="c.npz", evaluation="e.npz", **kwargs)  # type: ignore[arg-type]
+
+
+def _read(path: Path, specs: tuple[InputSpec, ...] = VECTOR, **kwargs: object) -> list:
+    return list(iter_batches(path.name, specs, _data(**kwargs), path.parent, "data.evaluation"))
+
+
+def _tiny_build(tmp_path: Path, calibration: str, evaluation: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """``deploy_opt build`` of the tiny MLP on the two data files: it must exit 2; returns its stderr."""
+    tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    text = f"""
+name: tiny
+model: {{onnx: tiny.onnx}}
+data: {{calibration: "{calibration}", evaluation: "{evaluation}", metric: top1}}
+benchmark: {{enabled: false}}
+"""
+    config = write_config(tmp_path, text)
+    code = main(["build", str(config), "--profile", "ci", "--output-dir", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert not (tmp_path / "reports" / "tiny").exists()
+    return err
+
+
+def _rows(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, tiny_onnx.FEATURES)).astype(np.float32)
+
+
+# 1. labels that are not class ids
+
+
+@pytest.mark.parametrize(
+    ("labels", "fault"),
+    [
+        (np.full(8, 10**12), "not below the model's 4 classes"),
+        (np.full(8, -5), "negative"),
+        (np.full(8, np.nan), "not a number"),
+        (np.full(8, 1.5), "not a whole number"),
+        (np.array(["cat"] * 8), "not class indices"),
+    ],
+    ids=["huge", "negative", "nan", "fraction", "text"],
+)
+def test_labels_that_are_not_class_ids_stop_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], labels: np.ndarray, fault: str
+) -> None:
+    np.savez(tmp_path / "cal.npz", x=_rows(8, 0), labels=np.zeros(8, np.int64))
+    np.savez(tmp_path / "eval.npz", x=_rows(8, 1), labels=labels)
+    err = _tiny_build(tmp_path, "cal.npz", "eval.npz", capsys)
+    assert "eval.npz" in err and fault in err and "fix:" in err, err
+    assert "Traceback" not in err
+
+
+def test_class_labels_are_checked_by_the_metric_too() -> None:
+    from deploy_opt.evaluation.metrics import top1
+    from deploy_opt.evaluation.sequence_metrics import top5
+
+    logits = np.zeros((2, 6))
+    for metric in (top1, top5):
+        with pytest.raises(InputError, match="not below the model's 6 classes"):
+            metric(logits, np.array([0, 6]))
+    np.testing.assert_array_equal(top1(logits, np.array([0.0, 0.0])), [100.0, 100.0])
