@@ -5,6 +5,8 @@ before any model runs.
 
 from __future__ import annotations
 
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +85,85 @@ def test_class_labels_are_checked_by_the_metric_too() -> None:
         with pytest.raises(InputError, match="not below the model's 6 classes"):
             metric(logits, np.array([0, 6]))
     np.testing.assert_array_equal(top1(logits, np.array([0.0, 0.0])), [100.0, 100.0])
+
+
+# 2. array files
+
+
+def _object_npy(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}] * 4, dtype=object), allow_pickle=True)
+
+
+def _truncated_npy(path: Path) -> None:
+    np.save(path, _rows(8, 0))
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _huge_npy(path: Path) -> None:
+    rows = int(2.3 * 2**40) // (4 * tiny_onnx.FEATURES)  # 2.3 TiB of float32 claimed by a 200-byte file
+    with path.open("wb") as handle:
+        header = {"descr": "<f4", "fortran_order": False, "shape": (rows, tiny_onnx.FEATURES)}
+        np.lib.format.write_array_header_1_0(handle, header)
+        handle.write(b"\0" * 64)
+
+
+def _scalar_npy(path: Path) -> None:
+    np.save(path, np.float32(1.0))
+
+
+def _truncated_npz(path: Path) -> None:
+    np.savez(path, x=_rows(8, 0))
+    path.write_bytes(path.read_bytes()[:-60])
+
+
+def _bad_crc_npz(path: Path) -> None:
+    np.savez(path, x=_rows(8, 0))
+    data = bytearray(path.read_bytes())
+    data[300] ^= 0xFF  # inside x.npy's stored data
+    path.write_bytes(bytes(data))
+
+
+def _object_npz(path: Path) -> None:
+    np.savez(path, x=np.array([None] * 4, dtype=object))
+
+
+def _huge_npz(path: Path) -> None:
+    _huge_npy(path.with_suffix(".npy"))
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.write(path.with_suffix(".npy"), "x.npy")
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "fault"),
+    [
+        ("a.npy", _object_npy, "Python objects"),
+        ("a.npy", _truncated_npy, "truncated"),
+        ("a.npy", _huge_npy, r"2,355\.2 GiB, over the 16 GiB cap"),
+        ("a.npy", _scalar_npy, "0-d scalar"),
+        ("a.npz", _truncated_npz, "not a readable .npz"),
+        ("a.npz", _bad_crc_npz, "CRC"),
+        ("a.npz", _object_npz, "Python objects"),
+        ("a.npz", _huge_npz, "over the 16 GiB cap"),
+    ],
+    ids=["object", "truncated", "huge", "scalar", "truncated-npz", "bad-crc", "object-npz", "huge-npz"],
+)
+def test_hostile_array_files_are_one_input_error(tmp_path: Path, name: str, make, fault: str) -> None:
+    make(tmp_path / name)
+    with pytest.raises(InputError, match=fault) as caught:
+        _read(tmp_path / name)
+    assert name in str(caught.value) and "fix:" in str(caught.value)
+
+
+def test_a_huge_array_header_stops_the_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.savez(tmp_path / "cal.npz", x=_rows(8, 0))
+    _huge_npy(tmp_path / "eval.npy")
+    err = _tiny_build(tmp_path, "cal.npz", "eval.npy", capsys)
+    assert "eval.npy" in err and "16 GiB cap" in err and "Traceback" not in err, err
+
+
+def test_a_fifo_or_a_device_as_data_is_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "data.npz")
+    with pytest.raises(InputError, match="is a FIFO|not a regular file"):
+        _read(tmp_path / "data.npz")
+    with pytest.raises(InputError, match="not a regular file"):
+        list(iter_batches("/dev/zero", VECTOR, _data(), tmp_path, "data.evaluation"))
