@@ -6,7 +6,9 @@ before any model runs.
 from __future__ import annotations
 
 import os
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +169,38 @@ def test_a_fifo_or_a_device_as_data_is_refused(tmp_path: Path) -> None:
         _read(tmp_path / "data.npz")
     with pytest.raises(InputError, match="not a regular file"):
         list(iter_batches("/dev/zero", VECTOR, _data(), tmp_path, "data.evaluation"))
+
+
+# 3. images
+
+
+def _png_header(path: Path, width: int, height: int) -> None:
+    """A PNG whose header claims ``width`` x ``height`` (its pixels are never there: only the header is read)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize(("width", "height"), [(20_000, 20_000), (12_000, 10_000)], ids=["bomb", "over-cap"])
+def test_an_image_over_max_pixels_is_refused_from_its_header(tmp_path: Path, width: int, height: int) -> None:
+    _png_header(tmp_path / "photos" / "huge.png", width, height)
+    spec = (InputSpec("x", ("batch", 3, 8, 8), "float32"),)
+    with pytest.raises(InputError, match=r"huge\.png' is too large .*100,000,000 pixels \(MAX_PIXELS\); fix:"):
+        _read(tmp_path / "photos", spec)
+
+
+def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from deploy_opt.evaluation.images import decode
+
+    wide = np.array([[0, 257 * 100, 65535, 257 * 7]], dtype=np.uint16)
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    np.testing.assert_array_equal(np.asarray(decode(tmp_path / "wide.png", "L", "data")), [[0, 100, 255, 7]])
+    unit = np.array([[0.0, 0.2, 1.0, 0.5]], dtype=np.float32)
+    Image.fromarray(unit).save(tmp_path / "unit.tiff")
+    np.testing.assert_array_equal(np.asarray(decode(tmp_path / "unit.tiff", "L", "data")), [[0, 51, 255, 128]])
