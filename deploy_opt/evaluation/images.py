@@ -69,8 +69,10 @@ def decode(path: Path, channels: str, what: str) -> Any:
     header, before decoding), is an InputError naming it."""
     image_module = require("PIL.Image", purpose="image folders", extra="examples")
     try:
-        with warnings.catch_warnings(), image_module.open(path) as opened:
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", image_module.DecompressionBombWarning)  # MAX_PIXELS is the check
+            opened = image_module.open(path)
+        with opened:
             width, height = opened.size
             if width * height > MAX_PIXELS:
                 raise InputError(_too_big(path, f"{width}x{height}, {width * height:,} pixels", what))
