@@ -204,3 +204,29 @@ def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path: Path) -> None:
     unit = np.array([[0.0, 0.2, 1.0, 0.5]], dtype=np.float32)
     Image.fromarray(unit).save(tmp_path / "unit.tiff")
     np.testing.assert_array_equal(np.asarray(decode(tmp_path / "unit.tiff", "L", "data")), [[0, 51, 255, 128]])
+
+
+# 4. text files
+
+TOKENS = (InputSpec("input_ids", ("batch", "seq"), "int64"), InputSpec("attention_mask", ("batch", "seq"), "int64"))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fault"),
+    [
+        ("a.txt", b"caf\xe9 au lait\n", r"line 1 is not UTF-8 \(invalid continuation byte at byte 3\)"),
+        ("a.txt", "hello\nworld\n".encode("utf-16"), "line 1 is not UTF-8"),
+        ("a.txt", "hello\nworld\n".encode("utf-16-le"), "line 1 holds NUL bytes"),
+        ("a.txt", b"ok\n" + b"x" * (2**20 + 1) + b"\n", r"line 2 is over 1,048,576 bytes \(MAX_LINE_BYTES\)"),
+        ("a.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deeply"),
+        ("a.jsonl", b'{"text": null}\n', "'text' is null, not a string"),
+        ("a.jsonl", b'{"text": "fine"}\n{"label": 1}\n', "line 2: not a JSON object with a 'text' field"),
+        ("a.jsonl", b'{"text": "fine"\n', "line 1: not valid JSON"),
+    ],
+    ids=["latin1", "utf16-bom", "utf16-le", "long-line", "deep-json", "null-text", "no-text", "bad-json"],
+)
+def test_hostile_text_files_are_one_input_error(tmp_path: Path, name: str, content: bytes, fault: str) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(InputError, match=fault) as caught:
+        _read(tmp_path / name, TOKENS)
+    assert name in str(caught.value) and "fix:" in str(caught.value)
