@@ -230,3 +230,70 @@ def test_hostile_text_files_are_one_input_error(tmp_path: Path, name: str, conte
     with pytest.raises(InputError, match=fault) as caught:
         _read(tmp_path / name, TOKENS)
     assert name in str(caught.value) and "fix:" in str(caught.value)
+
+
+# 5. datasets folders
+
+
+def _vectors(datasets, folder: Path, rows: int = 4) -> None:
+    x = _rows(rows, 2).tolist()
+    datasets.Dataset.from_dict({"x": x, "label": list(range(rows))}).save_to_disk(str(folder))
+
+
+def _no_arrow(datasets, folder: Path) -> None:
+    _vectors(datasets, folder)
+    for arrow in folder.glob("*.arrow"):
+        arrow.unlink()
+
+
+def _cut_arrow(datasets, folder: Path) -> None:
+    _vectors(datasets, folder)
+    for arrow in folder.glob("*.arrow"):
+        arrow.write_bytes(arrow.read_bytes()[:100])
+
+
+def _empty(datasets, folder: Path) -> None:
+    datasets.Dataset.from_dict({"x": []}).save_to_disk(str(folder))
+
+
+def _bad_state(datasets, folder: Path) -> None:
+    _vectors(datasets, folder)
+    (folder / "state.json").write_text("{not json", encoding="utf-8")
+
+
+def _bad_image(datasets, folder: Path) -> None:
+    features = datasets.Features({"image": datasets.Image()})
+    datasets.Dataset.from_dict({"image": [{"bytes": b"junk", "path": None}]}, features=features).save_to_disk(
+        str(folder)
+    )
+
+
+def _other_columns(datasets, folder: Path) -> None:
+    datasets.Dataset.from_dict({"pixels": [[0.0]], "label": [0]}).save_to_disk(str(folder))
+
+
+def _bad_splits(datasets, folder: Path) -> None:
+    folder.mkdir()
+    (folder / "dataset_dict.json").write_text("[]", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("make", "fault"),
+    [
+        (_no_arrow, "cannot be read \\(FileNotFoundError"),
+        (_cut_arrow, "cannot be read"),
+        (_empty, "has no rows"),
+        (_bad_state, "cannot be read"),
+        (_bad_image, r"cannot be read in row batch 0 \(UnidentifiedImageError"),
+        (_other_columns, r"has columns \['pixels', 'label'\]"),
+        (_bad_splits, "is not a JSON object"),
+    ],
+    ids=["no-arrow", "cut-arrow", "empty", "bad-state", "bad-image", "other-columns", "bad-splits"],
+)
+def test_broken_datasets_folders_are_one_input_error(tmp_path: Path, make, fault: str) -> None:
+    datasets = pytest.importorskip("datasets")
+    make(datasets, tmp_path / "split")
+    specs = (InputSpec("x", ("batch", 3, 8, 8), "float32"),) if make is _bad_image else VECTOR
+    with pytest.raises(InputError, match=fault) as caught:
+        _read(tmp_path / "split", specs)
+    assert "split" in str(caught.value) and "fix:" in str(caught.value)
