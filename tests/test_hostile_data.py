@@ -297,3 +297,21 @@ def test_broken_datasets_folders_are_one_input_error(tmp_path: Path, make, fault
     with pytest.raises(InputError, match=fault) as caught:
         _read(tmp_path / "split", specs)
     assert "split" in str(caught.value) and "fix:" in str(caught.value)
+
+
+# 6. init
+
+
+def test_init_refuses_one_file_for_both_splits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny_onnx.make_model(tmp_path / "tiny.onnx")
+    np.savez(tmp_path / "data.npz", x=_rows(8, 0), labels=np.zeros(8, np.int64))
+    os.symlink(tmp_path / "data.npz", tmp_path / "same.npz")
+    for second in ("data.npz", "same.npz"):
+        args = ["init", str(tmp_path / "tiny.onnx"), str(tmp_path / "data.npz"), str(tmp_path / second)]
+        assert main([*args, "-o", str(tmp_path / "deploy_opt.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert "given for both calibration and evaluation" in err and "fix:" in err, err
+    assert not (tmp_path / "deploy_opt.yaml").exists()
+    os.mkfifo(tmp_path / "fifo.npz")
+    assert main(["init", str(tmp_path / "tiny.onnx"), str(tmp_path / "fifo.npz"), str(tmp_path / "data.npz")]) == 2
+    assert "not a regular file" in capsys.readouterr().err
