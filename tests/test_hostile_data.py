@@ -5,6 +5,7 @@ before any model runs.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import zipfile
@@ -315,3 +316,40 @@ def test_init_refuses_one_file_for_both_splits(tmp_path: Path, capsys: pytest.Ca
     os.mkfifo(tmp_path / "fifo.npz")
     assert main(["init", str(tmp_path / "tiny.onnx"), str(tmp_path / "fifo.npz"), str(tmp_path / "data.npz")]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+# 7. tokenizers
+
+
+def _tokenizer_folder(folder: Path, fault: str) -> Path:
+    """A BPE tokenizer.json (vocabulary a, b, ab) with one ``fault``: bad merges, no model, or cut short."""
+    model = {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]], "unk_token": None}
+    if fault == "merges":
+        model["merges"] = [["x", "y"]]
+    body = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None, "model": model}
+    if fault == "no-model":
+        del body["model"]
+    text = json.dumps(body)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(text[:60] if fault == "cut" else text, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}', encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [("merges", "Token `x` out of vocabulary"), ("no-model", "Model missing"), ("cut", "EOF while parsing")],
+)
+def test_a_malformed_tokenizer_is_one_input_error(tmp_path: Path, fault: str, message: str) -> None:
+    _tokenizer_folder(tmp_path / "tok", fault)
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    with pytest.raises(InputError, match=f"data.tokenizer: tokenizer '.*tokenizer.json' cannot be loaded .*{message}"):
+        _read(tmp_path / "a.txt", TOKENS, tokenizer="tok")
+
+
+def test_the_llm_tokenizer_loader_refuses_bad_merges(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from dopt_common.hf_tokenizer import load_auto_tokenizer
+
+    with pytest.raises(InputError, match=r"model.hf: tokenizer '.*tok' cannot be loaded .*out of vocabulary.* fix:"):
+        load_auto_tokenizer(_tokenizer_folder(tmp_path / "tok", "merges"), "model.hf")

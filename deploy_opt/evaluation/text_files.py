@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.config.model import InputSpec
-from dopt_common.deps import require
 from dopt_common.errors import InputError
+from dopt_common.hf_tokenizer import load_tokenizer_file
 
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MAX_LINE_BYTES = 2**20  # 1 MiB: a longer line is refused before it is tokenized (a sample is max_length tokens)
@@ -126,13 +126,12 @@ def load_tokenizer(folder: str | None, max_length: int, what: str) -> Any:
     """The ``tokenizers`` tokenizer of a Hugging Face model folder, truncating and padding per batch."""
     if folder is None:
         raise InputError(f"{what} is a text file: set data.tokenizer to a folder with tokenizer.json (or model.hf)")
-    tokenizers = require("tokenizers", purpose="text data files", extra="examples")
     path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise InputError(
             f"data.tokenizer '{folder}' has no tokenizer.json; fix: point it at a Hugging Face model folder"
         )
-    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer = load_tokenizer_file(path, "data.tokenizer", extra="examples")
     tokenizer.enable_truncation(max_length=max_length)
     pad_id = tokenizer.token_to_id("[PAD]")
     pad_id = tokenizer.token_to_id("<pad>") if pad_id is None else pad_id
