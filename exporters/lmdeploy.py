@@ -38,6 +38,7 @@ import torch
 from calibrators.groupwise.rtn import QuantizedWeight
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ConfigError
+from dopt_common.hf_tokenizer import load_auto_tokenizer
 
 log = logging.getLogger(__name__)
 FORMATS = ("gptq", "awq")
@@ -359,5 +360,5 @@ def load_quantized_checkpoint(folder: str | os.PathLike[str]) -> tuple[torch.nn.
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     tokenizer = None
     if any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = load_auto_tokenizer(folder, "the W4A16 checkpoint")
     return model.eval(), tokenizer

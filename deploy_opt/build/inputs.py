@@ -14,6 +14,7 @@ from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.build.hf_model import load_hf_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.labels import CLASS_METRICS, output_classes
 from deploy_opt.evaluation.sources import Batch, iter_batches, load_torch_model
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
@@ -42,9 +43,13 @@ def load_inputs(config: BuildConfig) -> BuildInputs:
     torch_model = load_torch_model(model.factory, model.checkpoint, base) if model.factory else None
     if model.hf is not None:
         torch_model = load_hf_model(config)
-    specs = model.inputs or input_specs_from_onnx(check_onnx(Path(base) / str(model.onnx)))
+    # a class metric's labels are checked against the ONNX file's class count before any model runs
+    wanted = model.onnx and (not model.inputs or config.data.metric in CLASS_METRICS)
+    onnx_model = check_onnx(Path(base) / str(model.onnx)) if wanted else None
+    specs = model.inputs or input_specs_from_onnx(onnx_model)
     calibration = choose_calibration(config, specs)
-    refuse_overlap(calibration, evaluation_ids(config, specs))
+    classes = None if onnx_model is None else output_classes(onnx_model)
+    refuse_overlap(calibration, evaluation_ids(config, specs, classes))
     stream = iter_batches(config.data.evaluation, specs, config.data, base, "data.evaluation", config.data.eval_samples)
     head = tuple(itertools.islice(stream, max(1, config.export.parity_batches)))
     if not head:

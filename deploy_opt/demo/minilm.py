@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dopt_common.deps import require
+from dopt_common.hf_tokenizer import load_tokenizer_file
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +146,7 @@ def build_model() -> torch.nn.Module:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer() -> Any:
-    tokenizers = require("tokenizers", purpose="tokenizing MiniLM text")
-    tok = tokenizers.Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tok = load_tokenizer_file(model_dir() / "tokenizer.json", "the MiniLM demo")
     tok.enable_truncation(max_length=MAX_LENGTH)
     # tokenizer.json ships with fixed-length (128) padding; pad each batch to its own longest sequence.
     tok.enable_padding(pad_id=PAD_ID, pad_token="[PAD]", length=None)

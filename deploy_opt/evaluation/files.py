@@ -21,6 +21,7 @@ refused as an overlap, and the same samples from an image folder and from an ``.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.arrays import open_array_file
 from deploy_opt.evaluation.dataset_folder import dataset_items
 from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
 from deploy_opt.evaluation.images import IMAGE_SUFFIXES, load_image
@@ -40,6 +42,7 @@ from deploy_opt.evaluation.text_files import (
     tokenize,
 )
 from dopt_common.errors import InputError
+from dopt_common.files import regular_input
 
 log = logging.getLogger(__name__)
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -53,7 +56,8 @@ def file_path(ref: str, base_dir: str | Path) -> Path | None:
     path = Path(ref) if Path(ref).is_absolute() else Path(base_dir) / ref
     if path.suffix.lower() in ARRAY_SUFFIXES + TEXT_SUFFIXES or path.is_dir():
         return path
-    return None
+    # a device or FIFO (/dev/zero) is a file source too, so that file_items refuses it
+    return path if os.path.exists(path) and not os.path.isfile(path) else None
 
 
 def file_items(
@@ -62,6 +66,8 @@ def file_items(
     """The items of the file source at ``path``, by its type (``base_dir``: where data.tokenizer is relative to)."""
     if not path.exists():
         raise InputError(f"{what} '{path}' does not exist; fix the path (relative paths are from the config file)")
+    if not path.is_dir():
+        regular_input(path, what)  # a FIFO or a device would block or never end
     suffix = path.suffix.lower()
     tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
     if suffix in ARRAY_SUFFIXES:
@@ -98,10 +104,7 @@ def _read_arrays(
 ) -> tuple[dict[str, np.ndarray], Any, Any]:
     """The declared inputs' arrays (cast to their dtypes), the labels and the ``data.strata`` array (None where
     absent), from one read of an .npy or .npz file."""
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{what} '{path}' is not a readable numpy file ({exc}); save it with np.save(z)") from exc
+    loaded = open_array_file(path, what)
     if isinstance(loaded, np.ndarray):
         if len(specs) != 1:
             names = [s.name for s in specs]

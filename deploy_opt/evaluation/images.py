@@ -8,6 +8,7 @@ and the setting to change.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from deploy_opt.config.model import InputSpec
 from dopt_common.deps import require
 from dopt_common.errors import InputError
 
+MAX_PIXELS = 100_000_000  # an image over this many pixels is refused from its header, before it is decoded
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
@@ -39,7 +41,7 @@ def load_image(path: Path, spec: InputSpec, pre: PreprocessConfig, what: str) ->
 
 def preprocess_image(image: Any, path: Path, spec: InputSpec, pre: PreprocessConfig, what: str) -> np.ndarray:
     """A decoded PIL image (RGB or L) as one row of ``spec``; ``path`` names it in errors."""
-    image = image.convert("L" if pre.channels == "L" else "RGB")
+    image = eight_bit(image).convert("L" if pre.channels == "L" else "RGB")
     height, width = model_size(spec, pre.layout)
     image = _resized(image, pre, (height, width), spec)
     crop = tuple(pre.crop) or ((height, width) if pre.resize and height and width else ())
@@ -63,13 +65,45 @@ def preprocess_image(image: Any, path: Path, spec: InputSpec, pre: PreprocessCon
 
 
 def decode(path: Path, channels: str, what: str) -> Any:
-    """The image as a PIL image in RGB or L; a file PIL cannot decode is an InputError naming it."""
+    """The image as a PIL image in RGB or L; a file PIL cannot decode, or one over ``MAX_PIXELS`` (checked on its
+    header, before decoding), is an InputError naming it."""
     image_module = require("PIL.Image", purpose="image folders", extra="examples")
     try:
-        with image_module.open(path) as opened:
-            return opened.convert("L" if channels == "L" else "RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", image_module.DecompressionBombWarning)  # MAX_PIXELS is the check
+            opened = image_module.open(path)
+        with opened:
+            width, height = opened.size
+            if width * height > MAX_PIXELS:
+                raise InputError(_too_big(path, f"{width}x{height}, {width * height:,} pixels", what))
+            return eight_bit(opened).convert("L" if channels == "L" else "RGB")
+    except image_module.DecompressionBombError as exc:
+        raise InputError(_too_big(path, str(exc), what)) from exc
     except (OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{what}: cannot decode image '{path}' ({exc}); fix: remove or replace the file") from exc
+
+
+def _too_big(path: Path, size: str, what: str) -> str:
+    return (
+        f"{what}: image '{path}' is too large ({size}); the cap is {MAX_PIXELS:,} pixels (MAX_PIXELS); fix: "
+        "downscale it"
+    )
+
+
+def eight_bit(image: Any) -> Any:
+    """``image`` with 0–255 pixels: 16-bit integers are divided by 257 and 0–1 floats multiplied by 255 (a plain
+    ``convert`` would clip both to white or black); 8-bit images are returned as they are."""
+    if not (image.mode == "I" or image.mode.startswith("I;16") or image.mode == "F"):
+        return image
+    image_module = require("PIL.Image", purpose="image folders", extra="examples")
+    pixels = np.asarray(image, dtype=np.float64)
+    if not np.isfinite(pixels).all():
+        raise ValueError(f"its {image.mode} pixels hold NaN or Inf")
+    if image.mode == "F":
+        pixels = pixels * 255.0 if pixels.max(initial=0.0) <= 1.0 else pixels  # 0–1 floats; else already 0–255
+    else:
+        pixels = pixels / 257.0  # 65535 → 255: the 16-bit range onto the 8-bit one
+    return image_module.fromarray(np.clip(np.round(pixels), 0, 255).astype(np.uint8))
 
 
 def _resized(image: Any, pre: PreprocessConfig, size: tuple[int | None, int | None], spec: InputSpec) -> Any:

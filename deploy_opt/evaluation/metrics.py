@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from deploy_opt.evaluation.detection import detection_f1, detection_map50
+from deploy_opt.evaluation.labels import check_class_labels
 from deploy_opt.evaluation.sequence_metrics import char_accuracy, perplexity, psnr, top5, word_accuracy
 from deploy_opt.evaluation.sources import resolve_callable, user_code
 from dopt_common.errors import InputError
@@ -35,6 +36,7 @@ def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
             f"metric top1: labels have shape {reference.shape}, expected one class index per sample "
             f"({predicted.shape}); fix the data function or pick another metric"
         )
+    check_class_labels(reference, "metric top1", classes=int(np.prod(prediction.shape[1:])))
     return (predicted == reference.astype(np.int64)).astype(np.float64) * 100.0
 
 

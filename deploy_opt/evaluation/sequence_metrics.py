@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from deploy_opt.evaluation.labels import check_class_labels
 from deploy_opt.evaluation.numerics import power_db
 from dopt_common.errors import InputError
 
@@ -30,6 +31,7 @@ def top5(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
         reference = reference.reshape(reference.shape[0], -1).argmax(axis=1)
     if reference.shape != (scores.shape[0],):
         raise InputError(f"metric top5: labels have shape {reference.shape}, expected one class index per sample")
+    check_class_labels(reference, "metric top5", classes=scores.shape[1])
     best = np.argsort(-scores, axis=1, kind="stable")[:, :5]
     return (best == reference.astype(np.int64)[:, None]).any(axis=1).astype(np.float64) * 100.0
 

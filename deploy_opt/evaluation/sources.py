@@ -26,6 +26,7 @@ from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.file_rows import StratifiedItem
 from deploy_opt.evaluation.files import file_items, file_path
+from deploy_opt.evaluation.labels import CLASS_METRICS, check_class_labels
 from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
 from dopt_common.names import shown
 
@@ -284,6 +285,8 @@ def iter_batches(
         strata = item.strata if isinstance(item, StratifiedItem) else None
         item = item.item if isinstance(item, StratifiedItem) else item
         batch = with_strata(to_batch(item, specs, f"{what} batch {index}"), strata)
+        if batch.label is not None and data.metric in CLASS_METRICS:
+            check_class_labels(batch.label, f"{what} '{ref}' batch {index}")
         if limit is not None and taken + batch.size > limit:
             batch = batch.head(limit - taken)
         if batch.size:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.config.model import InputSpec
-from dopt_common.deps import require
 from dopt_common.errors import InputError
+from dopt_common.hf_tokenizer import load_tokenizer_file
 
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MAX_LINE_BYTES = 2**20  # 1 MiB: a longer line is refused before it is tokenized (a sample is max_length tokens)
+UTF8_FIX = "fix: save the file as UTF-8 (not UTF-16 or Latin-1)"
 
 
 def tokenize(tokenizer: Any, texts: list[str], specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
@@ -39,7 +42,7 @@ class TextSamples:
 def read_texts(path: Path, what: str, strata: str | None = None) -> TextSamples:
     """The samples of a .txt (non-empty lines) or .jsonl (``text``, optional ``label``, and the ``strata`` field
     when named) file, read once."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(path, what)
     if path.suffix.lower() == ".txt":
         if strata is not None:
             raise InputError(f"data.strata '{strata}' names a field; {what} '{path.name}' is plain text: use a .jsonl")
@@ -51,14 +54,7 @@ def read_texts(path: Path, what: str, strata: str | None = None) -> TextSamples:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-            row["text"] = str(row["text"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"{what} '{path.name}' line {number}: not a JSON object with a 'text' field ({exc})"
-            ) from exc
-        rows.append(row)
+        rows.append(_json_row(line, f"{what} '{path.name}' line {number}"))
     if not rows:
         raise InputError(f"{what} '{path}' has no JSON lines")
     labels = [row.get("label") for row in rows]
@@ -72,6 +68,46 @@ def read_texts(path: Path, what: str, strata: str | None = None) -> TextSamples:
         )
     values = None if strata is None else [row[strata] for row in rows]
     return TextSamples([row["text"] for row in rows], labels if all(given) else None, values)
+
+
+def read_lines(path: Path, what: str) -> list[str]:
+    """The file's lines, read a line at a time: one over ``MAX_LINE_BYTES``, one that is not UTF-8, or one holding
+    NUL bytes (UTF-16 text) is an InputError naming the line, before anything tokenizes it."""
+    lines: list[str] = []
+    with path.open("rb") as handle:
+        for number in itertools.count(1):
+            raw = handle.readline(MAX_LINE_BYTES + 2)
+            if not raw:
+                return lines
+            where = f"{what} '{path}' line {number}"
+            if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                raise InputError(
+                    f"{where} is over {MAX_LINE_BYTES:,} bytes (MAX_LINE_BYTES); fix: split it into samples (each is "
+                    "truncated to data.max_length tokens anyway)"
+                )
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{where} is not UTF-8 ({exc.reason} at byte {exc.start}); {UTF8_FIX}") from None
+            if "\x00" in text:
+                raise InputError(f"{where} holds NUL bytes (UTF-16 text?); {UTF8_FIX}")
+            lines.extend(text.splitlines())
+
+
+def _json_row(line: str, where: str) -> dict[str, Any]:
+    """One .jsonl line: a JSON object whose ``text`` is a string."""
+    try:
+        row = json.loads(line)
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to read; fix: write one flat object a line") from None
+    except ValueError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc}); fix: write one JSON object a line") from None
+    if not isinstance(row, dict) or "text" not in row:
+        raise InputError(f'{where}: not a JSON object with a \'text\' field; fix: write {{"text": "..."}} a line')
+    if not isinstance(row["text"], str):
+        shown = json.dumps(row["text"])[:40]
+        raise InputError(f"{where}: 'text' is {shown}, not a string; fix: give every line its text as a string")
+    return row
 
 
 def text_labels(inputs: dict[str, np.ndarray], labels: Any, metric: str) -> Any:
@@ -90,13 +126,12 @@ def load_tokenizer(folder: str | None, max_length: int, what: str) -> Any:
     """The ``tokenizers`` tokenizer of a Hugging Face model folder, truncating and padding per batch."""
     if folder is None:
         raise InputError(f"{what} is a text file: set data.tokenizer to a folder with tokenizer.json (or model.hf)")
-    tokenizers = require("tokenizers", purpose="text data files", extra="examples")
     path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise InputError(
             f"data.tokenizer '{folder}' has no tokenizer.json; fix: point it at a Hugging Face model folder"
         )
-    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer = load_tokenizer_file(path, "data.tokenizer", extra="examples")
     tokenizer.enable_truncation(max_length=max_length)
     pad_id = tokenizer.token_to_id("[PAD]")
     pad_id = tokenizer.token_to_id("<pad>") if pad_id is None else pad_id

@@ -19,6 +19,7 @@ from typing import Any
 from dopt_common.deps import require
 from dopt_common.errors import InputError, MissingDependency, ModelError, OutputError
 from dopt_common.files import sha256_file, write_json
+from dopt_common.hf_tokenizer import load_auto_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def _convert(gguf_path: Path, target: Path) -> None:
         config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        tokenizer = load_auto_tokenizer(folder, f"GGUF '{name}'", gguf_file=name)
     except (ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as exc:
         raise ModelError(
             f"cannot convert GGUF '{gguf_path}' with transformers {transformers.__version__}: {exc}; fix: use a "
@@ -152,10 +153,5 @@ def load_model_folder(path: str | Path, dtype: str = "float32") -> tuple[Any, An
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch_dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelError(f"cannot load the model in '{folder}': {exc}") from exc
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(
-            f"'{folder}' has no usable tokenizer ({exc}); fix: save it there with tokenizer.save_pretrained(folder)"
-        ) from exc
+    tokenizer = load_auto_tokenizer(folder)
     return model.eval(), tokenizer

@@ -27,6 +27,7 @@ from deploy_opt.llm.run_common import (
 )
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
+from dopt_common.hf_tokenizer import load_auto_tokenizer
 from dopt_common.runs import Timings
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,8 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     from deploy_opt.llm.onload import load_skeleton, open_folder
 
     _refuse_whole_model_outputs(config)
-    transformers = require("transformers", purpose="loading an LLM", extra="llm")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+    require("transformers", purpose="loading an LLM", extra="llm")
+    tokenizer = load_auto_tokenizer(source, "model.hf")
     model = load_skeleton(open_folder(source), config.model.device)
     scheme = plan_scheme(config.quantization, model)
     evaluation_docs, selection = select_texts(config, tokenizer)

@@ -30,6 +30,7 @@ from deploy_opt.llm.quantize_engine import is_kept
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ConfigError, OutputError
 from dopt_common.files import replace_dir
+from dopt_common.hf_tokenizer import load_auto_tokenizer
 
 log = logging.getLogger(__name__)
 TORCHAO_METHODS = ("torchao-int8-wo", "torchao-int4-wo")
@@ -180,5 +181,5 @@ def load_torchao_checkpoint(folder: str | os.PathLike[str]) -> tuple[torch.nn.Mo
         model.tie_weights()
     tokenizer = None
     if (folder / "tokenizer_config.json").is_file():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = load_auto_tokenizer(folder)
     return model, tokenizer

@@ -15,16 +15,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.config.hf import TASKS, hf_inputs, read_hf_config
 from deploy_opt.config.model import InputSpec
+from deploy_opt.evaluation.arrays import NpzReader
 from deploy_opt.evaluation.files import ARRAY_SUFFIXES, LABEL_KEYS, TEXT_SUFFIXES, image_files
 from deploy_opt.evaluation.text_files import read_texts
 from dopt_common.errors import InputError, OutputError
-from dopt_common.files import write_text
+from dopt_common.files import regular_input, write_text
 
 CALIBRATION_NAMES = ("calibration", "calib", "train")
 EVALUATION_NAMES = ("evaluation", "eval", "val", "validation", "test")
@@ -122,7 +122,14 @@ def _splits(data: list[Path]) -> tuple[Path, Path]:
     for path in data:
         if not path.exists():
             raise InputError(f"init: data '{path}' does not exist")
+        if not path.is_dir():
+            regular_input(path, "init: data")  # a FIFO or a device would block or never end
     if len(data) == 2:
+        if os.path.samefile(data[0], data[1]):
+            raise InputError(
+                f"init: '{data[1]}' is given for both calibration and evaluation; calibrating on the evaluation "
+                "samples hides accuracy loss; fix: pass two different files (or a folder holding both splits)"
+            )
         return data[0], data[1]
     if len(data) != 1 or not data[0].is_dir():
         raise InputError("init: give DATA as a folder holding calibration/ and evaluation/ splits, or two paths")
@@ -143,7 +150,7 @@ def _data_kind(path: Path) -> tuple[str, bool]:
     if suffix in ARRAY_SUFFIXES:
         if suffix == ".npy":
             return "arrays", False
-        with np.load(path, allow_pickle=False) as loaded:
+        with NpzReader(path, "init: data") as loaded:
             return "arrays", any(k in loaded.files for k in LABEL_KEYS)
     if suffix in TEXT_SUFFIXES:
         return "text", read_texts(path, "init").labels is not None
