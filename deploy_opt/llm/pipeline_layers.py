@@ -49,13 +49,12 @@ def available_bytes() -> int:
 
 def float32_bytes(folder: Path) -> int:
     """The model's size in float32, from its shard headers (no tensor is read)."""
-    from safetensors import safe_open
-
     from deploy_opt.llm.onload import open_folder
+    from dopt_common.weights import open_safetensors
 
     total = 0
     for path in set(open_folder(folder).files.values()):
-        with safe_open(str(path), framework="pt") as handle:
+        with open_safetensors(path) as handle:
             for name in handle.keys():  # noqa: SIM118
                 numel = 1
                 for size in handle.get_slice(name).get_shape():

@@ -1,0 +1,119 @@
+"""Hostile files (issue 54): damaged or malicious weights, a GGUF claiming 2**62 tensors, a config that is a device,
+a FIFO, binary or huge, an empty DEPLOY_OPT_PROFILES and a corrupt search.db. Each ends in exit 2 with one line
+that names the file, the fault and the fix; no code in a pickle runs and no read runs for ever."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from deploy_opt.cli import main
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI, require exit 2 and return its one stderr line."""
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    last = err.splitlines()[-1]
+    assert "Traceback" not in err and "fix" in last, err
+    return last
+
+
+def _llm_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
+    return folder
+
+
+def _safetensors(header: bytes, data: bytes = b"", length: int | None = None) -> bytes:
+    return struct.pack("<Q", len(header) if length is None else length) + header + data
+
+
+ONE_TENSOR = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+BAD_SAFETENSORS = {
+    "header length over the cap": (_safetensors(b"{}", length=2**40), "over the 104,857,600 cap"),
+    "header longer than the file": (_safetensors(b"{}", length=4096), "but the file is"),
+    "header not JSON": (_safetensors(b"\xff\xfe not json"), "not UTF-8 JSON"),
+    "header a list": (_safetensors(b"[1, 2]"), "not an object"),
+    "offsets past the end": (_safetensors(ONE_TENSOR, b"\0" * 8), "outside its 8 data bytes"),
+    "shorter than 8 bytes": (b"\x01\x02", "shorter than the 8-byte header length"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SAFETENSORS))
+def test_a_damaged_safetensors_file_is_exit_2_naming_it(case: str, tmp_path: Path, capsys) -> None:
+    blob, fault = BAD_SAFETENSORS[case]
+    folder = _llm_folder(tmp_path)
+    (folder / "model.safetensors").write_bytes(blob)
+    line = _run(["quantize-llm", "--path", str(folder), "--output-dir", str(tmp_path / "out")], capsys)
+    assert "model.safetensors" in line and fault in line, line
+
+
+class _RunsCode:
+    """Pickles as a call to os.system: what a malicious pytorch_model.bin carries."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_that_runs_code_is_refused_unopened(tmp_path: Path, capsys) -> None:
+    import torch
+
+    folder = _llm_folder(tmp_path)
+    marker = tmp_path / "code-ran"
+    torch.save({"model.embed_tokens.weight": _RunsCode(marker)}, folder / "pytorch_model.bin")
+    line = _run(["quantize-llm", "--path", str(folder), "--output-dir", str(tmp_path / "out")], capsys)
+    assert "pytorch_model.bin" in line and "posix.system" in line and "refused unopened" in line, line
+    assert not marker.exists()
+
+
+def test_a_truncated_pytorch_model_bin_is_exit_2(tmp_path: Path, capsys) -> None:
+    import torch
+
+    folder = _llm_folder(tmp_path)
+    torch.save({"w": torch.zeros(64)}, folder / "pytorch_model.bin")
+    blob = (folder / "pytorch_model.bin").read_bytes()
+    (folder / "pytorch_model.bin").write_bytes(blob[: len(blob) // 2])
+    line = _run(["quantize-llm", "--path", str(folder), "--output-dir", str(tmp_path / "out")], capsys)
+    assert "pytorch_model.bin" in line and "cannot be loaded with weights_only=True" in line, line
+
+
+def _gguf(tensors: int, pairs: int, version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, tensors, pairs) + b"\0" * 64
+
+
+@pytest.mark.parametrize(
+    ("blob", "fault"),
+    [
+        (_gguf(2**62, 0), "claims 4,611,686,018,427,387,904 tensors, over the 1,000,000 cap"),
+        (_gguf(0, 2**62), "metadata pairs, over the 1,000,000 cap"),
+        (_gguf(1000, 10), "(truncated?)"),
+        (_gguf(1, 1, version=99), "has version 99"),
+        (b"GGML" + b"\0" * 40, "does not start with a GGUF header"),
+    ],
+)
+def test_a_hostile_gguf_header_is_exit_2_before_any_reader(blob: bytes, fault: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(blob)
+    line = _run(["quantize-llm", "--path", str(path), "--output-dir", str(tmp_path / "out")], capsys)
+    assert "model.gguf" in line and fault in line, line
