@@ -117,3 +117,44 @@ def test_a_hostile_gguf_header_is_exit_2_before_any_reader(blob: bytes, fault: s
     path.write_bytes(blob)
     line = _run(["quantize-llm", "--path", str(path), "--output-dir", str(tmp_path / "out")], capsys)
     assert "model.gguf" in line and fault in line, line
+
+
+# ----------------------------------------------------------------------------------------------- config files
+
+
+def _hostile_config(kind: str, tmp_path: Path) -> Path:
+    if kind == "device":
+        return Path("/dev/zero")
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "binary":
+        path.write_bytes(b"name: x\n\xff\xfe\x00\x81")
+    elif kind == "huge":
+        with open(path, "wb") as handle:  # sparse: 16 MiB + 1 on paper, nothing on disk
+            handle.truncate(16 * 2**20 + 1)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "fault"),
+    [
+        ("device", "is not a regular file"),
+        ("fifo", "is not a regular file"),
+        ("binary", "is not UTF-8 text"),
+        ("huge", "over the 16,777,216-byte cap"),
+    ],
+)
+@pytest.mark.parametrize("command", [["build"], ["train", "search"]])
+def test_a_config_that_is_not_a_small_text_file_is_exit_2(
+    kind: str, fault: str, command: list[str], tmp_path: Path, capsys
+) -> None:
+    path = _hostile_config(kind, tmp_path)
+    line = _run([*command, str(path), "--output-dir", str(tmp_path / "out")], capsys)
+    assert str(path) in line and fault in line, line
+
+
+def test_a_profile_that_is_a_fifo_is_exit_2(tmp_path: Path, capsys) -> None:
+    path = _hostile_config("fifo", tmp_path)
+    line = _run(["build", "--profile", str(path), "--output-dir", str(tmp_path / "out")], capsys)
+    assert "profile" in line and "is not a regular file" in line, line
