@@ -158,3 +158,19 @@ def test_a_profile_that_is_a_fifo_is_exit_2(tmp_path: Path, capsys) -> None:
     path = _hostile_config("fifo", tmp_path)
     line = _run(["build", "--profile", str(path), "--output-dir", str(tmp_path / "out")], capsys)
     assert "profile" in line and "is not a regular file" in line, line
+
+
+# ------------------------------------------------------------------------------------------ DEPLOY_OPT_PROFILES
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_profiles_variable_means_the_built_in_presets(value: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DEPLOY_OPT_PROFILES", value)
+    assert main(["profiles"]) == 0
+    assert "cpu-server" in capsys.readouterr().out
+
+
+def test_a_profiles_variable_naming_no_folder_is_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DEPLOY_OPT_PROFILES", str(tmp_path / "nowhere"))
+    line = _run(["profiles"], capsys)
+    assert "DEPLOY_OPT_PROFILES=" in line and "nowhere" in line and "unset it" in line, line
