@@ -174,3 +174,17 @@ def test_a_profiles_variable_naming_no_folder_is_exit_2(tmp_path: Path, monkeypa
     monkeypatch.setenv("DEPLOY_OPT_PROFILES", str(tmp_path / "nowhere"))
     line = _run(["profiles"], capsys)
     assert "DEPLOY_OPT_PROFILES=" in line and "nowhere" in line and "unset it" in line, line
+
+
+# --------------------------------------------------------------------------------------------------- search.db
+
+
+@pytest.mark.parametrize(
+    "content", [b"not a database" * 100, b"SQLite format 3\0" + b"\xff" * 200], ids=["garbage", "bad-pages"]
+)
+def test_a_corrupt_search_db_is_exit_2_naming_the_fix(content: bytes, tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "out" / "train_digits-search"
+    folder.mkdir(parents=True)
+    (folder / "search.db").write_bytes(content)
+    line = _run(["train", "search", "--trials", "12", "--output-dir", str(tmp_path / "out")], capsys)
+    assert "search.db" in line and "not a readable Optuna database" in line and "delete it" in line, line
