@@ -188,3 +188,17 @@ def test_a_corrupt_search_db_is_exit_2_naming_the_fix(content: bytes, tmp_path: 
     (folder / "search.db").write_bytes(content)
     line = _run(["train", "search", "--trials", "12", "--output-dir", str(tmp_path / "out")], capsys)
     assert "search.db" in line and "not a readable Optuna database" in line and "delete it" in line, line
+
+
+# ----------------------------------------------------------------------------------------------- ONNX files
+
+
+@pytest.mark.parametrize(("blob", "guess"), [(b"\x08\xff" * 500, "truncated, or another format"), (b"hi\n", "text")])
+def test_init_with_a_file_that_is_not_onnx_is_exit_2(blob: bytes, guess: str, tmp_path: Path, capsys) -> None:
+    import numpy as np
+
+    model, data = tmp_path / "model.onnx", tmp_path / "data.npz"
+    model.write_bytes(blob)
+    np.savez(data, x=np.zeros((4, 16), np.float32), label=np.zeros(4))
+    line = _run(["init", str(model), str(data), str(data), "-o", str(tmp_path / "c.yaml")], capsys)
+    assert "model.onnx" in line and "is not a readable ONNX model" in line and guess in line, line
