@@ -190,7 +190,7 @@ def test_a_corrupt_search_db_is_exit_2_naming_the_fix(content: bytes, tmp_path: 
     assert "search.db" in line and "not a readable Optuna database" in line and "delete it" in line, line
 
 
-# ----------------------------------------------------------------------------------------------- ONNX files
+# ------------------------------------------------------------------------------------- ONNX files, model.hf
 
 
 @pytest.mark.parametrize(("blob", "guess"), [(b"\x08\xff" * 500, "truncated, or another format"), (b"hi\n", "text")])
@@ -202,3 +202,18 @@ def test_init_with_a_file_that_is_not_onnx_is_exit_2(blob: bytes, guess: str, tm
     np.savez(data, x=np.zeros((4, 16), np.float32), label=np.zeros(4))
     line = _run(["init", str(model), str(data), str(data), "-o", str(tmp_path / "c.yaml")], capsys)
     assert "model.onnx" in line and "is not a readable ONNX model" in line and guess in line, line
+
+
+def test_build_with_a_hf_folder_whose_safetensors_is_damaged_is_refused(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from deploy_opt.build.hf_model import load_hf_model
+    from dopt_common.errors import CheckpointError
+
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert"}), encoding="utf-8")
+    (folder / "model.safetensors").write_bytes(_safetensors(b"{}", length=2**40))
+    config = SimpleNamespace(base_dir=str(tmp_path), model=SimpleNamespace(hf="bert", task="text-classification"))
+    with pytest.raises(CheckpointError, match=r"bert/model.safetensors' is not valid safetensors: .* over the"):
+        load_hf_model(config)
