@@ -217,3 +217,14 @@ def test_build_with_a_hf_folder_whose_safetensors_is_damaged_is_refused(tmp_path
     config = SimpleNamespace(base_dir=str(tmp_path), model=SimpleNamespace(hf="bert", task="text-classification"))
     with pytest.raises(CheckpointError, match=r"bert/model.safetensors' is not valid safetensors: .* over the"):
         load_hf_model(config)
+
+
+@pytest.mark.parametrize("shard", ["../../outside.safetensors", 7])
+def test_a_shard_index_naming_a_file_outside_the_folder_is_exit_2(shard: object, tmp_path: Path, capsys) -> None:
+    folder = _llm_folder(tmp_path)
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": shard}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    (folder / "model-00001-of-00001.safetensors").write_bytes(_safetensors(b"{}"))
+    argv = ["quantize-llm", "--path", str(folder), "--onload", "layers", "--output-dir", str(tmp_path / "o")]
+    line = _run(argv, capsys)
+    assert "model.safetensors.index.json' is not a safetensors index" in line and "not a file in the folder" in line

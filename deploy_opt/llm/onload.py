@@ -25,7 +25,8 @@ from calibrators.groupwise.rtn import QuantizedWeight
 from deploy_opt.llm.quantize_engine import LayerSource, advance, decoder_layers, layer_prefix
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ModelError
-from dopt_common.weights import open_safetensors
+from dopt_common.files import regular_input
+from dopt_common.weights import SAFETENSORS_HEADER_CAP, open_safetensors
 from exporters.shards import INDEX_FILE, SINGLE_FILE
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,15 @@ def open_folder(folder: str | Path) -> ShardedFolder:
     folder = Path(folder)
     index = folder / INDEX_FILE
     if index.is_file():
+        regular_input(index, "safetensors index", max_bytes=SAFETENSORS_HEADER_CAP)  # no FIFO, device or giant
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"weight_map is a {type(weight_map).__name__}, not an object")
+            outside = [f for f in weight_map.values() if not isinstance(f, str) or Path(f).name != f or f in ("", "..")]
+            if outside:
+                raise ValueError(f"it names shard {str(outside[0])[:80]!r}, not a file in the folder")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"'{index}' is not a safetensors index ({exc}); fix: re-save the model") from exc
         return ShardedFolder(folder, {name: folder / file for name, file in weight_map.items()})
     single = folder / SINGLE_FILE

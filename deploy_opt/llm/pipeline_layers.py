@@ -102,9 +102,10 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     from deploy_opt.llm.onload import load_skeleton, open_folder
 
     _refuse_whole_model_outputs(config)
+    shards = open_folder(source)  # the weights first: a damaged index fails before any tokenizer work
     transformers = require("transformers", purpose="loading an LLM", extra="llm")
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
-    model = load_skeleton(open_folder(source), config.model.device)
+    model = load_skeleton(shards, config.model.device)
     scheme = plan_scheme(config.quantization, model)
     evaluation_docs, selection = select_texts(config, tokenizer)
     return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers")
