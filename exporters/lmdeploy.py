@@ -39,6 +39,7 @@ from calibrators.groupwise.rtn import QuantizedWeight
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ConfigError
 from dopt_common.hf_tokenizer import load_auto_tokenizer
+from dopt_common.weights import load_safetensors
 
 log = logging.getLogger(__name__)
 FORMATS = ("gptq", "awq")
@@ -305,7 +306,6 @@ def read_quantized_weights(
     folder: str | os.PathLike[str],
 ) -> tuple[dict[str, QuantizedWeight], dict[str, torch.Tensor]]:
     """(Linear name → codes, every other tensor) of a gptq/awq checkpoint folder."""
-    safetensors_torch = require("safetensors.torch", purpose="reading a W4A16 checkpoint", extra="llm")
     folder = Path(folder)
     _, qconfig = _read_config(folder)
     files = sorted(folder.glob("*.safetensors"))
@@ -313,7 +313,7 @@ def read_quantized_weights(
         raise CheckpointError(f"'{folder}' has no .safetensors file")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(safetensors_torch.load_file(str(file)))
+        tensors.update(load_safetensors(file))
     names = sorted(key[: -len(".qweight")] for key in tensors if key.endswith(".qweight"))
     weights = {}
     for name in names:

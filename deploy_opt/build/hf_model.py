@@ -15,6 +15,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.hf import TASKS, hf_folder
 from dopt_common.deps import require
 from dopt_common.errors import ModelError
+from dopt_common.weights import check_weight_folder
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,14 @@ def load_hf_model(config: BuildConfig) -> Any:
     transformers = require("transformers", purpose="model.hf", extra="llm")
     folder, task = hf_folder(config.base_dir, str(config.model.hf)), str(config.model.task)
     auto = getattr(transformers, TASKS[task][0])
+    check_weight_folder(folder)  # a damaged safetensors header or a pickle naming code: one line, nothing run
+    from pickle import UnpicklingError
+
+    from safetensors import SafetensorError
+
     try:
         model = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, UnpicklingError, SafetensorError) as exc:
         raise ModelError(f"model.hf '{config.model.hf}': transformers cannot load it as {task} ({exc})") from exc
     names = [s.name for s in config.model.inputs]
     wrapped = _task_model(torch, model, names, list(config.model.outputs))

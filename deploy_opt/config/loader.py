@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import stat
 import types
 import typing
 from pathlib import Path
@@ -17,6 +19,8 @@ import yaml
 
 from dopt_common.errors import ConfigError
 from dopt_common.names import shown
+
+CONFIG_CAP = 16 * 2**20  # bytes; a config is a few KiB, anything near this is a wrong path
 
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -133,13 +137,40 @@ def build_dataclass(cls: type, data: Any, where: str) -> Any:
         raise
 
 
+def read_config_text(path: Path, what: str = "config") -> str:
+    """The UTF-8 text of a regular file of at most ``CONFIG_CAP`` bytes (16 MiB), else a ConfigError.
+
+    The file is opened non-blocking and checked on its descriptor, so a FIFO or a device (``/dev/zero``) is
+    refused before any read, and nothing can swap the file between the check and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} '{shown(str(path))}': {exc.strerror}; fix: check the path") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{what} '{shown(str(path))}' is not a regular file; fix: pass a YAML file")
+        if info.st_size > CONFIG_CAP:
+            raise ConfigError(
+                f"{what} '{shown(str(path))}' is {info.st_size:,} bytes, over the {CONFIG_CAP:,}-byte cap for a "
+                "config; fix: pass the YAML config, not a data file"
+            )
+        os.set_blocking(fd, True)
+        raw = handle.read(CONFIG_CAP + 1)
+    if len(raw) > CONFIG_CAP:
+        raise ConfigError(f"{what} '{shown(str(path))}' grew past the {CONFIG_CAP:,}-byte cap while being read")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} '{shown(str(path))}' is not UTF-8 text (byte {exc.start}); fix: pass a YAML file saved as UTF-8"
+        ) from None
+
+
 def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
     """Read a YAML mapping, turning syntax errors into one-line ConfigErrors."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} '{path}': {exc.strerror}; fix: check the path") from exc
+    text = read_config_text(path, what)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -43,16 +43,25 @@ class Profile:
 
 
 def profiles_dir() -> Path:
-    """The folder holding the presets: ``$DEPLOY_OPT_PROFILES``, else the installed ``profiles`` package."""
-    override = os.environ.get("DEPLOY_OPT_PROFILES")
-    return Path(override) if override else Path(str(resources.files("profiles")))
+    """The folder holding the presets: ``$DEPLOY_OPT_PROFILES``, else (unset, empty or blank) the installed
+    ``profiles`` package."""
+    override = os.environ.get("DEPLOY_OPT_PROFILES", "").strip()
+    if not override:
+        return Path(str(resources.files("profiles")))
+    folder = Path(override)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"DEPLOY_OPT_PROFILES='{override}' is not a folder; fix: point it at a folder of profile YAML files, "
+            "or unset it for the built-in presets"
+        )
+    return folder
 
 
 def list_profiles() -> list[Profile]:
     """Every preset in the profiles folder, sorted by name."""
     folder = profiles_dir()
     if not folder.is_dir():
-        raise ConfigError(f"profiles folder '{folder}' not found; fix: set DEPLOY_OPT_PROFILES to it")
+        raise ConfigError(f"profiles folder '{folder}' not found; fix: reinstall deploy_opt or set DEPLOY_OPT_PROFILES")
     return [load_profile(path) for path in sorted(folder.glob("*.yaml"))]
 
 

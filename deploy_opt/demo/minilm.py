@@ -130,11 +130,12 @@ class MiniLMEncoder(nn.Module):
 
 def build_model() -> torch.nn.Module:
     """Build the eval-mode plain-torch all-MiniLM-L6-v2 encoder with the packaged weights."""
-    st = require("safetensors.torch", purpose="loading MiniLM weights")
+    from dopt_common.weights import load_safetensors
+
     folder = model_dir()
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     model = MiniLMEncoder(config)
-    state = st.load_file(str(folder / "model.safetensors"))
+    state = load_safetensors(folder / "model.safetensors")
     state = {k.removeprefix("bert."): v for k, v in state.items()}
     unused = sorted(k for k in state if k.startswith("pooler.") or k == "embeddings.position_ids")
     for key in unused:

@@ -16,10 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from deploy_opt.llm.gguf_header import read_gguf_header
 from dopt_common.deps import require
 from dopt_common.errors import InputError, MissingDependency, ModelError, OutputError
 from dopt_common.files import sha256_file, write_json
 from dopt_common.hf_tokenizer import load_auto_tokenizer
+from dopt_common.weights import check_weight_folder
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
         raise InputError(f"'{gguf_path}' is not a .gguf file; fix: give the path of a GGUF model file")
+    read_gguf_header(gguf_path)  # a hostile count fails here, before any reader allocates for it
     digest = sha256_file(gguf_path)
     if _marker_digest(out_dir) == digest:
         log.info("reusing the converted GGUF in %s", out_dir)
@@ -135,8 +138,10 @@ def load_model_folder(path: str | Path, dtype: str = "float32") -> tuple[Any, An
     """(model in eval mode, tokenizer) from a local Hugging Face folder or a .gguf file; never downloads."""
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
+        read_gguf_header(path)
         folder = gguf_to_hf_folder(path, cache_dir() / "gguf" / f"{path.stem}-{sha256_file(path)[:16]}")
     elif path.is_dir() and (path / "config.json").is_file():
+        check_weight_folder(path)
         folder = path
     else:
         raise InputError(
@@ -149,9 +154,15 @@ def load_model_folder(path: str | Path, dtype: str = "float32") -> tuple[Any, An
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise InputError(f"dtype '{dtype}' is not a torch dtype; use float32, bfloat16 or float16")
+    from pickle import UnpicklingError
+
+    from safetensors import SafetensorError
+
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch_dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelError(f"cannot load the model in '{folder}': {exc}") from exc
+    except (OSError, ValueError, KeyError, RuntimeError, UnpicklingError, SafetensorError) as exc:
+        raise ModelError(
+            f"cannot load the model in '{folder}': {exc}; fix: re-save it with save_pretrained(folder)"
+        ) from exc
     tokenizer = load_auto_tokenizer(folder)
     return model.eval(), tokenizer

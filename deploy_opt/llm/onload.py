@@ -25,6 +25,8 @@ from calibrators.groupwise.rtn import QuantizedWeight
 from deploy_opt.llm.quantize_engine import LayerSource, advance, decoder_layers, layer_prefix
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ModelError
+from dopt_common.files import regular_input
+from dopt_common.weights import SAFETENSORS_HEADER_CAP, open_safetensors
 from exporters.shards import INDEX_FILE, SINGLE_FILE
 
 log = logging.getLogger(__name__)
@@ -44,14 +46,12 @@ class ShardedFolder:
 
     def read(self, names: list[str], device: str, dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
         """The named tensors on ``device``; floating ones cast to ``dtype`` (None: as stored)."""
-        from safetensors import safe_open
-
         out: dict[str, torch.Tensor] = {}
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self.files[name], []).append(name)
         for path, group in by_file.items():
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
+            with open_safetensors(path) as handle:
                 for name in group:
                     tensor = handle.get_tensor(name)
                     if dtype is not None and tensor.is_floating_point():
@@ -69,9 +69,15 @@ def open_folder(folder: str | Path) -> ShardedFolder:
     folder = Path(folder)
     index = folder / INDEX_FILE
     if index.is_file():
+        regular_input(index, "safetensors index", max_bytes=SAFETENSORS_HEADER_CAP)  # no FIFO, device or giant
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"weight_map is a {type(weight_map).__name__}, not an object")
+            outside = [f for f in weight_map.values() if not isinstance(f, str) or Path(f).name != f or f in ("", "..")]
+            if outside:
+                raise ValueError(f"it names shard {str(outside[0])[:80]!r}, not a file in the folder")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"'{index}' is not a safetensors index ({exc}); fix: re-save the model") from exc
         return ShardedFolder(folder, {name: folder / file for name, file in weight_map.items()})
     single = folder / SINGLE_FILE
@@ -80,9 +86,7 @@ def open_folder(folder: str | Path) -> ShardedFolder:
             f"'{folder}' has no {SINGLE_FILE} or {INDEX_FILE}; layer-wise onloading reads safetensors; fix: re-save "
             "the model with save_pretrained(folder, safe_serialization=True), or set model.onload: memory"
         )
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as handle:
+    with open_safetensors(single) as handle:
         return ShardedFolder(folder, {name: single for name in handle.keys()})  # noqa: SIM118
 
 

@@ -50,13 +50,12 @@ def available_bytes() -> int:
 
 def float32_bytes(folder: Path) -> int:
     """The model's size in float32, from its shard headers (no tensor is read)."""
-    from safetensors import safe_open
-
     from deploy_opt.llm.onload import open_folder
+    from dopt_common.weights import open_safetensors
 
     total = 0
     for path in set(open_folder(folder).files.values()):
-        with safe_open(str(path), framework="pt") as handle:
+        with open_safetensors(path) as handle:
             for name in handle.keys():  # noqa: SIM118
                 numel = 1
                 for size in handle.get_slice(name).get_shape():
@@ -104,9 +103,10 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     from deploy_opt.llm.onload import load_skeleton, open_folder
 
     _refuse_whole_model_outputs(config)
+    shards = open_folder(source)  # the weights first: a damaged index fails before any tokenizer work
     require("transformers", purpose="loading an LLM", extra="llm")
     tokenizer = load_auto_tokenizer(source, "model.hf")
-    model = load_skeleton(open_folder(source), config.model.device)
+    model = load_skeleton(shards, config.model.device)
     scheme = plan_scheme(config.quantization, model)
     evaluation_docs, selection = select_texts(config, tokenizer)
     return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers")

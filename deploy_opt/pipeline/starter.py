@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.config.hf import TASKS, hf_inputs, read_hf_config
 from deploy_opt.config.model import InputSpec
@@ -25,6 +23,7 @@ from deploy_opt.evaluation.files import ARRAY_SUFFIXES, LABEL_KEYS, TEXT_SUFFIXE
 from deploy_opt.evaluation.text_files import read_texts
 from dopt_common.errors import InputError, OutputError
 from dopt_common.files import regular_input, write_text
+from exporters.onnx.checks import read_onnx_graph
 
 CALIBRATION_NAMES = ("calibration", "calib", "train")
 EVALUATION_NAMES = ("evaluation", "eval", "val", "validation", "test")
@@ -96,7 +95,7 @@ def _inspect_model(model: Path, base: Path) -> _Model:
         return _Model(lines, "hf", specs, None, task, model)
     if model.suffix.lower() != ".onnx" or not model.is_file():
         raise InputError(f"init: '{model}' is neither an .onnx file nor a Hugging Face folder (with config.json)")
-    proto = onnx.load(str(model), load_external_data=False)
+    proto = read_onnx_graph(model)
     specs = input_specs_from_onnx(proto)
     lines = ["model:", f"  onnx: {_relative(model, base)}", "  inputs:  # read from the file; named dims are dynamic"]
     lines += [f"    - {{name: {s.name}, shape: {list(s.shape)}, dtype: {s.dtype}}}" for s in specs]

@@ -35,7 +35,15 @@ def check_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
 
 
-def _refuse_non_onnx(path: Path) -> None:
+def read_onnx_graph(path: str | Path) -> onnx.ModelProto:
+    """The model at ``path`` without its external data; a file that is not ONNX is a ModelError naming the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"ONNX file '{path}' does not exist or is not a file; fix: give the path of the .onnx file")
+    return _refuse_non_onnx(path)
+
+
+def _refuse_non_onnx(path: Path) -> onnx.ModelProto:
     """A file that parses as an empty ModelProto (text, an image, zero bytes) is not a model: say so, instead of
     the checker's "ir_version not set properly"."""
     size = path.stat().st_size
@@ -56,6 +64,7 @@ def _refuse_non_onnx(path: Path) -> None:
             "another format with an .onnx name?); fix: export the model with torch.onnx.export or point at the "
             "real .onnx file"
         )
+    return model
 
 
 def simplify_onnx(src: str | Path, dst: str | Path, external_data_mb: int = 1024) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,10 @@ from typing import Any
 from deploy_opt.train.search.space import SearchSpace
 from deploy_opt.train.search.trial import TrialSpec, recent_loss, run_segment, steps_to_converge, trial_config
 from dopt_common.deps import require
+from dopt_common.errors import OutputError, one_line
 from dopt_common.executor import make_executor
+from dopt_common.files import regular_input
+from dopt_common.names import shown
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,6 @@ def open_studies(folder: Path, space: SearchSpace) -> dict[str, Any]:
     """The ``fixed`` and ``tpe`` studies in ``folder/search.db`` (created, or loaded to resume)."""
     optuna = require("optuna", purpose="train search", extra="search")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{folder / STORAGE_NAME}"
     stage2 = space.stage2
     if stage2.pruner == "median":
         pruner = optuna.pruners.MedianPruner(n_startup_trials=stage2.startup_trials, n_warmup_steps=0)
@@ -63,12 +66,29 @@ def open_studies(folder: Path, space: SearchSpace) -> dict[str, Any]:
     else:
         pruner = optuna.pruners.NopPruner()
     sampler = optuna.samplers.TPESampler(seed=space.seed, n_startup_trials=3)
+    path = folder / STORAGE_NAME
+    if path.exists() or path.is_symlink():
+        regular_input(path, "search storage")  # a folder, FIFO or device there is refused before SQLite opens it
     return {
-        "fixed": optuna.create_study(study_name="fixed", storage=storage, load_if_exists=True, direction="minimize"),
-        "tpe": optuna.create_study(
-            study_name="tpe", storage=storage, load_if_exists=True, direction="minimize", sampler=sampler, pruner=pruner
-        ),
+        "fixed": _create_study(optuna, path, "fixed"),
+        "tpe": _create_study(optuna, path, "tpe", sampler=sampler, pruner=pruner),
     }
+
+
+def _create_study(optuna: Any, path: Path, name: str, **kwargs: Any) -> Any:
+    """One study in the SQLite file at ``path``; a corrupt or foreign file is an OutputError naming the fix."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.create_study(
+            study_name=name, storage=f"sqlite:///{path}", load_if_exists=True, direction="minimize", **kwargs
+        )
+    except (SQLAlchemyError, sqlite3.DatabaseError, RuntimeError) as exc:
+        raise OutputError(
+            f"search storage '{shown(str(path))}' is not a readable Optuna database ({type(exc).__name__}: "
+            f"{shown(one_line(exc), 100)}); fix: delete it to start the search afresh, or pick another --name or "
+            "--output-dir"
+        ) from None
 
 
 def by_number(study: Any) -> dict[int, Any]:
