@@ -93,15 +93,15 @@ def gguf_to_hf_folder(gguf_path: str | Path, out_dir: str | Path) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
         raise InputError(f"'{gguf_path}' is not a .gguf file; fix: give the path of a GGUF model file")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
+        raise OutputError(
+            f"'{out_dir}' already holds files not written by a GGUF conversion; fix: choose an empty folder"
+        )
     read_gguf_header(gguf_path)  # a hostile count fails here, before any reader allocates for it
     digest = sha256_file(gguf_path)
     if _marker_digest(out_dir) == digest:
         log.info("reusing the converted GGUF in %s", out_dir)
         return out_dir
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
-        raise OutputError(
-            f"'{out_dir}' already holds files not written by a GGUF conversion; fix: choose an empty folder"
-        )
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
