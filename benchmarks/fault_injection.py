@@ -60,6 +60,7 @@ class Trial:
     delay: float
     code: int
     problems: tuple[str, ...]
+    elapsed: float = 0.0  # seconds from start to exit
 
 
 def _cli(*args: str) -> list[str]:
@@ -204,6 +205,7 @@ def run_trial(scenario: Scenario, work: Path, number: int, rng: random.Random, s
         scenario.command, cwd=work, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     _SIDS[work] = proc.pid
+    started = time.monotonic()
     try:
         proc.wait(timeout=delay)
         signum = 0  # it finished first: no signal sent
@@ -217,12 +219,13 @@ def run_trial(scenario: Scenario, work: Path, number: int, rng: random.Random, s
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return Trial(number, signum, delay, proc.returncode, ("did not end within 300 s of the signal",))
+        return Trial(number, signum, delay, proc.returncode, ("did not end within 300 s of the signal",), 300.0)
+    elapsed = time.monotonic() - started
     stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     problems = check_trial(scenario, work, before, signum)
     if proc.returncode not in ALLOWED:
         problems.insert(0, f"exit {proc.returncode} not in the README's table: {stderr.strip()[-300:]}")
-    return Trial(number, signum, delay, proc.returncode, tuple(problems))
+    return Trial(number, signum, delay, proc.returncode, tuple(problems), elapsed)
 
 
 def measure_span(scenario: Scenario, work: Path) -> float:
@@ -245,11 +248,15 @@ def run_scenario(name: str, trials: int, seed: int) -> list[Trial]:
         (work / "beside").mkdir()
         (work / "beside" / "notes.txt").write_text("mine")
         guarded = {p: tree_hashes(p) for p in (sentinel, work / "beside")}
-        span = 1.1 * measure_span(scenario, work)
+        # The signal lands at a random point of the run: the span is the latest whole run's duration (a machine
+        # that gets busier or quieter moves it), so few trials end before their signal.
+        span = measure_span(scenario, work)
         rng = random.Random(seed)
         results = []
         for number in range(trials):
             trial = run_trial(scenario, work, number, rng, span)
+            if trial.signum == 0:
+                span = trial.elapsed
             if {p: tree_hashes(p) for p in guarded} != guarded:
                 trial = dataclasses.replace(trial, problems=(*trial.problems, "the sentinel tree changed"))
             results.append(trial)
