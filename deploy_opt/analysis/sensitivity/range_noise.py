@@ -49,25 +49,36 @@ def propagated_range_noise(
     constants = initializer_tensors(model)
     output = model.graph.output[0].name
     generator = torch.Generator().manual_seed(seed)
-    totals = {t: dict.fromkeys(by, 0.0) for t, by in candidates.items()}
+    totals = {t: np.zeros(len(by)) for t, by in candidates.items()}
     draws = 0
     with torch.enable_grad():
         for feed in feeds:
             tap = _TensorTaps(set(candidates))
             y = run_graph(model, feed, tap, constants)[output].float()
             names = list(tap.leaves)
-            noise = {t: {m: fn(tap.values[t]) - tap.values[t] for m, fn in fake[t].items()} for t in names}
+            noise = {t: _noise_rows(tap.values[t], fake[t].values()) for t in names}
             for _ in range(probes):
                 v = probe(y, generator, metric)
                 grads = torch.autograd.grad(
                     (v * y).sum(), [tap.leaves[t] for t in names], retain_graph=True, allow_unused=True
                 )
                 for name, grad in zip(names, grads, strict=True):
-                    if grad is not None:
-                        for method, e in noise[name].items():
-                            totals[name][method] += float((grad.double() * e.double()).sum()) ** 2
+                    if grad is not None:  # one matrix-vector product: every method's Jᵀv·e at once
+                        dots = torch.mv(noise[name], grad.detach().reshape(-1).float())
+                        totals[name] += dots.double().numpy() ** 2
                 draws += 1
-    return {t: {m: total / max(draws, 1) for m, total in by.items()} for t, by in totals.items()}
+    return {
+        t: {m: float(total) / max(draws, 1) for m, total in zip(by, totals[t], strict=True)}
+        for t, by in candidates.items()
+    }
+
+
+def _noise_rows(x: Any, fns: Iterable[Any]) -> Any:
+    """``DQ(Q(x)) - x`` for each candidate's fake quantization, a row each (float32, flattened)."""
+    import torch
+
+    flat = x.detach().reshape(-1).float()
+    return torch.stack([fn(flat) - flat for fn in fns])
 
 
 def _fake_quant(name: str, bounds: tuple[float, float], scheme: str) -> Any:
@@ -78,9 +89,9 @@ def _fake_quant(name: str, bounds: tuple[float, float], scheme: str) -> Any:
     scale, zero = float(entry.scale[0]), int(entry.zero_point[0])
     low, high = (-128, 127) if entry.dtype == "int8" else (0, 255)
 
-    def apply(x: Any) -> Any:
+    def apply(x: Any) -> Any:  # ATen's fused fake quantization: round half to even, as torch.round
         with torch.no_grad():
-            return (torch.clamp(torch.round(x / scale) + zero, low, high) - zero) * scale
+            return torch.fake_quantize_per_tensor_affine(x, scale, zero, low, high)
 
     return apply
 
