@@ -225,6 +225,10 @@ def run_trial(scenario: Scenario, work: Path, number: int, rng: random.Random, s
     problems = check_trial(scenario, work, before, signum)
     if proc.returncode not in ALLOWED:
         problems.insert(0, f"exit {proc.returncode} not in the README's table: {stderr.strip()[-300:]}")
+    if problems:  # the whole stderr of a broken trial, for the diagnosis
+        kept = Path(tempfile.gettempdir()) / f"fault-{scenario.name}-{number}.stderr"
+        kept.write_text(stderr)
+        problems.append(f"stderr in {kept}")
     return Trial(number, signum, delay, proc.returncode, tuple(problems), elapsed)
 
 

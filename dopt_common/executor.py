@@ -65,16 +65,20 @@ class RayExecutor:
         ray = require("ray", purpose="--parallel > 1 or --address (Ray tasks)", extra="search")
         self._ray = ray
         self.parallel = parallel
-        with _signals_held():  # ray.init sets a SIGTERM handler of its own (sys.exit): ours comes back after it
-            if not ray.is_initialized() and address:
-                ray.init(address=address, log_to_driver=False)
-            elif not ray.is_initialized():
-                ray.init(
-                    num_cpus=parallel,
-                    num_gpus=None if gpus_per_trial else 0,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                )
+        try:
+            with _signals_held(ray):  # a signal during ray.init is raised once it returns
+                if not ray.is_initialized() and address:
+                    ray.init(address=address, log_to_driver=False)
+                elif not ray.is_initialized():
+                    ray.init(
+                        num_cpus=parallel,
+                        num_gpus=None if gpus_per_trial else 0,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                    )
+        except BaseException:  # interrupted or failed start: what ray.init started (a local instance) goes too
+            ray.shutdown()
+            raise
         resources = ray.cluster_resources()
         log.info(
             "Ray: %s, %g CPUs, %g GPUs", address or "local instance", resources.get("CPU", 0), resources.get("GPU", 0)
@@ -128,20 +132,28 @@ class RayExecutor:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def _signals_held(ray: Any = None) -> Iterator[None]:
     """SIGINT and SIGTERM noted while Ray's own code runs, then raised again once the previous handlers are back.
 
     A handler that raises inside Ray's CoreWorker.wait comes out as a SystemError (an internal error, exit 3),
-    and ray.init replaces the SIGTERM handler with one that exits 1; both would hide an interrupted run.
+    and ray.init installs a SIGTERM handler that calls sys.exit(15) halfway through starting its processes;
+    both would hide an interrupted run (exit 3 or 15) and the second would orphan Ray's agents. Given ``ray``,
+    its handler installation is skipped for the block, so the noting handler stays in place.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted: list[int] = []
     previous = {signum: signal.signal(signum, lambda n, _f: noted.append(n)) for signum in STOPPING}
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    installer = getattr(utils, "set_sigterm_handler", None)
+    if installer is not None:
+        utils.set_sigterm_handler = lambda _handler: None
     try:
         yield
     finally:
+        if installer is not None:
+            utils.set_sigterm_handler = installer
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if noted:

@@ -157,3 +157,29 @@ def test_a_signal_during_parallel_builds_exits_128_plus_it_and_leaves_nothing(
         f"deploy_opt build: interrupted ({signal.Signals(signum).name}); staging removed, no partial report left"
     )
     assert list(out.iterdir()) == []
+
+
+def test_a_sigterm_while_ray_starts_is_raised_after_it_not_ray_s_exit_15() -> None:
+    """ray.init installs a handler that calls sys.exit(15) before it starts its processes: a SIGTERM then would
+    exit 15 halfway through the start and orphan Ray's agents. Held, it is noted and raised once init returns."""
+    import ray
+
+    from dopt_common.executor import _signals_held
+
+    class Stopped(Exception):
+        pass
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise Stopped
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stopped):
+            with _signals_held(ray):
+                ray._private.utils.set_sigterm_handler(lambda signum, _frame: sys.exit(signum))  # what init does
+                signal.raise_signal(signal.SIGTERM)  # lands "inside init": noted, no SystemExit
+                noted_inside = signal.getsignal(signal.SIGTERM) is not stop
+        assert noted_inside
+        assert ray._private.utils.set_sigterm_handler.__name__ == "set_sigterm_handler"  # restored
+    finally:
+        signal.signal(signal.SIGTERM, before)
