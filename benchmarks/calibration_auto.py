@@ -3,9 +3,9 @@
 Not a test: run by hand, on an idle machine. For the config's calibration sample it times, in this process,
 ``calibrate_activations`` with the method ``auto`` over every tensor the widest search candidate quantizes
 (``outputs+chain``), and splits the time into the streaming collection pass and the range choice, which runs
-``AUTO_SAMPLES`` samples through the torch evaluator with Hutchinson probes. Each phase is given per
-tensor × sample, the unit in which it is linear, and again with the choice run on half the samples, so the
-table shows the scaling rather than asserting it.
+``AUTO_SAMPLES`` samples through the torch evaluator with Hutchinson probes (both schemes in one pass).
+Each phase is given per tensor × sample, the unit in which it is linear, and again with the choice run on half
+the samples, so the table shows the scaling rather than asserting it.
 
     python benchmarks/calibration_auto.py benchmarks/corpus/yolo-nudenet.yaml  # after run.py --prepare-only
 """
@@ -42,7 +42,7 @@ def timed_calibration(config_path: Path, samples: int) -> tuple[float, float, in
     inputs = load_inputs(config)
     fp32 = Path(config.base_dir) / str(config.model.onnx)
     calibrate.AUTO_SAMPLES = samples
-    choose = calibrate.choose_methods
+    choose = calibrate.scheme_noise
     spent = {"choice": 0.0}
 
     def timed_choose(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the same call, timed
@@ -52,13 +52,13 @@ def timed_calibration(config_path: Path, samples: int) -> tuple[float, float, in
         finally:
             spent["choice"] += time.perf_counter() - started
 
-    calibrate.choose_methods = timed_choose
+    calibrate.scheme_noise = timed_choose
     try:
         started = time.perf_counter()
         ranges = calibrate.calibrate_activations(setup, fp32, inputs.calibration)
         total = time.perf_counter() - started
     finally:
-        calibrate.choose_methods = choose
+        calibrate.scheme_noise = choose
     return total - spent["choice"], spent["choice"], len(ranges.chosen), ranges.samples
 
 

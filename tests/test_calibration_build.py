@@ -273,3 +273,29 @@ def test_build_json_records_the_calibration(tmp_path: Path, tiny_model: Path) ->
         record["sample_hash"]
         == load_scale_file(result.out_dir / "scales.json").provenance["calibration"]["sample_hash"]
     )
+
+
+def test_auto_measures_both_schemes_in_one_pass_and_rescheme_reuses_it(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """method auto's propagated noise is measured for both activation schemes at once: rescheme then chooses
+    the other scheme's ranges without running the model again, exactly as a fresh choice for that scheme."""
+    from deploy_opt.build import calibrate
+
+    def config_for(scheme: str):  # noqa: ANN202 - a BuildConfig
+        config, _ = _config(tmp_path, tiny_model, "  method: auto", [f"quantization.activations={scheme}"])
+        return config
+
+    asym, symm = config_for("asymmetric"), config_for("symmetric")
+    chosen = choose_calibration(asym, _specs(tiny_model))
+    first = calibrate_activations(asym, tiny_model, chosen)
+    assert set(first.noise) == {"asymmetric", "symmetric"} and first.evidence  # measured, and the choice shown
+    fresh = calibrate_activations(symm, tiny_model, choose_calibration(symm, _specs(tiny_model)))
+
+    def no_second_pass(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("rescheme ran the propagated-noise pass again")
+
+    monkeypatch.setattr(calibrate, "propagated_range_noise", no_second_pass)
+    again = calibrate.rescheme(first, symm, tiny_model, chosen)
+    assert again is not None
+    assert again.methods == fresh.methods and again.chosen == fresh.chosen and again.evidence == fresh.evidence

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 PLOTTED = 8
 AUTO_METHODS = ("minmax", "entropy", "mse")
 AUTO_SAMPLES = 16  # calibration samples that the propagated-error estimate of ``method: auto`` runs
+SCHEMES = ("asymmetric", "symmetric")
+# method auto's propagated noise: activation scheme -> tensor -> method -> relative output noise power
+SchemeNoise = dict[str, dict[str, dict[str, float]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +56,9 @@ class ActivationRanges:
     # choose_ranges' wall time (method auto's propagated error dominates it): what choosing again for another
     # scheme costs (rescheme), which the auto search counts before it starts one
     choice_seconds: float = 0.0
+    # method auto: the noise of every candidate range under both schemes, measured in the one pass, so that
+    # rescheme chooses for the other scheme without running the model again
+    noise: SchemeNoise = field(default_factory=dict)
 
     @classmethod
     def empty(cls, samples: int) -> ActivationRanges:
@@ -69,6 +75,7 @@ class Statistics:
     absolute: dict[str, Histogram]
     samples: int
     plotted: list[str]
+    noise: SchemeNoise = field(default_factory=dict)  # method auto's, when an earlier choice measured it
 
 
 def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
@@ -91,7 +98,7 @@ def rescheme(
     """
     if any(config.calibration.method_for(n) == "percentile" for n in ranges.observed):
         return None
-    stats = Statistics(ranges.observed, ranges.signed, ranges.absolute, ranges.samples, ranges.plotted)
+    stats = Statistics(ranges.observed, ranges.signed, ranges.absolute, ranges.samples, ranges.plotted, ranges.noise)
     return choose_ranges(config, fp32_path, calibration, stats)
 
 
@@ -145,7 +152,10 @@ def choose_ranges(
     methods = {name: _basis(m) for name, m in wanted.items()}
     inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
-    picked, evidence = choose_methods(fp32_path, auto, observed, absolute, config, calibration) if auto else ({}, {})
+    noise = stats.noise if scheme_key(config) in stats.noise else {}
+    if auto and not noise:
+        noise = scheme_noise(fp32_path, auto, observed, absolute, config, calibration)
+    picked, evidence = choose_methods(noise.get(scheme_key(config), {}), auto)
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
     chosen: dict[str, tuple[float, float]] = {}
@@ -172,39 +182,67 @@ def choose_ranges(
         guards=guards,
         evidence=evidence,
         choice_seconds=time.perf_counter() - started,
+        noise=noise,
     )
 
 
-def choose_methods(
+def scheme_key(config: BuildConfig) -> str:
+    """The activation scheme ``config`` quantizes with: the key of its noise in ``SchemeNoise``."""
+    return "symmetric" if config.quantization.activations == "symmetric" else "asymmetric"
+
+
+def scheme_noise(
     fp32_path: Path,
     names: list[str],
     observed: dict[str, tuple[float, float]],
     absolute: dict[str, Histogram],
     config: BuildConfig,
     calibration: CalibrationSet,
-) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
-    """``calibration.method: auto``: per tensor, the chosen method and each candidate's propagated output SQNR.
-
-    Empty when the torch evaluator cannot run the graph: those tensors keep mse's range, under the guards.
+) -> SchemeNoise:
+    """``calibration.method: auto``'s evidence: per scheme, tensor and candidate method, the propagated output
+    noise of that range. Both schemes in one pass: the forward and the backward probes are the same, only each
+    candidate's quantization noise differs. Empty when the torch evaluator cannot run the graph.
     """
-    symmetric = config.quantization.activations == "symmetric"
     candidates = {
-        name: {m: range_for(m, *observed[name], absolute.get(name), symmetric=symmetric) for m in AUTO_METHODS}
+        name: {
+            (scheme, m): range_for(m, *observed[name], absolute.get(name), symmetric=scheme == "symmetric")
+            for scheme in SCHEMES
+            for m in AUTO_METHODS
+        }
         for name in names
     }
     # The first samples, one at a time: each is an independent draw for the estimator.
     feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     started = time.perf_counter()
-    noise = propagated_range_noise(model, candidates, config.quantization.activations, feeds, metric=config.data.metric)
+    noise = propagated_range_noise(model, candidates, lambda key: key[0], feeds, metric=config.data.metric)
     if noise is None:
-        return {}, {}
-    picked = pick_methods(noise)
+        return {}
     log.info(
-        "calibration auto: %s over %d tensors (propagated output error, %d samples, %.1f s)",
-        {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS},
-        len(picked),
+        "calibration auto: propagated output error of %d tensors x %d ranges (%d samples, %.1f s)",
+        len(noise),
+        len(SCHEMES) * len(AUTO_METHODS),
         len(feeds),
         time.perf_counter() - started,
     )
-    return picked, {n: {m: json_db(noise_db(v), 2) for m, v in by.items()} for n, by in noise.items()}
+    return {scheme: {n: {m: by[(scheme, m)] for m in AUTO_METHODS} for n, by in noise.items()} for scheme in SCHEMES}
+
+
+def choose_methods(
+    noise: dict[str, dict[str, float]], names: list[str]
+) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+    """``calibration.method: auto``: per tensor, the chosen method and each candidate's propagated output SQNR.
+
+    Empty when there is no evidence (the torch evaluator cannot run the graph): those tensors keep mse's range,
+    under the guards.
+    """
+    measured = {n: noise[n] for n in names if n in noise}
+    if not measured:
+        return {}, {}
+    picked = pick_methods(measured)
+    log.info(
+        "calibration auto: %s over %d tensors (propagated output error)",
+        {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS},
+        len(picked),
+    )
+    return picked, {n: {m: json_db(noise_db(v), 2) for m, v in by.items()} for n, by in measured.items()}

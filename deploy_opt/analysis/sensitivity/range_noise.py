@@ -12,7 +12,7 @@ The method with the least propagated noise wins; on a tensor where clipping hurt
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 def propagated_range_noise(
     model: onnx.ModelProto,
-    candidates: Mapping[str, Mapping[str, tuple[float, float]]],
-    scheme: str,
+    candidates: Mapping[str, Mapping[Any, tuple[float, float]]],
+    scheme: str | Callable[[Any], str],
     feeds: Iterable[dict[str, np.ndarray]],
     probes: int = 4,
     seed: int = 0,
@@ -37,7 +37,9 @@ def propagated_range_noise(
 ) -> dict[str, dict[str, float]] | None:
     """Per tensor and method, the output noise power (relative to the output's) of quantizing with that range.
 
-    ``candidates`` maps tensor → method → (low, high). None when the torch evaluator lacks an operator.
+    ``candidates`` maps tensor → candidate → (low, high); ``scheme`` is the activation scheme of every
+    candidate, or a function from a candidate to its scheme (one pass for both schemes: the forward and the
+    probes' backward passes are shared). None when the torch evaluator lacks an operator.
     ``metric`` decides how output noise is weighed (``noise.probe``).
     """
     torch = require("torch", purpose="choosing range methods by propagated error")
@@ -45,7 +47,8 @@ def propagated_range_noise(
     if missing:
         log.warning("calibration auto: the torch evaluator lacks %s; ranges chosen locally", ", ".join(missing))
         return None
-    fake = {t: {m: _fake_quant(t, r, scheme) for m, r in by.items()} for t, by in candidates.items()}
+    scheme_of = scheme if callable(scheme) else (lambda _key: scheme)
+    fake = {t: {m: _fake_quant(t, r, scheme_of(m)) for m, r in by.items()} for t, by in candidates.items()}
     constants = initializer_tensors(model)
     output = model.graph.output[0].name
     generator = torch.Generator().manual_seed(seed)
