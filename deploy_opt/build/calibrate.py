@@ -53,8 +53,8 @@ class ActivationRanges:
     guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
     # method: auto, per tensor: each candidate method's propagated output SQNR in dB (the evidence for the choice)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
-    # choose_ranges' wall time (method auto's propagated error dominates it): what choosing again for another
-    # scheme costs (rescheme), which the auto search counts before it starts one
+    # choose_ranges' wall time without method auto's propagated-noise pass (which measured both schemes): what
+    # choosing again for another scheme costs (rescheme), which the auto search counts before it starts one
     choice_seconds: float = 0.0
     # method auto: the noise of every candidate range under both schemes, measured in the one pass, so that
     # rescheme chooses for the other scheme without running the model again
@@ -152,9 +152,11 @@ def choose_ranges(
     methods = {name: _basis(m) for name, m in wanted.items()}
     inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
-    noise = stats.noise if scheme_key(config) in stats.noise else {}
+    noise, measuring = (stats.noise if scheme_key(config) in stats.noise else {}), 0.0
     if auto and not noise:
+        measuring = time.perf_counter()
         noise = scheme_noise(fp32_path, auto, observed, absolute, config, calibration)
+        measuring = time.perf_counter() - measuring  # not repeated by rescheme, so not in choice_seconds
     picked, evidence = choose_methods(noise.get(scheme_key(config), {}), auto)
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
@@ -181,7 +183,7 @@ def choose_ranges(
         plotted=stats.plotted,
         guards=guards,
         evidence=evidence,
-        choice_seconds=time.perf_counter() - started,
+        choice_seconds=time.perf_counter() - started - measuring,
         noise=noise,
     )
 
@@ -201,7 +203,7 @@ def scheme_noise(
 ) -> SchemeNoise:
     """``calibration.method: auto``'s evidence: per scheme, tensor and candidate method, the propagated output
     noise of that range. Both schemes in one pass: the forward and the backward probes are the same, only each
-    candidate's quantization noise differs. Empty when the torch evaluator cannot run the graph.
+    candidate's quantization noise differs. Each scheme's is empty when the torch evaluator cannot run the graph.
     """
     candidates = {
         name: {
@@ -216,8 +218,8 @@ def scheme_noise(
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     started = time.perf_counter()
     noise = propagated_range_noise(model, candidates, lambda key: key[0], feeds, metric=config.data.metric)
-    if noise is None:
-        return {}
+    if noise is None:  # no evidence for either scheme: recorded, so that rescheme does not load the model again
+        return {scheme: {} for scheme in SCHEMES}
     log.info(
         "calibration auto: propagated output error of %d tensors x %d ranges (%d samples, %.1f s)",
         len(noise),
