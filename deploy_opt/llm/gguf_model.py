@@ -137,8 +137,7 @@ def _swap_in(staging: Path, out_dir: Path, digest: str) -> None:
 def load_model_folder(path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) from a local Hugging Face folder or a .gguf file; never downloads."""
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        read_gguf_header(path)
+    if path.is_file() and path.suffix == ".gguf":  # gguf_to_hf_folder checks its header before any reader
         folder = gguf_to_hf_folder(path, cache_dir() / "gguf" / f"{path.stem}-{sha256_file(path)[:16]}")
     elif path.is_dir() and (path / "config.json").is_file():
         check_weight_folder(path)

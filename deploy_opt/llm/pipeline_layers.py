@@ -25,7 +25,6 @@ from deploy_opt.llm.run_common import (
     select_texts,
     write_report,
 )
-from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 from dopt_common.hf_tokenizer import load_auto_tokenizer
 from dopt_common.runs import Timings
@@ -104,7 +103,6 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
 
     _refuse_whole_model_outputs(config)
     shards = open_folder(source)  # the weights first: a damaged index fails before any tokenizer work
-    require("transformers", purpose="loading an LLM", extra="llm")
     tokenizer = load_auto_tokenizer(source, "model.hf")
     model = load_skeleton(shards, config.model.device)
     scheme = plan_scheme(config.quantization, model)
