@@ -19,7 +19,6 @@ import numpy as np
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.labels import CLASS_METRICS, check_class_labels
 from deploy_opt.evaluation.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
 
@@ -150,13 +149,8 @@ def evaluation_ids(config: BuildConfig, specs: tuple[InputSpec, ...], classes: i
     """The id of every evaluation sample (one light pass over the evaluation source, no inference); with the
     model's ``classes`` known, a class metric's labels past them are refused here, before any model runs."""
     ref, data = config.data.evaluation, config.data
-    ids: list[str] = []
-    batches = iter_batches(ref, specs, data, config.base_dir, "data.evaluation", data.eval_samples)
-    for index, batch in enumerate(batches):
-        if classes is not None and batch.label is not None and data.metric in CLASS_METRICS:
-            check_class_labels(batch.label, f"data.evaluation '{ref}' batch {index}", classes)
-        ids.extend(sample_ids(batch))
-    return ids
+    batches = iter_batches(ref, specs, data, config.base_dir, "data.evaluation", data.eval_samples, classes)
+    return [i for b in batches for i in sample_ids(b)]
 
 
 def refuse_overlap(calibration: CalibrationSet, evaluation: list[str]) -> None:

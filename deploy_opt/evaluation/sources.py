@@ -269,9 +269,11 @@ def iter_batches(
     base_dir: str | Path,
     what: str,
     limit: int | None = None,
+    classes: int | None = None,
 ) -> Iterator[Batch]:
     """Yield validated batches from a data function or a data file (``files.py``), stopping after ``limit``
-    samples; ``data`` says how files are read (batch size, image preprocessing, tokenizer)."""
+    samples; ``data`` says how files are read (batch size, image preprocessing, tokenizer). A class metric's
+    labels must be class ids, below ``classes`` when the model's class count is known."""
     path = file_path(ref, base_dir)
     if path is not None:
         source: Iterable[Any] = file_items(path, specs, data, base_dir, what)
@@ -286,7 +288,7 @@ def iter_batches(
         item = item.item if isinstance(item, StratifiedItem) else item
         batch = with_strata(to_batch(item, specs, f"{what} batch {index}"), strata)
         if batch.label is not None and data.metric in CLASS_METRICS:
-            check_class_labels(batch.label, f"{what} '{ref}' batch {index}")
+            check_class_labels(batch.label, f"{what} '{ref}' batch {index}", classes)
         if limit is not None and taken + batch.size > limit:
             batch = batch.head(limit - taken)
         if batch.size:
