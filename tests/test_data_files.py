@@ -46,6 +46,18 @@ def test_an_npz_is_cut_into_batches_by_input_name_with_its_labels(tmp_path: Path
     assert sum(b.size for b in _batches("one.npy", IMAGE, _data(), tmp_path)) == 10
 
 
+def test_a_model_with_a_fixed_batch_takes_file_rows_that_many_at_a_time(tmp_path: Path) -> None:
+    """A detector exported at batch 1 with the default data.batch_size (32): files are read a row at a time, as
+    the model takes them, instead of failing on every batch's shape."""
+    x = np.random.default_rng(0).normal(size=(5, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "one.npy", x)
+    fixed = (InputSpec("x", (1, 3, 8, 8), "float32"),)
+    batches = _batches("one.npy", fixed, _data(), tmp_path)
+    assert [b.size for b in batches] == [1] * 5
+    np.testing.assert_array_equal(np.concatenate([b.inputs["x"] for b in batches]), x)
+    assert [b.size for b in _batches("one.npy", IMAGE, _data(batch_size=2), tmp_path)] == [2, 2, 1]  # dynamic
+
+
 def test_an_npz_missing_an_input_lists_the_keys_it_has(tmp_path: Path) -> None:
     np.savez(tmp_path / "c.npz", image=np.zeros((2, 3, 8, 8), np.float32), labels=np.zeros(2))
     with pytest.raises(InputError, match=r"no array for input\(s\) \['x'\]; it holds \['image', 'labels'\]"):

@@ -20,6 +20,7 @@ refused as an overlap, and the same samples from an image folder and from an ``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -60,6 +61,17 @@ def file_path(ref: str, base_dir: str | Path) -> Path | None:
     return path if os.path.exists(path) and not os.path.isfile(path) else None
 
 
+def _model_batch(specs: tuple[InputSpec, ...], data: DataConfig) -> DataConfig:
+    """``data`` with ``batch_size`` set to the model's batch when every input declares the same fixed one (a
+    detector exported at batch 1 takes one image a run, whatever ``data.batch_size`` says)."""
+    fixed = {s.shape[0] if s.shape and isinstance(s.shape[0], int) else None for s in specs}
+    if len(fixed) != 1 or None in fixed or fixed == {data.batch_size}:
+        return data
+    (size,) = fixed
+    log.debug("file rows %d at a time: the model's inputs declare batch %d", size, size)
+    return dataclasses.replace(data, batch_size=size)
+
+
 def file_items(
     path: Path, specs: tuple[InputSpec, ...], data: DataConfig, base_dir: str | Path, what: str
 ) -> Iterator[Item | StratifiedItem]:
@@ -69,6 +81,7 @@ def file_items(
     if not path.is_dir():
         regular_input(path, what)  # a FIFO or a device would block or never end
     suffix = path.suffix.lower()
+    data = _model_batch(specs, data)
     tokenizer = None if data.tokenizer is None else str(Path(base_dir) / data.tokenizer)
     if suffix in ARRAY_SUFFIXES:
         return _array_items(path, specs, data.batch_size, data.strata, what)
