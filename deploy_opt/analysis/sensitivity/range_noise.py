@@ -59,15 +59,17 @@ def propagated_range_noise(
             tap = _TensorTaps(set(candidates))
             y = run_graph(model, feed, tap, constants)[output].float()
             names = list(tap.leaves)
-            noise = {t: _noise_rows(tap.values[t], fake[t].values()) for t in names}
             for _ in range(probes):
                 v = probe(y, generator, metric)
                 grads = torch.autograd.grad(
                     (v * y).sum(), [tap.leaves[t] for t in names], retain_graph=True, allow_unused=True
                 )
                 for name, grad in zip(names, grads, strict=True):
-                    if grad is not None:  # one matrix-vector product: every method's Jᵀv·e at once
-                        dots = torch.mv(noise[name], grad.detach().reshape(-1).float())
+                    if grad is not None:  # one matrix-vector product: every candidate's Jᵀv·e at once
+                        # the noise rows are made per probe, not kept: six per tensor of a large detector's
+                        # activations would need several times the memory of the activations themselves
+                        noise = _noise_rows(tap.values[name], fake[name].values())
+                        dots = torch.mv(noise, grad.detach().reshape(-1).float())
                         totals[name] += dots.double().numpy() ** 2
                 draws += 1
     return {
