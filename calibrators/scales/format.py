@@ -2,6 +2,9 @@
 
 Each scale is stored as its float32 value and its exact big-endian IEEE bits in hex, so no converter can
 round it. Readers take the bits and refuse a file whose decimal and hex disagree.
+
+Activations quantized at run time (dynamic-range INT8) have no scale to store: they are listed apart, under
+``dynamic``, so every entry of ``tensors`` keeps its scale and a file without ``dynamic`` reads as before.
 """
 
 from __future__ import annotations
@@ -121,6 +124,24 @@ class TensorScale:
 
 
 @dataclass(frozen=True)
+class DynamicTensor:
+    """An activation quantized at run time: its scale and zero point come from each input, so none is stored."""
+
+    name: str
+    dtype: str = "uint8"  # ORT's DynamicQuantizeLinear and DynamicQuantizeLSTM take uint8 only
+    method: str = "DynamicQuantizeLinear"
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for scales.json."""
+        return {"dtype": self.dtype, "method": self.method}
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> DynamicTensor:
+        """Parse one ``dynamic`` entry (the schema has checked its fields)."""
+        return cls(name=name, dtype=data["dtype"], method=data["method"])
+
+
+@dataclass(frozen=True)
 class ScaleFile:
     """Every quantized tensor of a model with its parameters, the activation scheme and provenance."""
 
@@ -128,21 +149,29 @@ class ScaleFile:
     tensors: Mapping[str, TensorScale]
     provenance: Mapping[str, Any] = field(default_factory=dict)
     excluded: tuple[str, ...] = ()
+    dynamic: Mapping[str, DynamicTensor] = field(default_factory=dict)
 
     def restricted_to(self, names: Iterable[str]) -> ScaleFile:
         """The same file holding only ``names`` (the tensors an artifact really quantized)."""
         keep = set(names)
-        return replace(self, tensors={k: v for k, v in self.tensors.items() if k in keep})
+        return replace(
+            self,
+            tensors={k: v for k, v in self.tensors.items() if k in keep},
+            dynamic={k: v for k, v in self.dynamic.items() if k in keep},
+        )
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data for scales.json."""
-        return {
+        """Plain data for scales.json (``dynamic`` only when some activation is quantized at run time)."""
+        data = {
             "format": FORMAT,
             "activations": self.activations,
             "provenance": dict(self.provenance),
             "excluded": list(self.excluded),
             "tensors": {name: self.tensors[name].to_json() for name in sorted(self.tensors)},
         }
+        if self.dynamic:
+            data["dynamic"] = {name: self.dynamic[name].to_json() for name in sorted(self.dynamic)}
+        return data
 
 
 def save_scale_file(scales: ScaleFile, path: str | Path) -> Path:
@@ -166,4 +195,5 @@ def load_scale_file(path: str | Path) -> ScaleFile:
         tensors=tensors,
         provenance=data.get("provenance", {}),
         excluded=tuple(data.get("excluded", ())),
+        dynamic={name: DynamicTensor.from_json(name, entry) for name, entry in data.get("dynamic", {}).items()},
     )

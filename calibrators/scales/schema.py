@@ -56,11 +56,14 @@ def validate_scale_data(data: Any, source: str = "scales.json") -> None:
         problem = _inconsistency(entry)
         if problem:
             raise ConfigError(f"{source} tensor '{name}': {problem}; {FIX}")
+    both = sorted(set(data.get("dynamic", {})) & set(data["tensors"]))
+    if both:  # a tensor has a stored scale or a run-time one, never both
+        raise ConfigError(f"{source} tensor '{both[0]}': listed under both 'tensors' and 'dynamic'; {FIX}")
 
 
 def _describe(error: Any, source: str) -> str:
     path = list(error.absolute_path)
-    if len(path) >= 2 and path[0] == "tensors":
+    if len(path) >= 2 and path[0] in ("tensors", "dynamic"):
         where = f"{source} tensor '{path[1]}'"
         rest = path[2:]
     else:

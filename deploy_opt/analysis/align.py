@@ -1,7 +1,9 @@
 """``align verify``: read the scales back out of every artifact of a build and prove them equal to scales.json.
 
 Each artifact is read by the reader of its own format, never by the code that wrote it from scales.json:
-- ``model.int8.onnx``: the Q/DQ scale and zero-point initializers (``read_qdq_scales``);
+- ``model.int8.onnx``: the Q/DQ scale and zero-point initializers (``read_qdq_scales``); for a dynamic INT8
+  model, its int8 weights' parameters and the activations it quantizes at run time (``read_dynamic_model``),
+  which must be the ones scales.json lists under ``dynamic`` (they have no scale to compare);
 - ``model.trt.onnx``, where a build targets ORT CPU and TensorRT: the same, less the biases it keeps float;
 - ``calibration.cache``: the TensorRT cache lines (activation scales only; the format has no weights);
 - ``encodings.json``: the AIMET encodings;
@@ -14,6 +16,7 @@ artifact, drifted, asymmetric where the format needs symmetric, or present in th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from typing import Any
 
 from calibrators.scales.format import ScaleFile, TensorScale, float32_hex, load_scale_file
 from dopt_common.errors import ConfigError
+from exporters.ort.dynamic_read import compare_dynamic, read_dynamic_model
 from exporters.ort.qdq import compare_scales, read_qdq_scales
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ class ArtifactCheck:
     extra: tuple[str, ...] = ()
     asymmetric: tuple[str, ...] = ()
     note: str = ""
+    dynamic: tuple[str, ...] = ()  # activations both sides quantize at run time (no scale to compare)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for align.json."""
@@ -54,6 +59,7 @@ class ArtifactCheck:
             "extra": list(self.extra),
             "asymmetric": list(self.asymmetric),
             "note": self.note,
+            "dynamic": list(self.dynamic),
         }
 
     def line(self) -> str:
@@ -66,6 +72,7 @@ class ArtifactCheck:
             ("missing from artifact", self.missing),
             ("not in scales.json", self.extra),
             ("asymmetric", self.asymmetric),
+            ("dynamic (quantized at run time, as scales.json says)", self.dynamic),
         ):
             if names:
                 parts.append(f"{label}: {', '.join(names[:5])}{' …' if len(names) > 5 else ''} ({len(names)})")
@@ -113,13 +120,12 @@ def verify_alignment(build_dir: str | Path) -> AlignReport:
         raise ConfigError(f"'{folder}' has no scales.json; pass a build folder (reports/<name>/)")
     scales = load_scale_file(scales_path)
     readers: list[tuple[str, Callable[[Path], Mapping[str, TensorScale]], Callable[[ScaleFile], dict]]] = [
-        ("model.int8.onnx", read_qdq_scales, lambda s: dict(s.tensors)),
         ("model.trt.onnx", read_qdq_scales, _overrides_expected),  # TensorRT's form: the biases are float
         ("calibration.cache", _read_cache, _cache_expected),
         ("encodings.json", _read_aimet, lambda s: dict(s.tensors)),
         ("overrides.json", _read_overrides, _overrides_expected),
     ]
-    checks = []
+    checks = [_check_ort_model(folder / "model.int8.onnx", scales)]
     for name, read, expected in readers:
         path = folder / name
         if not path.is_file():
@@ -147,6 +153,31 @@ def _check(name: str, found: Mapping[str, TensorScale], expected: dict, scales: 
         diff.missing_in_artifact,
         diff.missing_in_file,
         asymmetric,
+    )
+
+
+def _check_ort_model(path: Path, scales: ScaleFile) -> ArtifactCheck:
+    """model.int8.onnx: Q/DQ scales or dynamic INT8 weights bit for bit, and the activations it quantizes at run
+    time by name (scales.json's ``dynamic``)."""
+    import onnx
+
+    if not path.is_file():
+        return ArtifactCheck(path.name, "skipped", note="not in this build")
+    model = onnx.load(str(path))
+    readback = read_dynamic_model(path, model)
+    found = {**read_qdq_scales(path, model), **readback.weights}
+    check = _check(path.name, found, dict(scales.tensors), scales)
+    if not readback.dynamic and not scales.dynamic:
+        return check
+    diff = compare_dynamic(scales, readback)
+    disagree = diff.dynamic_changed + diff.dynamic_missing + diff.dynamic_extra
+    return dataclasses.replace(
+        check,
+        status="fail" if disagree else check.status,
+        drifted=check.drifted + diff.dynamic_changed,
+        missing=check.missing + diff.dynamic_missing,
+        extra=check.extra + diff.dynamic_extra,
+        dynamic=tuple(sorted(set(scales.dynamic) & set(readback.dynamic) - set(diff.dynamic_changed))),
     )
 
 

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnx import defs, shape_inference
 
 from deploy_opt.analysis import compat_data as data
+from deploy_opt.analysis.compat_dynamic import dynamic_reads, dynamic_sources, dynamic_warning, tensorrt_reason
 from deploy_opt.analysis.compat_report import CompatReport
 from deploy_opt.analysis.trt_qdq import qdq_problem
 from deploy_opt.analysis.trt_restrictions import NodeFacts, check_restrictions
@@ -46,6 +47,7 @@ class _Graph:
     ranks: Mapping[str, int]
     constants: Mapping[str, onnx.TensorProto]
     dq_outputs: frozenset[str]
+    dynamic: Mapping[str, str]  # a tensor quantized at run time -> the float tensor it comes from
     readers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
     cpu: data.KernelTable
     cuda: data.KernelTable
@@ -74,6 +76,7 @@ def check_compat(
         ranks=ranks,
         constants=constants,
         dq_outputs=frozenset(n.output[0] for n, _, _ in nodes if n.op_type == "DequantizeLinear" and n.output),
+        dynamic=dynamic_sources(n for n, _, _ in nodes),
         readers=_readers(n for n, _, _ in nodes),
         cpu=cpu,
         cuda=data.cuda_kernels(),
@@ -102,7 +105,7 @@ def check_compat(
             "min_ort": "deploy_opt/data/ort_opset_support.csv: ORT release -> opset (ORT's compatibility page)",
             "shape_inference": inference,
         },
-        warnings=tuple(_model_warnings(graph)),
+        warnings=(*_model_warnings(graph), *dynamic_warning(rows)),
         tensorrt_parser=parser,
         summary={t: {s: sum(r["status"][t] == s for r in rows) for s in STATUSES} for t in TARGETS},
         flagged=tuple(
@@ -225,6 +228,9 @@ def _node_row(index: int, node: onnx.NodeProto, where: str, top: int | None, gra
     problem = qdq_problem(node, graph.types, graph.constants, graph.readers, graph.opsets.get("", 0))
     if problem is not None and domain == "":
         verdicts["tensorrt"] = ("fail", f"TensorRT {graph.tensorrt.version}: {problem}")
+    dynamic = dynamic_reads(node, graph.dynamic)
+    if dynamic:
+        verdicts["tensorrt"] = ("fail", f"TensorRT {graph.tensorrt.version}: {tensorrt_reason(dynamic)}")
     return {
         "index": index,
         "name": node.name or f"{node.op_type}_{index}",
@@ -236,6 +242,7 @@ def _node_row(index: int, node: onnx.NodeProto, where: str, top: int | None, gra
         "since_version": since,
         "input_types": [t.removeprefix("tensor(").removesuffix(")") if t else None for t in in_types],
         "quantized": quantized,
+        "dynamic": dynamic,
         "ort_cpu": cpu,
         "ort_cuda": cuda,
         "int8_cpu": int8,
@@ -361,7 +368,7 @@ def _confirm_with_tensorrt(proto: onnx.ModelProto, path: Path | None, rows: list
         if not row["tensorrt_parser"]:
             row["status"]["tensorrt"] = "fail"
             row["reasons"]["tensorrt"] = f"TensorRT {verdict['tensorrt']}'s ONNX parser does not support it"
-        elif row["status"]["tensorrt"] == "fail":
+        elif row["status"]["tensorrt"] == "fail" and not row["dynamic"]:  # its parser does not judge numerics
             row["status"]["tensorrt"] = "ok"
             row["reasons"]["tensorrt"] = f"not in the table, but TensorRT {verdict['tensorrt']}'s parser accepts it"
     return verdict

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt.analysis import compat_data as data
+from deploy_opt.analysis.compat_dynamic import render_dynamic_markdown
 from dopt_common.errors import ReportError
 from dopt_common.files import write_json, write_text
 
@@ -81,6 +82,7 @@ def render_compat_markdown(report: CompatReport) -> str:
             f"| {f['index']} | {_md(f['name'])} | {f['op_type']} | {f['target']} | {f['status']} | {_md(f['reason'])} |"
             for f in report.flagged
         ]
+    lines += render_dynamic_markdown(rows)
     columns = ["ORT CPU", "ORT CUDA", "INT8 CPU", *[f"TRT {v}" for v in versions], "min opset", "min ORT", "min TRT"]
     by_op: dict[tuple[str, str, Any], list[dict[str, Any]]] = {}
     for row in rows:
