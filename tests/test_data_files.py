@@ -189,6 +189,34 @@ def test_init_writes_a_config_that_builds_unchanged_from_npz_splits(tmp_path: Pa
     assert record["gate"]["verdict"] == ("PASSED" if built.returncode == 0 else "FAILED")
 
 
+@pytest.mark.parametrize("outputs,metric", [(1, "detection_f1"), (2, "cosine")])
+def test_init_takes_detection_f1_only_for_a_single_yolo_head(tmp_path: Path, outputs: int, metric: str) -> None:
+    """A PicoDet-style detector has per-level score and box outputs ([1, anchors, 10], [1, anchors, 32]): no
+    YOLO head, which detection_f1 decodes, so init falls back to comparing outputs (cosine)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from deploy_opt.pipeline.starter import write_starter
+
+    names = [f"out{i}" for i in range(outputs)]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], [n]) for n in names]
+    graph = helper.make_graph(
+        nodes,
+        "heads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 84, 10])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 84, 10]) for n in names],
+        [helper.make_tensor("shape", TensorProto.INT64, [3], [1, 84, 10])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "det.onnx")
+    rows = np.random.default_rng(0).normal(size=(8, 1, 84, 10)).astype(np.float32)
+    for split in ("calibration", "evaluation"):
+        np.save(tmp_path / f"{split}.npy", rows[:, 0])
+    made = write_starter(
+        tmp_path / "det.onnx", [tmp_path / "calibration.npy", tmp_path / "evaluation.npy"], tmp_path / "c.yaml"
+    )
+    assert made.metric == metric
+
+
 def test_init_names_what_it_cannot_read(tmp_path: Path) -> None:
     from deploy_opt.pipeline.starter import write_starter
 

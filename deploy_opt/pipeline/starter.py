@@ -48,6 +48,7 @@ class _Model:
     output_shape: tuple[int | str, ...] | None
     task: str | None
     tokenizer: Path | None  # a folder with tokenizer.json beside the model, or the HF folder
+    outputs: int = 1  # graph outputs: a YOLO head is one [batch, 4 + classes, anchors] tensor
 
 
 def write_starter(model: Path, data: list[Path], out: Path, force: bool = False) -> StarterConfig:
@@ -102,7 +103,7 @@ def _inspect_model(model: Path, base: Path) -> _Model:
     dims = proto.graph.output[0].type.tensor_type.shape.dim if proto.graph.output else []
     shape = tuple(d.dim_value if d.dim_value > 0 else (d.dim_param or "?") for d in dims)
     tokenizer = model.parent if (model.parent / "tokenizer.json").is_file() else None
-    return _Model(lines, "onnx", specs, shape or None, None, tokenizer)
+    return _Model(lines, "onnx", specs, shape or None, None, tokenizer, len(proto.graph.output))
 
 
 def _hf_task(hf: dict) -> str:
@@ -169,7 +170,15 @@ def _metric(model: _Model, labelled: bool) -> str:
     if model.task in ("text-classification", "image-classification"):
         return "top1"
     shape = model.output_shape or ()
-    if len(shape) == 3 and isinstance(shape[1], int) and isinstance(shape[2], int) and 5 <= min(shape[1:]) <= 100:
+    # one output only: a PicoDet layout detector's eight [1, anchors, 10 | 32] score and box-distribution
+    # outputs per level are no YOLO head, and detection_f1 cannot decode them
+    if (
+        model.outputs == 1
+        and len(shape) == 3
+        and isinstance(shape[1], int)
+        and isinstance(shape[2], int)
+        and 5 <= min(shape[1:]) <= 100
+    ):
         return "detection_f1"  # [batch, 4 + classes, anchors]: a YOLO head
     return "top1" if len(shape) == 2 else "cosine"
 
