@@ -101,6 +101,24 @@ def test_an_op_tensorrt_does_not_support_is_flagged_for_tensorrt() -> None:
     assert "⚠ det" in render_compat_markdown(report)
 
 
+def test_a_constant_node_runs_everywhere_ort_runs_as_an_initializer() -> None:
+    """ORT has no Constant kernel because it needs none (the node becomes an initializer at load): a torch export's
+    Constant nodes are no ORT failure."""
+    value = numpy_helper.from_array(np.ones((1, 4), np.float32), "c")
+    model = _model(
+        [
+            helper.make_node("Constant", [], ["k"], name="const", value=value),
+            helper.make_node("Add", ["x", "k"], ["y"]),
+        ],
+        [_float("x", [1, 4])],
+        [_float("y", [1, 4])],
+    )
+    report = check_compat(model, ("ort-cpu", "ort-cuda"))
+    const = next(r for r in report.nodes if r["op_type"] == "Constant")
+    assert _ort_loads(model) and const["status"]["ort-cpu"] == "ok" and const["status"]["ort-cuda"] == "ok"
+    assert const["ort_cpu"]["via"] == "initializer"
+
+
 def test_an_op_without_a_cuda_kernel_falls_back_to_cpu_on_ort_cuda() -> None:
     if compat_data.cuda_kernels().has_op("Det", ""):
         pytest.skip("this CUDA kernel table has Det")

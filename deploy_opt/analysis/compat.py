@@ -274,6 +274,9 @@ def _kernel_cell(
     in_types: list[str | None],
     schema: defs.OpSchema | None,
 ) -> dict[str, Any]:
+    if node.op_type == "Constant" and domain in ("", "ai.onnx"):
+        # no kernel needed: ORT turns every Constant node into an initializer when it loads the graph
+        return {"kernel": True, "via": "initializer", "versions": []}
     kernels = table.find(node.op_type, domain)
     in_range = [k for k in kernels if k.covers(version)]
     fitting = [k for k in in_range if _types_fit(k, schema, in_types)]
