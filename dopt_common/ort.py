@@ -21,8 +21,14 @@ def create_session(
     threads: int | None = None,
     optimize: bool = True,
     providers: tuple[str, ...] = ("CPUExecutionProvider",),
+    spin: bool = True,
 ) -> Any:
-    """An ORT InferenceSession with fixed thread counts; graph optimisations off for calibration."""
+    """An ORT InferenceSession with fixed thread counts; graph optimisations off for calibration.
+
+    ``spin=False`` parks idle intra-op threads instead of spinning: for work whose CPU time is a budget
+    (``dopt_common.clock``), since threads that spin while the machine is loaded burn CPU time doing nothing.
+    Latency is timed with spinning on, as users run.
+    """
     ort = require("onnxruntime", purpose="running ONNX models")
     if "CUDAExecutionProvider" in providers:
         preload_cuda_libraries(ort)
@@ -31,6 +37,8 @@ def create_session(
     if threads:
         options.intra_op_num_threads = usable_threads(threads)
         options.inter_op_num_threads = 1
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )

@@ -17,6 +17,8 @@ from deploy_opt.autotune.candidates import Candidate, allowed_schemes
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.trials import Trial, best_trial, chosen_trial
 from deploy_opt.pipeline.build import run_build
+from dopt_common import clock as clock_module
+from dopt_common.clock import WorkClock
 
 
 def _trial(drop: float, speedup: float | None, excluded: tuple[str, ...] = (), nodes: int = 4) -> Trial:
@@ -134,6 +136,18 @@ def test_range_methods_are_judged_by_the_error_that_reaches_the_output(downstrea
     assert noise is not None and pick_methods(noise)["r"] == expected
 
 
+def test_the_range_choice_s_samples_are_bounded_by_a_count_of_values_not_by_time() -> None:
+    """``values`` caps the activation values the pass taps: 64 a sample here, so 130 pays for two of eight (a
+    power of two), whatever the machine's load; the estimate then equals the one over those two samples alone."""
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.uniform(0, 1, (1, 64)).astype(np.float32)} for _ in range(8)]
+    candidates = {"r": {"minmax": (0.0, 1.0), "clipped": (0.0, 0.5)}}
+    model = _clip_model("identity")
+    bounded = propagated_range_noise(model, candidates, "asymmetric", feeds, values=130.0)
+    assert bounded == propagated_range_noise(model, candidates, "asymmetric", feeds[:2])
+    assert bounded != propagated_range_noise(model, candidates, "asymmetric", feeds)
+
+
 @pytest.mark.slow
 def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
     """fc2's input has one huge channel: no placement meets the gate, SmoothQuant does (no FP32 node needed)."""
@@ -142,8 +156,10 @@ def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["auto"]
     assert result.gate.passed, result.gate.lines()
-    # inputs, outputs and outputs+chain (fc1's bias Add reads a MatMul) for each scheme, then SmoothQuant
-    assert [t["step"] for t in auto["trials"]] == ["placement"] * 6 + ["smoothquant"]
+    # inputs, outputs and outputs+chain (fc1's bias Add reads a MatMul) for each scheme, then dynamic INT8 (which
+    # the outlier channel defeats too: one range per input tensor), then SmoothQuant
+    assert [t["step"] for t in auto["trials"]] == ["placement"] * 6 + ["dynamic", "smoothquant"]
+    assert auto["trials"][6]["drop"] > 0.5
     assert [t["settings"]["coverage"] for t in auto["trials"][:3]] == ["weighted", "weighted", "chain"]
     assert all(t["drop"] > 0.5 for t in auto["trials"][:6])
     assert auto["chosen"]["smoothing_alpha"] == 0.5 and "fc2" not in auto["chosen"]["excluded"]
@@ -151,7 +167,8 @@ def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_path: Path) -> None:
-    config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null}")
+    # recovery off: CLE balances fc1 -> fc2 with no FP32 node (test_recovery_search); this is the fallback's test
+    config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null, recovery: []}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
     auto = result.build["auto"]
     assert result.gate.passed, result.gate.lines()
@@ -213,12 +230,57 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
         Trial("placement", fast, 94.0, 2.395, None, 9.0, 1.99, 40, 9.0),
     ]
     config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
-    spent = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False)
+    clock = WorkClock.start(240.0, 1200.0, 2)
+    spent = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False, clock=clock, probe=None)
     verdict = _verdict(spent, None)  # type: ignore[arg-type]
     assert verdict.startswith("FP32 is fastest here within the time budget: ")
     assert "the fastest model measured, outputs+chain asym at 1.99x, missed max_drop with drop 2.395" in verdict
-    finished = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: True)
+    assert "wall-clock cap" not in verdict
+    finished = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: True, clock=clock, probe=None)
     assert _verdict(finished, None).endswith("under the 1.02x that INT8 must gain; FP32 ships")  # type: ignore[arg-type]
+
+
+def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search(monkeypatch) -> None:
+    """The budget counts work; a loaded machine that hits the wall cap first is said to have cut the search short,
+    and a loaded machine's timings are said to be the one decision load may move."""
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _verdict
+
+    trials = [Trial("placement", Candidate("outputs", "asymmetric"), 94.0, 2.4, None, 9.0, 1.5, 40, 9.0)]
+    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    monkeypatch.setattr(clock_module, "_run_delay", lambda: (10.0, 1.0))  # ran 10 s, waited 1 s for a CPU
+    capped = WorkClock.start(240.0, 1e-9, 2)  # no wall time left, the work budget untouched
+    ctx = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False, clock=capped, probe=None)
+    verdict = _verdict(ctx, None)  # type: ignore[arg-type]
+    assert "the wall-clock cap (0 s = auto.wall_cap x auto.budget_s) ended the search after" in verdict
+    assert "may go the other way" not in verdict  # not timed: nothing load could move
+    ctx.probe = object()
+    assert "may go the other way" not in _verdict(ctx, None)  # type: ignore[arg-type]  # no wait since the start
+    monkeypatch.setattr(clock_module, "_run_delay", lambda: (14.0, 5.0))  # then 4 s on a CPU, 4 s waiting
+    assert "(this process waited for a CPU 50% of its time), so INT8 against FP32" in _verdict(ctx, None)  # type: ignore[arg-type]
+
+
+def test_work_seconds_count_cpu_time_not_a_sleep() -> None:
+    """A sleeping search (a loaded machine's wait, as far as this process can tell) spends no work budget."""
+    import time
+
+    clock = WorkClock.start(1.0, 100.0, 1)
+    time.sleep(0.3)
+    assert clock.wall() >= 0.3 and clock.spent() < 0.1
+    assert clock.left(0.5) and not clock.left(1.0)
+    assert not clock.left(0.0, 100.0)  # the wall cap holds whatever the work
+
+
+@pytest.mark.parametrize(
+    "work,per_sample,available,expected", [(36.0, 18.3, 16, 1), (36.0, 18.0, 16, 2), (240, 1.0, 16, 16), (1, 9, 16, 1)]
+)
+def test_the_range_choice_runs_the_samples_its_share_of_the_budget_pays_for(
+    work: float, per_sample: float, available: int, expected: int
+) -> None:
+    from deploy_opt.analysis.sensitivity.range_noise import samples_within
+
+    assert samples_within(work, per_sample, available) == expected
 
 
 def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
@@ -233,7 +295,13 @@ def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     assert _trial(0.0, 1.07).pays(1.02)  # a first timing has no interval: min_gain alone
     assert noisy.to_json()["speedup_ci95_low"] == 0.97
     config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
-    ctx = SimpleNamespace(trials=[_trial(0.0, 1.03), noisy], config=config, time_left=lambda extra=0.0: True)
+    ctx = SimpleNamespace(
+        trials=[_trial(0.0, 1.03), noisy],
+        config=config,
+        time_left=lambda extra=0.0: True,
+        probe=None,
+        clock=WorkClock.start(240.0, 1200.0, 2),
+    )
     verdict = _verdict(ctx, None)  # type: ignore[arg-type]
     assert "runs at 1.070x FP32, but its 95% interval reaches down to 0.970x: not surely faster than FP32" in verdict
 
@@ -249,3 +317,42 @@ def test_the_latency_probe_gives_the_speedup_with_its_interval(tmp_path: Path) -
     probe = LatencyProbe(create_session(path, threads=1), feed, 1, min_rounds=20, min_seconds=0.05)
     ms, speed = probe.speedup_interval(path.read_bytes())
     assert ms > 0 and speed.low <= speed.value <= speed.high and 0.2 < speed.value < 5  # the same model twice
+
+
+def test_a_coarse_metric_s_tie_is_ordered_by_output_fidelity() -> None:
+    """Two candidates at the same top-1 drop (64 samples move in 1.56-point steps) are told apart by the output's
+    SQNR against FP32; an unmeasured fidelity ranks below any measured one."""
+    candidate = Candidate("inputs", "asymmetric")
+    noisy = Trial("placement", candidate, 98.4, 1.56, None, None, None, 10, 1.0, fidelity_db=18.0)
+    clean = dataclasses.replace(noisy, fidelity_db=31.0)
+    assert clean.better_than(noisy) and not noisy.better_than(clean)
+    assert noisy.better_than(dataclasses.replace(noisy, fidelity_db=None))
+    assert dataclasses.replace(noisy, drop=0.0).better_than(clean)  # the task metric comes first
+    assert clean.to_json()["fidelity_db"] == 31.0
+
+
+def test_the_scorer_s_fidelity_is_the_output_sqnr_against_fp32(tmp_path: Path) -> None:
+    from deploy_opt.analysis.sensitivity.analyze import SubsetScorer
+    from deploy_opt.evaluation.metrics import resolve_metric
+    from deploy_opt.evaluation.numerics import sqnr_db
+    from deploy_opt.evaluation.sources import Batch
+
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    weight = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 3.0]], np.float32)
+
+    def model(scale: float) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+            [numpy_helper.from_array(weight * scale, "w")],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    reference = x @ weight
+    scorer = SubsetScorer([Batch({"x": x}, None)], [reference], resolve_metric("cosine"), 1)
+    scores, same = scorer.scored(model(1.0))
+    assert same == float("inf") and scores.shape == (4,)
+    _, off = scorer.scored(model(1.1))
+    assert off == pytest.approx(sqnr_db(reference, x @ (weight * 1.1)), rel=1e-6)

@@ -219,7 +219,8 @@ def test_auto_qat_trains_only_within_what_the_search_left_of_its_budget(tiny_mod
     from deploy_opt.pipeline.qat import AUTO_QAT_S, MIN_AUTO_QAT_S, _within_auto_budget, budget_reason
 
     def search(seconds: float) -> AutoSearch:
-        return AutoSearch(None, (Trial("placement", INPUTS, 80.0, 2.0, None, 1.0, 1.5, 6, 1.0),), "", seconds, 32)
+        trials = (Trial("placement", INPUTS, 80.0, 2.0, None, 1.0, 1.5, 6, 1.0),)
+        return AutoSearch(None, trials, "", seconds, 32, work_s=seconds)  # the budget counts work seconds
 
     spent = budget_reason(search(240.0 - MIN_AUTO_QAT_S + 1.0), 240.0)
     assert spent is not None and "auto.budget_s 240" in spent and "enabled: true" in spent

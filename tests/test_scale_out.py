@@ -101,7 +101,7 @@ def test_two_ray_workers_give_the_serial_search_and_sensitivity(tmp_path: Path) 
     pytest.importorskip("ray")
     from deploy_opt.pipeline.build import run_build
 
-    extra = "auto: {smoothquant_alpha: null}\nsensitivity: {enabled: true, mode: exhaustive}"
+    extra = "auto: {smoothquant_alpha: null, recovery: []}\nsensitivity: {enabled: true, mode: exhaustive}"
     config, profile = fragile_config(tmp_path, 0.5, extra)
     serial = run_build(config, profile, tmp_path / "serial", progress=False)
     on_ray = dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, parallel=2))

@@ -42,6 +42,9 @@ class Candidate:
     smoothing_alpha: float | None = None
     excluded: tuple[str, ...] = ()
     coverage: str = "weighted"  # "weighted": quantization.op_types; "chain": those and CHAIN_OPS
+    # accuracy recovery applied to the FP32 graph before quantizing, in order (``autotune.recover``):
+    # "cle" (cross-layer equalization), "bias" (empirical bias correction), "adaround" (learned rounding)
+    recovery: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -49,6 +52,7 @@ class Candidate:
         parts = [self.placement + ("+chain" if self.coverage == "chain" else ""), self.activations[:4]]
         if self.smoothing_alpha is not None:
             parts.append(f"sq{self.smoothing_alpha:g}")
+        parts.extend(f"+{method}" for method in self.recovery)
         if self.excluded:
             parts.append(f"-{len(self.excluded)} float")
         return " ".join(parts)
@@ -61,6 +65,7 @@ class Candidate:
             "smoothing_alpha": self.smoothing_alpha,
             "excluded": list(self.excluded),
             "coverage": self.coverage,
+            "recovery": list(self.recovery),
         }
 
     def op_types(self, configured_types: tuple[str, ...]) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
 from deploy_opt.evaluation.uncertainty import standard_error
+from dopt_common.clock import WorkClock, work_seconds
 from dopt_common.ort import create_session
 from exporters.ort.graph import quantized_nodes
 
@@ -40,11 +41,12 @@ class Base:
     source: Path  # the FP32 model it quantizes (SmoothQuant-ed or not)
     model: QuantizedModel
     smoothing: dict[str, Any] | None
+    recovery: dict[str, Any] | None = None  # what each recovery method changed (``autotune.recover``), by method
 
 
 @dataclass
 class SearchContext:
-    """What every trial needs: the models, the scorer, the latency probe and the clock."""
+    """What every trial needs: the models, the scorer, the latency probe and the clock (work, not wall time)."""
 
     config: BuildConfig
     fp32_path: Path
@@ -54,13 +56,13 @@ class SearchContext:
     baseline_scores: np.ndarray  # FP32's per-sample scores, which each trial's are paired with
     metric: Metric
     probe: LatencyProbe | None
-    deadline: float
+    clock: WorkClock
     trials: list[Trial]
     calibration: CalibrationSet
     work: Path  # the search's scratch folder: trials that must be written go there
     models: dict[Candidate, bytes] = dataclasses.field(default_factory=dict)  # each trial's serialized model
     bar: Any = None  # tqdm over the time budget: trials so far, the last one, and the time left at most
-    calibration_s: float = 0.0  # the first calibration's wall time: what SmoothQuant's calibration costs again
+    calibration_s: float = 0.0  # the first calibration's work seconds: what SmoothQuant's calibration costs again
     executor: Any = None  # Ray tasks for accuracy evaluations (sensitivity.parallel/address), None: in-process
     variants: int = 0  # chain variants written so far (each its own scratch folder)
 
@@ -79,12 +81,15 @@ class SearchContext:
         return scatter(self.executor, _scores_of, self.scorer, models)
 
     def time_left(self, extra: float = 0.0) -> bool:
-        """Whether another trial fits: one like the last few, plus ``extra`` seconds of work before it (a ViT-S
+        """Whether another trial fits: one like the last few, plus ``extra`` work seconds before it (a ViT-S
         trial takes 45 s, so a search that started its last trial just before the deadline ran 52 s over its
-        budget; choosing a ViT-S's ranges again for the symmetric scheme took 44 s more)."""
-        recent = [t.seconds for t in self.trials[-3:]]
-        expected = statistics.median(recent) if recent else 0.0
-        return time.perf_counter() + expected + extra < self.deadline
+        budget; choosing a ViT-S's ranges again for the symmetric scheme took 44 s more). The budget counts work
+        (``dopt_common.clock``), so load does not change which trials start; the wall cap only stops a search
+        on a machine too loaded to finish it."""
+        recent = self.trials[-3:]
+        work = statistics.median(t.work_s for t in recent) if recent else 0.0
+        wall = statistics.median(t.seconds for t in recent) if recent else 0.0
+        return self.clock.left(work + extra, wall)
 
     def measure(
         self,
@@ -93,15 +98,19 @@ class SearchContext:
         model: onnx.ModelProto,
         predicted: float | None = None,
         scores: np.ndarray | None = None,
+        nodes: int | None = None,
     ) -> Trial:
         """Score (unless ``scores`` were computed already) and time one candidate, and record the trial."""
-        started = time.perf_counter()
+        started, working = time.perf_counter(), work_seconds(self.clock.threads)
         data = model.SerializeToString()
         self.models[candidate] = data
-        scores = self.scorer.sample_scores(data) if scores is None else scores
+        fidelity = None
+        if scores is None:
+            scores, fidelity = self.scorer.scored(data)
         value = float(np.mean(scores))
         latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
-        nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
+        if nodes is None:  # Q/DQ nodes; a dynamic INT8 model's caller counts its own
+            nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
         trial = Trial(
             step,
             candidate,
@@ -113,6 +122,8 @@ class SearchContext:
             nodes,
             time.perf_counter() - started,
             drop_error=standard_error(self.metric.drop(self.baseline_scores, scores)),
+            work_s=work_seconds(self.clock.threads) - working,
+            fidelity_db=fidelity,
         )
         self.trials.append(trial)
         if self.bar is not None:
@@ -139,7 +150,7 @@ def new_context(
     fp32_path: Path,
     held: list[Batch],
     metric: Metric,
-    started: float,
+    clock: WorkClock,
     calibration: CalibrationSet,
     work: Path,
 ) -> SearchContext:
@@ -151,7 +162,6 @@ def new_context(
     timed = config.auto.min_gain is not None and "ort-cpu" in config.deploy.targets and config.benchmark.enabled
     batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
     probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
-    deadline = started + config.auto.budget_s
     baseline = scorer.sample_scores(fp32)
     from deploy_opt.analysis.sensitivity.mixed_precision import task_executor
 
@@ -165,7 +175,7 @@ def new_context(
         baseline,
         metric,
         probe,
-        deadline,
+        clock,
         [],
         calibration,
         work,
@@ -195,6 +205,7 @@ def most_accurate(trials: list[Trial], bases: list[Base]) -> Base:
         key=lambda b: (
             b.candidate.placement != "inputs",
             measured[b.candidate].drop,
+            -measured[b.candidate].fidelity,
             -(measured[b.candidate].speedup or 0.0),
         ),
     )
@@ -225,5 +236,6 @@ def variant_model(
         folder,
         ranges=base.model.ranges,
         smoothing=base.smoothing,
+        recovery=base.recovery,
     )
     return onnx.load(str(written.path))

@@ -6,10 +6,14 @@ keep the fastest that meets the gate.
    runs integer chains: ``candidates.CHAIN_OPS``; tried for ORT CPU when the graph has such a chain), for each
    activation scheme the targets accept. Ranges come from one calibration of every tensor any of them quantizes,
    re-chosen per scheme (``calibration.method: auto`` picks each tensor's range method by propagated output error).
+   **Dynamic INT8** then, for ORT CPU alone, while none meets ``max_drop`` and pays: ORT's weights-ahead,
+   activations-at-run-time INT8 of MatMul/Gemm/LSTM/Attention (``build/dynamic.py``).
 2. **SmoothQuant** at ``auto.smoothquant_alpha``, when no candidate meets ``max_drop`` and the graph has
    LayerNorm-fed MatMuls.
 3. **Head in float**: each placement again with the model's head (the last weighted nodes and the decode ops
    after them: ``head.py``) in FP32, when no candidate meets ``max_drop``: a detector's hand recipe, found by trial.
+   **Recovery** then, while none meets it: cross-layer equalization, bias correction and learned rounding on the
+   most accurate base that pays, stacked while each helps (``recover.py``).
 4. **Fallback**: the linearised proxy ranks the nodes of the most accurate candidate; exact evaluations of
    growing prefixes of that ranking (doubling, then bisection) find the fewest FP32 nodes that meet ``max_drop``.
    Each variant equals the model the quantizer writes with those nodes excluded (``exclusion_variant``).
@@ -26,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,7 @@ import onnx
 from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placements, allowed_schemes, configured
 from deploy_opt.autotune.context import Base, SearchContext, base_of, most_accurate, new_context, paying, variant_model
 from deploy_opt.autotune.head import float_head
+from deploy_opt.autotune.recover import recovery_trials
 from deploy_opt.autotune.refine import fallback_bases, fallback_trials, latency_trials
 from deploy_opt.autotune.trials import AutoSearch, Trial, best_trial, chosen_trial
 from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations, rescheme
@@ -44,6 +48,7 @@ from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
+from dopt_common.clock import WorkClock
 from exporters.ort.graph import PLACEMENTS
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,8 @@ def run_search(
 
     With ``sensitivity.parallel`` > 1 (or an address) the fallback scores its next doublings as Ray tasks at once
     and then walks them in the serial order, so it takes the serial run's decisions (``refine.py``)."""
-    ctx = new_context(config, fp32_path, held, metric, time.perf_counter(), calibration, work)
+    clock = WorkClock.start(config.auto.budget_s, config.auto.budget_s * config.auto.wall_cap, config.benchmark.threads)
+    ctx = new_context(config, fp32_path, held, metric, clock, calibration, work)
     try:
         return _search(ctx, config, fp32_path, calibration, held, static, work)
     finally:
@@ -87,7 +93,6 @@ def _search(
     static: tuple[str, ...],
     work: Path,
 ) -> SearchOutcome:
-    started = ctx.deadline - config.auto.budget_s
     from tqdm import tqdm
 
     if sys.stderr.isatty():  # no bar object at all otherwise: a signal landing in its __del__ would be swallowed
@@ -103,18 +108,23 @@ def _search(
     # Search on while no candidate both meets max_drop and pays (when timed): an accurate candidate slower than
     # FP32 is no answer when a fast one with its head in float, or a few nodes back in FP32, would be.
     goal = config.auto.min_gain if ctx.probe is not None else None
+    dynamic: list[Base] = []  # kept apart: the steps below vary Q/DQ models, which a dynamic one is not
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and _dynamic_pays(ctx):
+        dynamic = _dynamic_trial(ctx, fp32_path, static, work)
     smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
     # SmoothQuant calibrates the smoothed model again: on a ViT-S that started at 165 s of 240 and ended at 297 s
     if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left(ctx.calibration_s) and smoothquant:
         bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
     if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left():
         bases += _head_trials(ctx, bases)
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and config.auto.recovery:
+        bases += recovery_trials(ctx, bases, work)
     if best_trial(ctx.trials, max_drop, goal) is None:
         for base in fallback_bases(ctx, bases):
             if ctx.time_left():
                 fallback_trials(ctx, base, held)
     accurate = chosen_trial(ctx.trials, max_drop, None)
-    if accurate is not None and ctx.probe is not None and ctx.time_left():
+    if accurate is not None and ctx.probe is not None and ctx.time_left() and accurate.candidate.placement != "dynamic":
         latency_trials(ctx, accurate, base_of(accurate, bases))
     chosen = _confirmed(ctx, chosen_trial(ctx.trials, max_drop, config.auto.min_gain))
     verdict = _verdict(ctx, chosen)
@@ -126,10 +136,12 @@ def _search(
         chosen.candidate if chosen else None,
         tuple(ctx.trials),
         verdict,
-        time.perf_counter() - started,
+        ctx.clock.wall(),
         len(next(iter(ctx.probe.feed.values()))) if ctx.probe else None,
+        work_s=ctx.clock.spent(),
+        capped=ctx.clock.capped(),
     )
-    return SearchOutcome(search, base_of(chosen, bases) if chosen else None)
+    return SearchOutcome(search, base_of(chosen, bases + dynamic) if chosen else None)
 
 
 def _confirmed(ctx: SearchContext, chosen: Trial | None) -> Trial | None:
@@ -165,9 +177,9 @@ def _placement_trials(
             if ranges is None and first is not None:
                 ranges = rescheme(first, setup, fp32_path, calibration)
             if ranges is None:
-                calibrating = time.perf_counter()
+                calibrating = ctx.clock.spent()
                 ranges = calibrate_activations(widest, fp32_path, calibration)
-                ctx.calibration_s = time.perf_counter() - calibrating
+                ctx.calibration_s = ctx.clock.spent() - calibrating
             first = first or ranges
             folder = work / f"{placement}-{coverage}-{scheme}"
             model = quantize(setup, fp32_path, calibration, folder, ranges=ranges)
@@ -187,6 +199,27 @@ def _chains_pay(ctx: SearchContext) -> bool:
     weighted = set(ctx.config.quantization.op_types)
     produced = {out for n in ctx.fp32.graph.node if n.op_type in weighted for out in n.output}
     return any(n.op_type in CHAIN_OPS and set(n.input) & produced for n in ctx.fp32.graph.node)
+
+
+def _dynamic_pays(ctx: SearchContext) -> bool:
+    """Dynamic INT8 is a candidate for ORT CPU alone (``dynamic_allowed``) when the graph has MatMul, Gemm, LSTM
+    or Attention nodes that ORT's dynamic mode quantizes."""
+    from deploy_opt.build.dynamic import dynamic_allowed, dynamic_nodes
+
+    return ctx.config.auto.dynamic and dynamic_allowed(ctx.config.deploy.targets) and bool(dynamic_nodes(ctx.fp32))
+
+
+def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...], work: Path) -> list[Base]:
+    """ORT's dynamic INT8 (weights ahead of time, activations at run time) as one more candidate: where static
+    INT8 loses too much, recurrent models and transformers often keep their accuracy with it."""
+    from deploy_opt.build.dynamic import quantize_dynamic
+
+    candidate = Candidate("dynamic", "asymmetric", None, static)
+    samples = len(ctx.calibration.selection.indices)
+    model = quantize_dynamic(ctx.config, fp32_path, work / "dynamic", static, samples)
+    nodes = int(model.info["quantized_nodes"])
+    ctx.measure("dynamic", candidate, onnx.load(str(model.path)), nodes=nodes)
+    return [Base(candidate, fp32_path, model, None)]
 
 
 def _has_smoothing_targets(model: onnx.ModelProto) -> bool:
@@ -248,6 +281,29 @@ def _unfinished(ctx: SearchContext, min_gain: float | None) -> str:
 
 
 def _verdict(ctx: SearchContext, chosen: Trial | None) -> str:
+    """The search's answer in one line, and what bounded it: the work budget, or the wall cap on a loaded machine
+    (then the trials differ from an idle run's), and whether load may have moved the timings INT8 was judged on."""
+    return _answer(ctx, chosen) + _bounds(ctx, chosen)
+
+
+def _bounds(ctx: SearchContext, chosen: Trial | None) -> str:
+    clock, parts = ctx.clock, []
+    if clock.capped():
+        parts.append(
+            f"the wall-clock cap ({clock.wall_cap_s:.0f} s = auto.wall_cap x auto.budget_s) ended the search after "
+            f"{clock.spent():.0f} of its {clock.budget_s:g} work seconds: the machine was loaded, so an idle run "
+            "tries more candidates"
+        )
+    share = clock.waiting_share()
+    if ctx.probe is not None and share is not None and clock.loaded():
+        parts.append(
+            f"the machine was loaded (this process waited for a CPU {share:.0%} of its time), so INT8 against "
+            "FP32, timed on the wall clock, may go the other way on an idle machine"
+        )
+    return "".join(f" [{p}]" for p in parts)
+
+
+def _answer(ctx: SearchContext, chosen: Trial | None) -> str:
     max_drop, min_gain = ctx.config.gate.max_drop, ctx.config.auto.min_gain
     timed = " within the time budget" if not ctx.time_left() else ""
     if chosen is not None:

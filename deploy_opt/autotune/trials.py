@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from deploy_opt.autotune.candidates import Candidate
+from deploy_opt.evaluation.numerics import json_db
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,11 @@ class Trial:
     drop_error: float = 0.0
     # The lower end of the speedup's 95% interval, where it was measured (the confirming timing); else None.
     speedup_low: float | None = None
+    # Work seconds (this process's CPU time per thread: ``dopt_common.clock``) the trial cost: what the budget counts
+    work_s: float = 0.0
+    # The model output's SQNR against FP32 over the decision samples, in dB (None: not measured in-process): a
+    # continuous fidelity that orders candidates a coarse metric ties
+    fidelity_db: float | None = None
 
     def meets(self, max_drop: float, spare: bool = True) -> bool:
         """Whether the accuracy gate holds, with a standard error to spare (``spare``): a candidate chosen as the
@@ -39,6 +46,15 @@ class Trial:
         if self.speedup is None or min_gain is None:
             return True
         return self.speedup >= min_gain and (self.speedup_low is None or self.speedup_low >= 1.0)
+
+    @property
+    def fidelity(self) -> float:
+        """``fidelity_db`` for ordering: unknown ranks below any measured value, no noise above all."""
+        return -math.inf if self.fidelity_db is None else self.fidelity_db
+
+    def better_than(self, other: Trial) -> bool:
+        """A lower drop, or at the same drop (a coarse metric's tie) a higher output SQNR."""
+        return (self.drop, -self.fidelity) < (other.drop, -other.fidelity)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for build.json's ``auto.trials``."""
@@ -55,6 +71,8 @@ class Trial:
             "speedup_ci95_low": self.speedup_low,
             "quantized_nodes": self.quantized_nodes,
             "seconds": round(self.seconds, 2),
+            "work_s": round(self.work_s, 2),
+            "fidelity_db": json_db(self.fidelity_db, 2),
         }
 
 
@@ -85,6 +103,8 @@ class AutoSearch:
     verdict: str
     seconds: float
     batch: int | None  # the batch latency was measured at (None: not timed)
+    work_s: float = 0.0  # the work seconds the search spent (its budget's unit: ``dopt_common.clock``)
+    capped: bool = False  # the wall cap, not the work budget, ended the search (a loaded machine)
 
     def to_json(self) -> dict[str, Any]:
         """The build.json ``auto`` section."""
@@ -92,6 +112,8 @@ class AutoSearch:
             "chosen": self.chosen.to_json() if self.chosen else None,
             "verdict": self.verdict,
             "seconds": round(self.seconds, 1),
+            "work_s": round(self.work_s, 1),
+            "wall_capped": self.capped,
             "latency_batch": self.batch,
             "trials": [t.to_json() for t in self.trials],
         }

@@ -33,7 +33,12 @@ from deploy_opt.report.calibration_plot import widest
 log = logging.getLogger(__name__)
 PLOTTED = 8
 AUTO_METHODS = ("minmax", "entropy", "mse")
-AUTO_SAMPLES = 16  # calibration samples that the propagated-error estimate of ``method: auto`` runs
+AUTO_SAMPLES = 16  # calibration samples that the propagated-error estimate of ``method: auto`` runs at most
+# ... within this share of ``auto.budget_s``, counted as tapped activation values at AUTO_VALUES_PER_S (one PicoDet
+# sample at 800x608, about 150 M values over its 525 tensors, took 18 s here): a count, not a time, so that the
+# ranges do not depend on the machine's load; the range choice must leave the search its trials
+AUTO_SHARE = 0.15
+AUTO_VALUES_PER_S = 8e6
 SCHEMES = ("asymmetric", "symmetric")
 # method auto's propagated noise: activation scheme -> tensor -> method -> relative output noise power
 SchemeNoise = dict[str, dict[str, dict[str, float]]]
@@ -217,11 +222,14 @@ def scheme_noise(
     feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     started = time.perf_counter()
-    noise = propagated_range_noise(model, candidates, lambda key: key[0], feeds, metric=config.data.metric)
+    values = AUTO_SHARE * config.auto.budget_s * AUTO_VALUES_PER_S
+    noise = propagated_range_noise(
+        model, candidates, lambda key: key[0], feeds, metric=config.data.metric, values=values
+    )
     if noise is None:  # no evidence for either scheme: recorded, so that rescheme does not load the model again
         return {scheme: {} for scheme in SCHEMES}
     log.info(
-        "calibration auto: propagated output error of %d tensors x %d ranges (%d samples, %.1f s)",
+        "calibration auto: propagated output error of %d tensors x %d ranges (at most %d samples, %.1f s)",
         len(noise),
         len(SCHEMES) * len(AUTO_METHODS),
         len(feeds),

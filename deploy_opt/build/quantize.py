@@ -74,10 +74,12 @@ def quantize(
     ranges: ActivationRanges | None = None,
     smoothing: dict[str, Any] | None = None,
     qat: dict[str, Any] | None = None,
+    recovery: dict[str, Any] | None = None,
 ) -> QuantizedModel:
     """Calibrate (unless ``ranges`` are given) and write ``scales.json`` and ``model.int8.onnx``.
 
-    ``smoothing`` and ``qat`` are provenance: how the graph and its ranges were made before quantization.
+    ``smoothing``, ``qat`` and ``recovery`` are provenance: how the graph and its ranges were made before
+    quantization.
     """
     quant, cal = config.quantization, config.calibration
     model = onnx.load(str(fp32_path))
@@ -99,7 +101,7 @@ def quantize(
     candidate = ScaleFile(
         quant.activations,
         tensors,
-        _provenance(config, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat),
+        _provenance(config, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat, recovery),
         tuple(quant.exclude_nodes),
     )
     int8_path = write_ort_qdq(
@@ -178,9 +180,12 @@ def _provenance(
     return provenance
 
 
-def _made_by(smoothing: dict[str, Any] | None, qat: dict[str, Any] | None) -> dict[str, Any]:
+def _made_by(
+    smoothing: dict[str, Any] | None, qat: dict[str, Any] | None, recovery: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The provenance entries of what changed the graph or its ranges before quantization."""
-    return {key: value for key, value in (("smoothing", smoothing), ("qat", qat)) if value}
+    made = (("smoothing", smoothing), ("qat", qat), ("recovery", recovery))
+    return {key: value for key, value in made if value}
 
 
 def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weights: str) -> dict[str, Any]:

@@ -146,10 +146,24 @@ class AutoConfig:
     min_gain: float | None = 1.02
     # The SmoothQuant trial's alpha (tried when no placement meets max_drop); null: no SmoothQuant trial.
     smoothquant_alpha: float | None = 0.5
+    # budget_s counts work (this process's CPU seconds per benchmark thread), so load does not change which trials
+    # start; wall time is capped at wall_cap x budget_s, and the verdict says when that cap ended the search.
+    wall_cap: float = 5.0
+    # Accuracy recovery trials when no placement meets max_drop (autotune/recover.py): any of "cle" (cross-layer
+    # equalization), "bias" (empirical bias correction), "adaround" (learned rounding), in that order; []: none.
+    recovery: tuple[str, ...] = ("cle", "bias", "adaround")
+    # ORT's dynamic INT8 (MatMul/Gemm/LSTM/Attention, activations quantized at run time) as a candidate when no
+    # static one meets max_drop: for ORT CPU targets only, never with TensorRT among them
+    dynamic: bool = True
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
             raise ConfigError(f"auto.budget_s must be positive, got {self.budget_s}")
+        unknown = [m for m in self.recovery if m not in ("cle", "bias", "adaround")]
+        if unknown:
+            raise ConfigError(f"auto.recovery: unknown method {unknown[0]!r}; allowed: cle, bias, adaround")
+        if self.wall_cap < 1:
+            raise ConfigError(f"auto.wall_cap must be at least 1 (a multiple of auto.budget_s), got {self.wall_cap}")
         if self.min_gain is not None and self.min_gain <= 0:
             raise ConfigError(f"auto.min_gain must be positive or null, got {self.min_gain}")
         if self.smoothquant_alpha is not None and not 0.0 <= self.smoothquant_alpha <= 1.0:

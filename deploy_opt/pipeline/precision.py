@@ -26,6 +26,7 @@ from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibrate import ActivationRanges
 from deploy_opt.build.calibration_set import CalibrationSet
+from deploy_opt.build.dynamic import quantize_dynamic
 from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
@@ -100,17 +101,27 @@ def auto_precision(
             )
             setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
             ranges = ActivationRanges.empty(len(calibration.selection.indices))
-            source, smoothing = fp32_path, None
+            source, smoothing, recovery = fp32_path, None, None
         else:
             setup, ranges = configured(config, chosen), base.model.ranges
-            source, smoothing = base.source, base.smoothing
+            source, smoothing, recovery = base.source, base.smoothing, base.recovery
         mixed = base is not None and chosen is not None and chosen.excluded != base.candidate.excluded
-        shipped = quantize(setup, source, calibration, stage, ranges=ranges, smoothing=smoothing)
+        if chosen is not None and chosen.placement == "dynamic":  # ORT's dynamic INT8 (autotune: _dynamic_trial)
+            samples = len(calibration.selection.indices)
+            shipped = quantize_dynamic(config, source, stage, chosen.excluded, samples)
+        else:
+            shipped = quantize(setup, source, calibration, stage, ranges=ranges, smoothing=smoothing, recovery=recovery)
         full, full_setup = shipped, setup
         if mixed:
             full_setup = configured(config, base.candidate)
             full = quantize(
-                full_setup, source, calibration, stage / ".full", ranges=base.model.ranges, smoothing=smoothing
+                full_setup,
+                source,
+                calibration,
+                stage / ".full",
+                ranges=base.model.ranges,
+                smoothing=smoothing,
+                recovery=recovery,
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -178,11 +178,11 @@ MIN_AUTO_QAT_S = 30.0
 
 def budget_reason(auto: AutoSearch | None, budget_s: float) -> str | None:
     """Why ``enabled: auto`` does not train after an auto search that spent ``auto.budget_s`` (None: it may)."""
-    if auto is None or budget_s - auto.seconds >= MIN_AUTO_QAT_S:
+    if auto is None or budget_s - auto.work_s >= MIN_AUTO_QAT_S:
         return None
     return (
-        f"the auto search spent {auto.seconds:.0f} s of auto.budget_s {budget_s:g}, which an automatic fine-tune "
-        f"shares (it needs {MIN_AUTO_QAT_S:g} s); FP32 ships (raise auto.budget_s, or set "
+        f"the auto search spent {auto.work_s:.0f} work seconds of auto.budget_s {budget_s:g}, which an automatic "
+        f"fine-tune shares (it needs {MIN_AUTO_QAT_S:g} s); FP32 ships (raise auto.budget_s, or set "
         "quantization.qat.enabled: true to train anyway)"
     )
 
@@ -193,7 +193,7 @@ def _within_auto_budget(config: BuildConfig, auto: AutoSearch | None) -> BuildCo
     qat = config.quantization.qat
     if qat.enabled is True:
         return config
-    left = AUTO_QAT_S if auto is None else min(AUTO_QAT_S, config.auto.budget_s - auto.seconds)
+    left = AUTO_QAT_S if auto is None else min(AUTO_QAT_S, config.auto.budget_s - auto.work_s)
     budgeted = dataclasses.replace(qat, budget_s=min(qat.budget_s, left))
     return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=budgeted))
 
@@ -313,8 +313,13 @@ def choose_model(metric: Metric, scores: dict[str, float], nodes: dict[str, int]
 
 
 def int8_nodes(path: Path, op_types: tuple[str, ...]) -> int:
-    """The nodes of ``op_types`` that run in INT8 in a Q/DQ model."""
-    return len(kept_nodes(onnx.load(str(path), load_external_data=False), op_types))
+    """The nodes of ``op_types`` that run in INT8 in a Q/DQ model, and the integer nodes of a dynamic INT8 one
+    (MatMulInteger, ConvInteger, QAttention, DynamicQuantizeLSTM)."""
+    from exporters.ort.dynamic_read import INTEGER_OPS
+
+    model = onnx.load(str(path), load_external_data=False)
+    dynamic = sum(n.op_type in INTEGER_OPS or n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
+    return len(kept_nodes(model, op_types)) + dynamic
 
 
 def _record(

