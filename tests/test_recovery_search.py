@@ -12,23 +12,28 @@ from conftest import HERE, write_config
 from deploy_opt.build.dynamic import dynamic_allowed
 
 
-def _scaled_config(tmp_path: Path, auto: str):
-    import scaled_onnx
+def _config(tmp_path: Path, name: str, quantization: str, max_drop: float, auto: str):
+    """A build config (profile ci, benchmark off, metric cosine) of the test module ``<name>_onnx.py``'s model."""
+    import importlib
 
     from deploy_opt.config.profiles import load_build_config
 
-    model = scaled_onnx.make_model(tmp_path / "scaled.onnx")
-    source = HERE / "scaled_onnx.py"
+    model = importlib.import_module(f"{name}_onnx").make_model(tmp_path / f"{name}.onnx")
+    source = HERE / f"{name}_onnx.py"
     text = f"""
-name: scaled
+name: {name}
 model: {{onnx: {model.name}}}
 data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{op_types: [MatMul]}}
+quantization: {{{quantization}}}
 benchmark: {{enabled: false}}
-gate: {{max_drop: 1}}
+gate: {{max_drop: {max_drop}}}
 auto: {auto}
 """
     return load_build_config(write_config(tmp_path, text), "ci", [])
+
+
+def _scaled_config(tmp_path: Path, auto: str):
+    return _config(tmp_path, "scaled", "op_types: [MatMul]", 1, auto)
 
 
 def test_dynamic_int8_ships_where_no_static_range_fits_every_batch(tmp_path: Path) -> None:
@@ -65,22 +70,7 @@ def test_an_unknown_recovery_method_is_a_config_error(tmp_path: Path, bad: str) 
 
 
 def _unbalanced_config(tmp_path: Path, recovery: str):
-    import unbalanced_onnx
-
-    from deploy_opt.config.profiles import load_build_config
-
-    model = unbalanced_onnx.make_model(tmp_path / "unbalanced.onnx")
-    source = HERE / "unbalanced_onnx.py"
-    text = f"""
-name: unbalanced
-model: {{onnx: {model.name}}}
-data: {{calibration: "{source}:calibration", evaluation: "{source}:evaluation", metric: cosine}}
-quantization: {{op_types: [Conv], keep_head: false}}
-benchmark: {{enabled: false}}
-gate: {{max_drop: 0.3}}
-auto: {{recovery: {recovery}}}
-"""
-    return load_build_config(write_config(tmp_path, text), "ci", [])
+    return _config(tmp_path, "unbalanced", "op_types: [Conv], keep_head: false", 0.3, f"{{recovery: {recovery}}}")
 
 
 def test_cross_layer_equalization_is_a_candidate_that_recovers_an_unbalanced_pair(tmp_path: Path) -> None:
