@@ -249,16 +249,20 @@ def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search
 
     trials = [Trial("placement", Candidate("outputs", "asymmetric"), 94.0, 2.4, None, 9.0, 1.5, 40, 9.0)]
     config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
-    monkeypatch.setattr(clock_module, "_run_delay", lambda: (10.0, 1.0))  # ran 10 s, waited 1 s for a CPU
+    monkeypatch.setattr(clock_module, "_machine_busy", lambda: (100.0, 1.0))  # every process's CPU s, this one's
+    monkeypatch.setattr(clock_module.os, "cpu_count", lambda: 2)
     capped = WorkClock.start(240.0, 1e-9, 2)  # no wall time left, the work budget untouched
+    capped.wall0 -= 10.0  # started 10 s ago: 20 CPU seconds of capacity on two CPUs
     ctx = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False, clock=capped, probe=None)
     verdict = _verdict(ctx, None)  # type: ignore[arg-type]
     assert "the wall-clock cap (0 s = auto.wall_cap x auto.budget_s) ended the search after" in verdict
     assert "may go the other way" not in verdict  # not timed: nothing load could move
     ctx.probe = object()
-    assert "may go the other way" not in _verdict(ctx, None)  # type: ignore[arg-type]  # no wait since the start
-    monkeypatch.setattr(clock_module, "_run_delay", lambda: (14.0, 5.0))  # then 4 s on a CPU, 4 s waiting
-    assert "(this process waited for a CPU 50% of its time), so INT8 against FP32" in _verdict(ctx, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(clock_module, "_machine_busy", lambda: (110.0, 9.0))  # 10 s used, 8 of them ours
+    assert "may go the other way" not in _verdict(ctx, None)  # type: ignore[arg-type]  # others: 2 of 20 s
+    monkeypatch.setattr(clock_module, "_machine_busy", lambda: (120.0, 9.0))  # others used 12 of the 20 s
+    verdict = _verdict(ctx, None)  # type: ignore[arg-type]
+    assert "(other processes used 60% of its CPUs during the search), so INT8 against FP32" in verdict
 
 
 def test_work_seconds_count_cpu_time_not_a_sleep() -> None:

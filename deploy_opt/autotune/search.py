@@ -123,8 +123,9 @@ def _search(
         for base in fallback_bases(ctx, bases):
             if ctx.time_left():
                 fallback_trials(ctx, base, held)
-    accurate = chosen_trial(ctx.trials, max_drop, None)
-    if accurate is not None and ctx.probe is not None and ctx.time_left() and accurate.candidate.placement != "dynamic":
+    static_trials = [t for t in ctx.trials if t.candidate.placement != "dynamic"]  # latency varies Q/DQ models
+    accurate = chosen_trial(static_trials, max_drop, None)
+    if accurate is not None and ctx.probe is not None and ctx.time_left():
         latency_trials(ctx, accurate, base_of(accurate, bases))
     chosen = _confirmed(ctx, chosen_trial(ctx.trials, max_drop, config.auto.min_gain))
     verdict = _verdict(ctx, chosen)
@@ -213,10 +214,15 @@ def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...],
     """ORT's dynamic INT8 (weights ahead of time, activations at run time) as one more candidate: where static
     INT8 loses too much, recurrent models and transformers often keep their accuracy with it."""
     from deploy_opt.build.dynamic import quantize_dynamic
+    from exporters.ort.dynamic import NothingToQuantize
 
     candidate = Candidate("dynamic", "asymmetric", None, static)
     samples = len(ctx.calibration.selection.indices)
-    model = quantize_dynamic(ctx.config, fp32_path, work / "dynamic", static, samples)
+    try:
+        model = quantize_dynamic(ctx.config, fp32_path, work / "dynamic", static, samples)
+    except NothingToQuantize as exc:  # e.g. every MatMul reads two activations (attention scores), none a weight
+        log.info("auto dynamic: no candidate: %s", exc)
+        return []
     nodes = int(model.info["quantized_nodes"])
     ctx.measure("dynamic", candidate, onnx.load(str(model.path)), nodes=nodes)
     return [Base(candidate, fp32_path, model, None)]
@@ -294,11 +300,11 @@ def _bounds(ctx: SearchContext, chosen: Trial | None) -> str:
             f"{clock.spent():.0f} of its {clock.budget_s:g} work seconds: the machine was loaded, so an idle run "
             "tries more candidates"
         )
-    share = clock.waiting_share()
+    share = clock.others_share()
     if ctx.probe is not None and share is not None and clock.loaded():
         parts.append(
-            f"the machine was loaded (this process waited for a CPU {share:.0%} of its time), so INT8 against "
-            "FP32, timed on the wall clock, may go the other way on an idle machine"
+            f"the machine was loaded (other processes used {share:.0%} of its CPUs during the search), so INT8 "
+            "against FP32, timed on the wall clock, may go the other way on an idle machine"
         )
     return "".join(f" [{p}]" for p in parts)
 
