@@ -47,6 +47,11 @@ class Candidate:
     recovery: tuple[str, ...] = ()
 
     @property
+    def dynamic(self) -> bool:
+        """ORT's dynamic INT8 (``build/dynamic.py``), not a Q/DQ model: fallback and latency steps do not vary it."""
+        return self.placement == "dynamic"
+
+    @property
     def label(self) -> str:
         """A short name for logs and the summary's search table."""
         parts = [self.placement + ("+chain" if self.coverage == "chain" else ""), self.activations[:4]]

@@ -26,10 +26,10 @@ from deploy_opt.autotune.context import Base, SearchContext, paying
 from deploy_opt.autotune.trials import best_trial
 from deploy_opt.build.calibrate import calibrate_activations
 from deploy_opt.build.quantize import quantize
+from deploy_opt.config.build import RECOVERY_METHODS
 from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)
-METHODS = ("cle", "bias", "adaround")
 RECOVERY_FROM = 2.0  # recovery is tried when the best base that pays loses more than this many times max_drop
 ROUNDING_SHARE = 0.25  # of auto.budget_s: the most learned rounding may spend ...
 # ... counted as its optimisation's multiply-adds at this rate (a 512 -> 1280 1x1 conv's 300 steps, 1e11 of them,
@@ -52,7 +52,7 @@ def recovery_trials(ctx: SearchContext, bases: list[Base], work: Path) -> list[B
         log.info("auto recovery: not tried, the most accurate base misses max_drop by little; the fallback closes it")
         return []
     found: list[Base] = []
-    for method in (m for m in METHODS if m in config.auto.recovery):
+    for method in (m for m in RECOVERY_METHODS if m in config.auto.recovery):
         if best_trial(ctx.trials, config.gate.max_drop, goal) is not None:
             break
         if not ctx.time_left(ctx.calibration_s if method == "cle" else 0.0):

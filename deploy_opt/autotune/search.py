@@ -123,7 +123,7 @@ def _search(
         for base in fallback_bases(ctx, bases):
             if ctx.time_left():
                 fallback_trials(ctx, base, held)
-    static_trials = [t for t in ctx.trials if t.candidate.placement != "dynamic"]  # latency varies Q/DQ models
+    static_trials = [t for t in ctx.trials if not t.candidate.dynamic]  # latency varies Q/DQ models
     accurate = chosen_trial(static_trials, max_drop, None)
     if accurate is not None and ctx.probe is not None and ctx.time_left():
         latency_trials(ctx, accurate, base_of(accurate, bases))
@@ -289,10 +289,10 @@ def _unfinished(ctx: SearchContext, min_gain: float | None) -> str:
 def _verdict(ctx: SearchContext, chosen: Trial | None) -> str:
     """The search's answer in one line, and what bounded it: the work budget, or the wall cap on a loaded machine
     (then the trials differ from an idle run's), and whether load may have moved the timings INT8 was judged on."""
-    return _answer(ctx, chosen) + _bounds(ctx, chosen)
+    return _answer(ctx, chosen) + _bounds(ctx)
 
 
-def _bounds(ctx: SearchContext, chosen: Trial | None) -> str:
+def _bounds(ctx: SearchContext) -> str:
     clock, parts = ctx.clock, []
     if clock.capped():
         parts.append(

@@ -136,6 +136,10 @@ class QuantizationConfig:
             )
 
 
+# auto.recovery's methods, in the order the search tries them (autotune/recover.py)
+RECOVERY_METHODS = ("cle", "bias", "adaround")
+
+
 @dataclass(frozen=True)
 class AutoConfig:
     """The auto search (``quantization.mode: auto``): its time budget and when INT8 is worth shipping."""
@@ -151,7 +155,7 @@ class AutoConfig:
     wall_cap: float = 5.0
     # Accuracy recovery trials when no placement meets max_drop (autotune/recover.py): any of "cle" (cross-layer
     # equalization), "bias" (empirical bias correction), "adaround" (learned rounding), in that order; []: none.
-    recovery: tuple[str, ...] = ("cle", "bias", "adaround")
+    recovery: tuple[str, ...] = RECOVERY_METHODS
     # ORT's dynamic INT8 (MatMul/Gemm/LSTM/Attention, activations quantized at run time) as a candidate when no
     # static one meets max_drop: for ORT CPU targets only, never with TensorRT among them
     dynamic: bool = True
@@ -159,9 +163,10 @@ class AutoConfig:
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
             raise ConfigError(f"auto.budget_s must be positive, got {self.budget_s}")
-        unknown = [m for m in self.recovery if m not in ("cle", "bias", "adaround")]
+        unknown = [m for m in self.recovery if m not in RECOVERY_METHODS]
         if unknown:
-            raise ConfigError(f"auto.recovery: unknown method {unknown[0]!r}; allowed: cle, bias, adaround")
+            allowed = ", ".join(RECOVERY_METHODS)
+            raise ConfigError(f"auto.recovery: unknown method {unknown[0]!r}; allowed: {allowed}")
         if self.wall_cap < 1:
             raise ConfigError(f"auto.wall_cap must be at least 1 (a multiple of auto.budget_s), got {self.wall_cap}")
         if self.min_gain is not None and self.min_gain <= 0:

@@ -106,7 +106,7 @@ def auto_precision(
             setup, ranges = configured(config, chosen), base.model.ranges
             source, smoothing, recovery = base.source, base.smoothing, base.recovery
         mixed = base is not None and chosen is not None and chosen.excluded != base.candidate.excluded
-        if chosen is not None and chosen.placement == "dynamic":  # ORT's dynamic INT8 (autotune: _dynamic_trial)
+        if chosen is not None and chosen.dynamic:  # ORT's dynamic INT8 (autotune: _dynamic_trial)
             samples = len(calibration.selection.indices)
             shipped = quantize_dynamic(config, source, stage, chosen.excluded, samples)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -53,15 +53,7 @@ class NodeCorrection:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for build.json."""
-        return {
-            "node": self.node,
-            "op_type": self.op_type,
-            "bias": self.bias,
-            "created": self.created,
-            "channels": self.channels,
-            "mean_abs_delta": self.mean_abs_delta,
-            "max_abs_delta": self.max_abs_delta,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,7 @@ class AbsorbedBias:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for build.json."""
-        return {
-            "producer": self.producer,
-            "consumer": self.consumer,
-            "channels": self.channels,
-            "max_shift": self.max_shift,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
