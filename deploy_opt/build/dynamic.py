@@ -16,10 +16,9 @@ import onnx
 
 from calibrators.scales.format import load_scale_file, save_scale_file
 from deploy_opt.build.calibrate import ActivationRanges
-from deploy_opt.build.quantize import QuantizedModel
+from deploy_opt.build.quantize import QuantizedModel, weight_levels
 from deploy_opt.config.build import BuildConfig
 from dopt_common.errors import ScaleMismatchError
-from dopt_common.ort import int8_pairs_saturate
 from exporters.ort.dynamic import DEFAULT_OP_TYPES, dynamic_scale_file, write_ort_dynamic
 from exporters.ort.dynamic_read import compare_dynamic, read_dynamic_model
 
@@ -42,7 +41,8 @@ def quantize_dynamic(
 ) -> QuantizedModel:
     """Write ``model.int8.onnx`` (dynamic INT8) and ``scales.json`` in ``stage``, and prove they agree."""
     stage.mkdir(parents=True, exist_ok=True)
-    reduce = "ort-cpu" in config.deploy.targets and int8_pairs_saturate()  # 7-bit weights on x86 without VNNI
+    levels, why = weight_levels(config.quantization.weight_range, config.deploy.targets)
+    reduce = levels < 127  # 7-bit weights: quantization.weight_range, or auto on x86 without VNNI
     written = write_ort_dynamic(
         fp32_path,
         stage / "model.int8.onnx",
@@ -61,7 +61,8 @@ def quantize_dynamic(
     info = {
         "method": "dynamic",
         "activations": "dynamic (uint8, from each input's own min and max at run time)",
-        "weights": "absmax, per channel" + (", 7-bit (this CPU has no VNNI)" if reduce else ""),
+        "weights": "absmax, per channel",
+        "weight_range": why,
         "samples": 0,
         "op_types": list(written.settings.op_types),
         "quantized_tensors": {"weight": len(scales.tensors), "dynamic": len(scales.dynamic)},
