@@ -360,3 +360,16 @@ def test_the_scorer_s_fidelity_is_the_output_sqnr_against_fp32(tmp_path: Path) -
     assert same == float("inf") and scores.shape == (4,)
     _, off = scorer.scored(model(1.1))
     assert off == pytest.approx(sqnr_db(reference, x @ (weight * 1.1)), rel=1e-6)
+
+
+def test_speedups_within_five_percent_rank_as_one_and_the_more_accurate_wins() -> None:
+    """Two candidates 3% apart swap places from one timing to the next; the search ranks them as one speed and
+    takes the lower drop, so noise and load do not steer it. 10% apart, the faster wins."""
+    from deploy_opt.autotune.trials import fastest
+
+    plain, chained = Candidate("outputs", "asymmetric"), Candidate("outputs", "asymmetric", coverage="chain")
+    slower_exact = Trial("placement", plain, 99.0, 0.2, None, 10.0, 1.50, 10, 1.0)
+    faster_rougher = Trial("placement", chained, 98.5, 0.7, None, 9.7, 1.545, 10, 1.0)
+    assert fastest([faster_rougher, slower_exact]) is slower_exact
+    much_faster = dataclasses.replace(faster_rougher, speedup=1.65)
+    assert fastest([slower_exact, much_faster]) is much_faster

@@ -156,12 +156,15 @@ def new_context(
 ) -> SearchContext:
     threads = config.benchmark.threads
     fp32 = onnx.load(str(fp32_path))
-    session = create_session(fp32_path, threads=threads)
+    session = create_session(fp32_path, threads=threads, spin=False)  # its CPU time is budgeted work
     references = [session.run(None, b.inputs)[0] for b in held]
     scorer = SubsetScorer(held, references, metric, threads)
     timed = config.auto.min_gain is not None and "ort-cpu" in config.deploy.targets and config.benchmark.enabled
     batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
-    probe = LatencyProbe(session, feed_of_size(held[0], batch), threads) if timed else None
+    probe = None
+    if timed:  # the final timing runs as users run (spinning, ``threads``); the ranking on one thread's CPU time
+        timed_fp32, single = create_session(fp32_path, threads=threads), create_session(fp32_path, threads=1)
+        probe = LatencyProbe(timed_fp32, feed_of_size(held[0], batch), threads, fp32_single=single)
     baseline = scorer.sample_scores(fp32)
     from deploy_opt.analysis.sensitivity.mixed_precision import task_executor
 

@@ -12,7 +12,7 @@ from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
 from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.autotune.context import Base, SearchContext, most_accurate, paying, variant_model
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
-from deploy_opt.autotune.trials import Trial
+from deploy_opt.autotune.trials import Trial, fastest
 from deploy_opt.evaluation.sources import Batch
 
 
@@ -34,8 +34,9 @@ def fallback_bases(ctx: SearchContext, bases: list[Base]) -> list[Base]:
     best = measured[accurate.candidate].drop
     band = best + max(0.25 * abs(best), 0.1 * ctx.config.gate.max_drop)
     near = [b for b in fast_enough if measured[b.candidate].drop <= band]
-    fastest = max(near, key=lambda b: measured[b.candidate].speedup or 0.0)
-    return [accurate] if fastest is accurate else [accurate, fastest]
+    quickest = fastest([measured[b.candidate] for b in near]).candidate
+    other = next(b for b in near if b.candidate == quickest)
+    return [accurate] if quickest == accurate.candidate else [accurate, other]
 
 
 def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:

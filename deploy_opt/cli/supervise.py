@@ -32,6 +32,9 @@ PR_SET_PDEATHSIG = 1
 
 def entry() -> int:
     """The ``deploy-opt`` console script: the CLI under the supervisor."""
+    from dopt_common.clock import quiet_openmp
+
+    quiet_openmp()  # before anything imports torch: libgomp reads its settings once
     from deploy_opt.cli import main
 
     return run_supervised(main)

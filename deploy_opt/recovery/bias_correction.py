@@ -276,7 +276,7 @@ def _session(model: onnx.ModelProto, outputs: list[str], threads: int | None) ->
         path = Path(tmp) / "exposed.onnx"
         # External data keeps large models under protobuf's 2 GB limit; it costs nothing for small ones.
         onnx.save_model(exposed, str(path), save_as_external_data=True, location="exposed.onnx.data")
-        return create_session(path, threads=threads, optimize=False)
+        return create_session(path, threads=threads, optimize=False, spin=False)
 
 
 def add_to_bias(model: onnx.ModelProto, target: Target, delta: np.ndarray) -> tuple[str, bool]:
