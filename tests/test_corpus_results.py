@@ -41,3 +41,22 @@ def test_one_flipped_sample_above_fp32_is_noise_and_five_are_a_loss(results) -> 
     assert "LOSES MORE" in results.verdict([ours, unpaired])
     worse = _row(results, "ort-minmax", fp32[2:] + [0, 0])
     assert "drop 0.00 vs best peer ort-minmax 0.79: holds;" in results.verdict([ours, worse])
+
+
+def test_a_partial_run_keeps_the_committed_rows_of_the_models_it_did_not_run(results, tmp_path: Path) -> None:
+    """A fresh machine's store holds only the models it ran; the others come back from the committed RESULTS.md
+    (every cell but the per-sample scores, which the table never printed)."""
+    import json
+
+    committed = tmp_path / "RESULTS.md"
+    earlier = [_row(results, "deploy_opt", [1] * 3 + [0]), _row(results, "ort-minmax", [1] * 2 + [0] * 2)]
+    earlier = [dataclasses.replace(r, model="old", measured="2026-12-03T15:16:00", cpu="AVX-512 VNNI") for r in earlier]
+    committed.write_text("Written 2026-12-06\n\n" + results.table([earlier]) + "\n", encoding="utf-8")
+    store = tmp_path / "results.json"
+    fresh = dataclasses.asdict(dataclasses.replace(_row(results, "deploy_opt", [1] * 4), model="new"))
+    store.write_text(json.dumps({"new": [fresh]}), encoding="utf-8")
+    loaded = results.load(["old", "new"], store, committed)
+    assert [[r.model for r in rows] for rows in loaded] == [["old", "old"], ["new"]]
+    back = [dataclasses.replace(r, sample_scores=None) for r in earlier]
+    assert results.table([loaded[0]]) == results.table([back])
+    assert loaded[0][0].speedup == {"1": 1.0} and loaded[0][1].value == 50.0

@@ -61,10 +61,51 @@ def save(model: str, rows: list[Row], store: Path = STORE) -> None:
     tmp.replace(store)
 
 
-def load(order: list[str], store: Path = STORE) -> list[list[Row]]:
-    """Every stored model's rows, models in ``order``."""
+def load(order: list[str], store: Path = STORE, committed: Path = RESULTS) -> list[list[Row]]:
+    """Every stored model's rows, models in ``order``; a model this machine's store lacks keeps the rows of the
+    committed RESULTS.md (``from_markdown``), so a partial run on a fresh machine does not drop the others."""
     data = json.loads(store.read_text(encoding="utf-8")) if store.is_file() else {}
-    return [[Row(**r) for r in data[m]] for m in order if m in data]
+    earlier = from_markdown(committed) if committed.is_file() else {}
+    return [[Row(**r) for r in data[m]] if m in data else earlier[m] for m in order if m in data or m in earlier]
+
+
+def _number(cell: str, suffix: str = "") -> float | str | None:
+    """A table cell back to its value: "-" is None, "1.32x" 1.32 (with ``suffix`` "x"), else the text."""
+    if cell == "-":
+        return None
+    try:
+        return float(cell.removesuffix(suffix))
+    except ValueError:
+        return cell
+
+
+def from_markdown(path: Path) -> dict[str, list[Row]]:
+    """The rows of a RESULTS.md table, by model (``table``'s inverse, less the per-sample scores it never
+    printed: the noise test of ``verdict`` then compares the drops as they are)."""
+    year = next((w[:4] for w in path.read_text(encoding="utf-8").split() if w[:4].isdigit() and w[4:5] == "-"), "0000")
+    rows: dict[str, list[Row]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 14 or cells[0] in ("model", "---") or cells[0].startswith("---"):
+            continue
+        model, tool, metric, fp32, value, _, b1, b8, b32, wall, rss, outcome, measured, cpu = cells
+        speeds = {b: _number(c, "x") for b, c in (("1", b1), ("8", b8), ("32", b32)) if c != "-"}
+        fp32_value = _number(fp32)
+        row = Row(
+            model,
+            tool,
+            metric,
+            fp32_value if isinstance(fp32_value, float) else None,
+            _number(value),
+            {b: v for b, v in speeds.items() if v is not None},
+            _number(wall) if wall != "-" else None,
+            _number(rss) if rss != "-" else None,
+            outcome,
+            f"{year}-{measured.replace(' ', 'T')}" if measured != "-" else "",
+            "" if cpu == "-" else cpu,
+        )
+        rows.setdefault(model, []).append(row)
+    return rows
 
 
 def cpu() -> str:
