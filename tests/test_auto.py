@@ -373,3 +373,27 @@ def test_speedups_within_five_percent_rank_as_one_and_the_more_accurate_wins() -
     assert fastest([faster_rougher, slower_exact]) is slower_exact
     much_faster = dataclasses.replace(faster_rougher, speedup=1.65)
     assert fastest([slower_exact, much_faster]) is much_faster
+
+
+def test_a_further_scheme_is_tried_on_the_best_shape_only_when_all_would_crowd_out_the_rest() -> None:
+    """Three 25-work-second placements for a second scheme against 100 seconds left: only the first scheme's
+    most accurate shape; the same placements at 1 s each are all tried."""
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _affordable
+
+    shapes = [("inputs", "weighted"), ("outputs", "weighted"), ("outputs", "chain")]
+    drops = {("inputs", "weighted"): 13.9, ("outputs", "weighted"): 15.4, ("outputs", "chain"): 23.0}
+
+    def trials(work: float) -> list[Trial]:
+        return [
+            Trial("placement", Candidate(p, "asymmetric", coverage=c), 0.0, d, None, None, None, 9, work, work_s=work)
+            for (p, c), d in drops.items()
+        ]
+
+    clock = WorkClock.start(100.0, 500.0, 2)
+    first = SimpleNamespace(choice_seconds=5.0)
+    slow = SimpleNamespace(trials=trials(25.0), clock=clock)
+    assert _affordable(slow, shapes, "symmetric", first) == [("inputs", "weighted")]
+    quick = SimpleNamespace(trials=trials(1.0), clock=clock)
+    assert _affordable(quick, shapes, "symmetric", first) == shapes

@@ -29,6 +29,7 @@ from deploy_opt.config.build import BuildConfig
 from deploy_opt.evaluation.numerics import json_db, noise_db
 from deploy_opt.evaluation.sources import single_rows
 from deploy_opt.report.calibration_plot import widest
+from dopt_common.clock import work_seconds
 
 log = logging.getLogger(__name__)
 PLOTTED = 8
@@ -58,8 +59,8 @@ class ActivationRanges:
     guards: dict[str, str] = field(default_factory=dict)  # tensor -> why a clipping method gave way to min/max
     # method: auto, per tensor: each candidate method's propagated output SQNR in dB (the evidence for the choice)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
-    # choose_ranges' wall time without method auto's propagated-noise pass (which measured both schemes): what
-    # choosing again for another scheme costs (rescheme), which the auto search counts before it starts one
+    # choose_ranges' work seconds (dopt_common.clock) without method auto's propagated-noise pass (which measured
+    # both schemes): what choosing again for another scheme costs (rescheme), which the auto search counts first
     choice_seconds: float = 0.0
     # method auto: the noise of every candidate range under both schemes, measured in the one pass, so that
     # rescheme chooses for the other scheme without running the model again
@@ -149,7 +150,7 @@ def choose_ranges(
     config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
 ) -> ActivationRanges:
     """Each tensor's range by its method (``auto``: by propagated output error), then the guards."""
-    started = time.perf_counter()
+    started = work_seconds(config.benchmark.threads)
     cal = config.calibration
     symmetric = config.quantization.activations == "symmetric"
     observed, signed, absolute = stats.observed, stats.signed, stats.absolute
@@ -159,9 +160,11 @@ def choose_ranges(
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
     noise, measuring = (stats.noise if scheme_key(config) in stats.noise else {}), 0.0
     if auto and not noise:
-        measuring = time.perf_counter()
+        measuring = work_seconds(config.benchmark.threads)
         noise = scheme_noise(fp32_path, auto, observed, absolute, config, calibration)
-        measuring = time.perf_counter() - measuring  # not repeated by rescheme, so not in choice_seconds
+        measuring = (
+            work_seconds(config.benchmark.threads) - measuring
+        )  # not repeated by rescheme, so not in choice_seconds
     picked, evidence = choose_methods(noise.get(scheme_key(config), {}), auto)
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
@@ -188,7 +191,7 @@ def choose_ranges(
         plotted=stats.plotted,
         guards=guards,
         evidence=evidence,
-        choice_seconds=time.perf_counter() - started - measuring,
+        choice_seconds=work_seconds(config.benchmark.threads) - started - measuring,
         noise=noise,
     )
 
