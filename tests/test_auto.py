@@ -231,12 +231,26 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
     ]
     config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
     clock = WorkClock.start(240.0, 1200.0, 2)
-    spent = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False, clock=clock, probe=None)
+    spent = SimpleNamespace(
+        trials=trials,
+        config=config,
+        baseline_scores=np.zeros(0),
+        time_left=lambda extra=0.0: False,
+        clock=clock,
+        probe=None,
+    )
     verdict = _verdict(spent, None)  # type: ignore[arg-type]
     assert verdict.startswith("FP32 is fastest here within the time budget: ")
     assert "the fastest model measured, outputs+chain asym at 1.99x, missed max_drop with drop 2.395" in verdict
     assert "wall-clock cap" not in verdict
-    finished = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: True, clock=clock, probe=None)
+    finished = SimpleNamespace(
+        trials=trials,
+        config=config,
+        baseline_scores=np.zeros(0),
+        time_left=lambda extra=0.0: True,
+        clock=clock,
+        probe=None,
+    )
     assert _verdict(finished, None).endswith("under the 1.02x that INT8 must gain; FP32 ships")  # type: ignore[arg-type]
 
 
@@ -253,7 +267,14 @@ def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search
     monkeypatch.setattr(clock_module.os, "cpu_count", lambda: 2)
     capped = WorkClock.start(240.0, 1e-9, 2)  # no wall time left, the work budget untouched
     capped.wall0 -= 10.0  # started 10 s ago: 20 CPU seconds of capacity on two CPUs
-    ctx = SimpleNamespace(trials=trials, config=config, time_left=lambda extra=0.0: False, clock=capped, probe=None)
+    ctx = SimpleNamespace(
+        trials=trials,
+        config=config,
+        baseline_scores=np.zeros(0),
+        time_left=lambda extra=0.0: False,
+        clock=capped,
+        probe=None,
+    )
     verdict = _verdict(ctx, None)  # type: ignore[arg-type]
     assert "the wall-clock cap (0 s = auto.wall_cap x auto.budget_s) ended the search after" in verdict
     assert "may go the other way" not in verdict  # not timed: nothing load could move
@@ -302,6 +323,7 @@ def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     ctx = SimpleNamespace(
         trials=[_trial(0.0, 1.03), noisy],
         config=config,
+        baseline_scores=np.zeros(0),
         time_left=lambda extra=0.0: True,
         probe=None,
         clock=WorkClock.start(240.0, 1200.0, 2),
@@ -397,3 +419,19 @@ def test_a_further_scheme_is_tried_on_the_best_shape_only_when_all_would_crowd_o
     assert _affordable(slow, shapes, "symmetric", first) == [("inputs", "weighted")]
     quick = SimpleNamespace(trials=trials(1.0), clock=clock)
     assert _affordable(quick, shapes, "symmetric", first) == shapes
+
+
+def test_the_verdict_says_when_one_decide_sample_moves_the_metric_more_than_max_drop() -> None:
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _coarse_decisions
+
+    def ctx(samples: int, metric: str = "top1") -> SimpleNamespace:
+        config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), data=SimpleNamespace(metric=metric))
+        scores = [100.0] * (samples - 3) + [0.0] * 3 if metric == "top1" else np.linspace(90, 100, samples)
+        return SimpleNamespace(baseline_scores=np.array(scores), config=config)
+
+    said = _coarse_decisions(ctx(64))
+    assert "64 samples" in said and "1.56 points" in said and "at least 100 samples" in said
+    assert _coarse_decisions(ctx(256)) == ""  # 0.39-point steps resolve a 1-point gate
+    assert _coarse_decisions(ctx(64, "cosine")) == ""  # a continuous metric has no step

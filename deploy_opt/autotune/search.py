@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placements, allowed_schemes, configured
@@ -326,6 +328,9 @@ def _bounds(ctx: SearchContext) -> str:
             f"{clock.spent():.0f} of its {clock.budget_s:g} work seconds: the machine was loaded, so an idle run "
             "tries more candidates"
         )
+    coarse = _coarse_decisions(ctx)
+    if coarse:
+        parts.append(coarse)
     share = clock.others_share()
     if ctx.probe is not None and share is not None and clock.loaded():
         parts.append(
@@ -333,6 +338,26 @@ def _bounds(ctx: SearchContext) -> str:
             "against FP32, timed on the wall clock, may go the other way on an idle machine"
         )
     return "".join(f" [{p}]" for p in parts)
+
+
+def _coarse_decisions(ctx: SearchContext) -> str:
+    """What to say when one decide sample moves the metric by more than ``max_drop`` (64 decide samples move a
+    top-1 in 1.56-point steps): the search then told candidates apart by output SQNR, and more samples would let
+    it decide on the metric itself."""
+    from deploy_opt.analysis.sensitivity.resolution import STEP_METRICS
+    from deploy_opt.evaluation.uncertainty import resolution
+
+    scores = np.asarray(ctx.baseline_scores)
+    max_drop = ctx.config.gate.max_drop
+    step = resolution([scores], right_or_wrong=ctx.config.data.metric in STEP_METRICS) if scores.size else None
+    if step is None or step <= max_drop or max_drop <= 0:
+        return ""
+    needed = math.ceil(scores.size * step / max_drop)
+    return (
+        f"the search decided on {scores.size} samples, where one sample moves the metric {step:.3g} points, more "
+        f"than max_drop {max_drop:g}: candidates a step apart were told apart by output SQNR; name "
+        f"data.validation with at least {needed} samples to decide on the metric itself"
+    )
 
 
 def _answer(ctx: SearchContext, chosen: Trial | None) -> str:
