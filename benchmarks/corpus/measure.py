@@ -79,15 +79,19 @@ def score(
         reference = sessions[fp32].run(None, inputs)[0] if label is None else np.asarray(label)
         for name, s in list(sessions.items()):
             try:
-                scores = metric.score(np.asarray(s.run(None, inputs)[0]), reference)
+                samples[name].extend(batch_scores(metric, s, inputs, reference))
             except Exception as exc:  # noqa: BLE001 - reported in the row
                 results[name] = f"evaluation failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 del sessions[name], samples[name]
-                continue
-            samples[name].extend(float(v) for v in np.ravel(scores))
     for name in sessions:
         results[name] = sum(samples[name]) / max(len(samples[name]), 1)
     return results, samples
+
+
+def batch_scores(metric: Any, session: Any, inputs: dict[str, np.ndarray], reference: np.ndarray) -> list[float]:
+    """One batch's scores (per sample, or one for a metric that scores the batch): ``metric`` on the session's
+    first output against ``reference``, a label or the FP32 model's first output."""
+    return [float(v) for v in np.ravel(metric.score(np.asarray(session.run(None, inputs)[0]), reference))]
 
 
 def fixed_batch(path: Path) -> int | None:

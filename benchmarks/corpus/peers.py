@@ -1,4 +1,4 @@
-"""The peers deploy_opt is set beside: ONNX Runtime's ``quantize_static`` and NVIDIA ModelOpt's ONNX PTQ.
+"""The peers deploy_opt is set beside: ONNX Runtime's ``quantize_static``, NVIDIA ModelOpt's ONNX PTQ, NNCF, AIMET.
 
 Each peer quantizes the same ONNX file deploy_opt was given (for a torch model: the FP32 ONNX the build
 exported) on the same calibration batches, in its own process, so its wall time and peak memory are its own:
@@ -13,6 +13,12 @@ exported) on the same calibration batches, in its own process, so its wall time 
   share a folder with onnxruntime), ``--calibration_eps cpu``, ``--high_precision_dtype fp32`` (its default
   turns the rest of the model into fp16, which ORT CPU runs slowly), calibration data as .npy (.npz for several
   inputs) with ``--calibration_shapes`` set to the data's own batch shapes.
+- ``nncf`` / ``nncf-ac``: ``nncf.quantize`` / ``nncf.quantize_with_accuracy_control`` in ``.cache/nncf-venv``
+  (``nncf_peer.py``; nncf-ac validates candidates with ``scorer.py`` in this environment).
+- ``aimet``: AIMET-ONNX CLE, QuantizationSimModel, then AdaRound, SeqMSE or neither, in ``.cache/aimet-venv``
+  (``aimet_peer.py``).
+
+The venv peers get the calibration batches as one .npz (``write_batches``; ``read_batches`` in the venv).
 
     python benchmarks/corpus/peers.py ort CONFIG MODEL OUT --method minmax|entropy   # run.py calls this
 """
@@ -20,6 +26,7 @@ exported) on the same calibration batches, in its own process, so its wall time 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -34,12 +41,58 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VENV = HERE / ".cache" / "modelopt-venv"
 MODELOPT = "nvidia-modelopt[onnx]==0.47.0"
+NNCF = "nncf==3.4.0"
+AIMET = "aimet-onnx==2.42.0"
 TORCH_PIN = "torch==2.13.0"
-PREPROCESS_TAG = "ort peer:"
-TOOLS = ("deploy_opt", "ort-minmax", "ort-entropy", "modelopt-entropy", "modelopt-max")
+NOTE_TAG = "peer note:"  # a peer's script prints what it did after this; run.py puts it in the row's outcome
+TOOLS = ("deploy_opt", "ort-minmax", "ort-entropy", "modelopt-entropy", "modelopt-max", "nncf", "nncf-ac", "aimet")
+BOUNDED = ("nncf-ac", "aimet")  # the peers that search: at most ``BOUND_S`` each by default (--search-timeout)
+BOUND_S = 900.0
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Venv:
+    """A peer's own venv, ``.cache/<name>-venv``: what pip installs there, the module that must import, and whether
+    it must hold the main environment's onnxruntime and onnx (ModelOpt's pulls onnxruntime-gpu instead)."""
+
+    name: str
+    requirements: tuple[str, ...]
+    module: str
+    same_ort: bool = True
+
+    @property
+    def folder(self) -> Path:
+        return HERE / ".cache" / f"{self.name}-venv"
+
+    @property
+    def python(self) -> Path:
+        return self.folder / "bin" / "python"
+
+    def install(self) -> list[str]:
+        """The pip install command: the requirements, plus the main environment's onnxruntime and onnx pins."""
+        return [str(self.python), "-m", "pip", "install", *self.requirements, *(main_pins() if self.same_ort else [])]
+
+
+MODELOPT_VENV = Venv("modelopt", (MODELOPT, TORCH_PIN), "modelopt.onnx.quantization", same_ort=False)
+NNCF_VENV = Venv("nncf", (NNCF,), "nncf")
+# torch: aimet-onnx requires it (AdaRound runs in torch); the pin is ModelOpt's and this environment's.
+AIMET_VENV = Venv("aimet", (AIMET, TORCH_PIN), "aimet_onnx")
+VENVS = {
+    "modelopt-entropy": MODELOPT_VENV,
+    "modelopt-max": MODELOPT_VENV,
+    "nncf": NNCF_VENV,
+    "nncf-ac": NNCF_VENV,
+    "aimet": AIMET_VENV,
+}
+
+
+def main_pins() -> list[str]:
+    """``onnxruntime==X`` and ``onnx==Y`` as installed here, so a peer's venv runs the ORT that scores it."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("onnxruntime", "onnx")]
 
 
 @dataclass(frozen=True)
@@ -52,10 +105,17 @@ class Run:
     last_line: str
 
 
-def timed_run(command: list[str], log_path: Path, cwd: Path | None = None, timeout_s: float | None = None) -> Run:
+def timed_run(
+    command: list[str],
+    log_path: Path,
+    cwd: Path | None = None,
+    timeout_s: float | None = None,
+    bound: str = "--timeout",
+) -> Run:
     """Run ``command`` under ``/usr/bin/time -v`` (when present) for its peak RSS; all output goes to ``log_path``.
 
-    Past ``timeout_s`` the command is killed and the run has exit code -9.
+    Past ``timeout_s`` the command (its whole process group) is killed and the run has exit code -9 and says
+    ``killed after N s (<bound>)``.
     """
     timer = Path("/usr/bin/time")
     full = [str(timer), "-v", *command] if timer.is_file() else command
@@ -71,7 +131,7 @@ def timed_run(command: list[str], log_path: Path, cwd: Path | None = None, timeo
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
         log_path.write_text(f"$ {' '.join(command)}\n{stdout}{stderr}\nkilled after {timeout_s} s", encoding="utf-8")
-        return Run(-9, time.perf_counter() - start, None, f"killed after {timeout_s:.0f} s (--timeout)")
+        return Run(-9, time.perf_counter() - start, None, f"killed after {timeout_s:.0f} s ({bound})")
     wall = time.perf_counter() - start
     done = subprocess.CompletedProcess(full, process.returncode, stdout, stderr)
     log_path.write_text(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}", encoding="utf-8")
@@ -160,20 +220,42 @@ def _opset_13(model: Path, out: Path) -> tuple[Path, list[str]]:
     return out, [f"opset {opset} converted to 13 (onnx.version_converter)"]
 
 
-def ensure_modelopt_venv(log_path: Path) -> str | None:
-    """Create ``.cache/modelopt-venv`` on first use; return None when it works, else why not (one line)."""
-    python = VENV / "bin" / "python"
-    if not python.is_file():
-        steps = [[sys.executable, "-m", "venv", str(VENV)], [str(python), "-m", "pip", "install", MODELOPT, TORCH_PIN]]
-        for step in steps:
+def ensure_venv(venv: Venv, log_path: Path) -> str | None:
+    """Create ``venv`` on first use; return None when it works, else why not (one line)."""
+    if not venv.python.is_file():
+        for step in ([sys.executable, "-m", "venv", str(venv.folder)], venv.install()):
             run = timed_run(step, log_path)
             if run.rc != 0:
-                shutil.rmtree(VENV, ignore_errors=True)
-                return f"modelopt venv: {' '.join(step[-3:])} failed ({run.rc}): {run.last_line}"
-    check = subprocess.run([str(python), "-c", "import modelopt.onnx.quantization"], capture_output=True, text=True)
+                shutil.rmtree(venv.folder, ignore_errors=True)
+                return f"{venv.name} venv: {' '.join(step[-3:])} failed ({run.rc}): {run.last_line}"
+    probe = f"import {venv.module}"
+    if venv.same_ort:
+        probe += "; import importlib.metadata as m; print(*(m.version(n) for n in ('onnxruntime', 'onnx')))"
+    check = subprocess.run([str(venv.python), "-c", probe], capture_output=True, text=True)
     if check.returncode != 0:
-        return f"modelopt does not import in {VENV}: {(check.stderr.strip().splitlines() or [''])[-1][:160]}"
+        return (
+            f"{venv.module} does not import in {venv.folder}: {(check.stderr.strip().splitlines() or [''])[-1][:160]}"
+        )
+    if venv.same_ort and check.stdout.split() != [pin.split("==")[1] for pin in main_pins()]:
+        return f"{venv.folder} holds onnxruntime, onnx {check.stdout.strip()}, not {', '.join(main_pins())}: remove it"
     return None
+
+
+def write_batches(batches: list[dict[str, np.ndarray]], path: Path) -> Path:
+    """The calibration batches, as they are, in one .npz (``read_batches`` reads them back in a peer's venv)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **{f"{i:05d}/{name}": array for i, batch in enumerate(batches) for name, array in batch.items()})
+    return path
+
+
+def read_batches(path: Path) -> list[dict[str, np.ndarray]]:
+    """``write_batches``'s batches, in order."""
+    batches: dict[int, dict[str, np.ndarray]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            index, name = key.split("/", 1)
+            batches.setdefault(int(index), {})[name] = data[key]
+    return [batches[i] for i in sorted(batches)]
 
 
 def write_modelopt_data(batches: list[dict[str, np.ndarray]], folder: Path) -> tuple[Path, str]:
@@ -194,7 +276,7 @@ def write_modelopt_data(batches: list[dict[str, np.ndarray]], folder: Path) -> t
 def modelopt_command(model: Path, data: Path, shapes: str, method: str, out: Path) -> list[str]:
     """The ModelOpt ONNX PTQ command line (int8, CPU calibration, fp32 for what stays unquantized)."""
     return [
-        str(VENV / "bin" / "python"),
+        str(MODELOPT_VENV.python),
         "-m",
         "modelopt.onnx.quantization",
         "--onnx_path",
@@ -216,6 +298,29 @@ def modelopt_command(model: Path, data: Path, shapes: str, method: str, out: Pat
     ]
 
 
+def nncf_command(
+    model: Path, data: Path, out: Path, scorer: list[str] | None = None, max_drop: float = 1.0
+) -> list[str]:
+    """``nncf_peer.py`` in the NNCF venv: plain ``nncf.quantize``, or with ``scorer`` (the command of a
+    ``scorer.py`` process that scores candidates on the evaluation split) ``quantize_with_accuracy_control``."""
+    command = [str(NNCF_VENV.python), str(HERE / "nncf_peer.py"), str(model), str(data), str(out)]
+    if scorer is None:
+        return command
+    return [*command, "--max-drop", str(max_drop), "--scorer", json.dumps(scorer)]
+
+
+def aimet_command(model: Path, data: Path, out: Path, budget_s: float) -> list[str]:
+    """``aimet_peer.py`` in the AIMET venv, finishing within ``budget_s`` (a plain model is made first)."""
+    return [
+        str(AIMET_VENV.python),
+        str(HERE / "aimet_peer.py"),
+        str(model),
+        str(data),
+        str(out),
+        f"--budget-s={budget_s:.0f}",
+    ]
+
+
 def main() -> None:
     """CLI: ``ort CONFIG MODEL OUT --method M`` quantizes with ORT (run.py runs it in its own process)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -227,7 +332,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     how = ort_quantize(args.config.resolve(), args.model.resolve(), args.out.resolve(), args.method)
-    print(f"{PREPROCESS_TAG} {how}")
+    print(f"{NOTE_TAG} {how}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,17 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TOOL_ORDER = ("prepare", "deploy_opt", "ort-minmax", "ort-entropy", "modelopt-entropy", "modelopt-max")
+TOOL_ORDER = (
+    "prepare",
+    "deploy_opt",
+    "ort-minmax",
+    "ort-entropy",
+    "modelopt-entropy",
+    "modelopt-max",
+    "nncf",
+    "nncf-ac",
+    "aimet",
+)
 STORE = HERE / ".cache" / "results.json"
 RESULTS = HERE / "RESULTS.md"
 
@@ -243,7 +253,7 @@ def write(order: list[str], notes: str, path: Path = RESULTS) -> Path:
     when = sorted({r.measured[:10] for rows in measured for r in rows}) or ["never"]
     text = "\n\n".join(
         [
-            "# Corpus results: deploy_opt defaults vs ORT quantize_static and ModelOpt ONNX PTQ",
+            "# Corpus results: deploy_opt defaults vs ORT quantize_static, ModelOpt ONNX PTQ, NNCF and AIMET-ONNX",
             f"Written {dt.date.today().isoformat()}; rows measured on {', '.join(when)}.\n"
             f"This machine: {cpu()}; ORT CPU, {2} intra-op threads.\n{_versions()}.\n"
             f"Rows measured on machines with {' and with '.join(sorted({r.cpu or '?' for rs in measured for r in rs}))}"

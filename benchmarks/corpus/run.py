@@ -54,6 +54,14 @@ NOTES = """## How these numbers are made
   0.47.0, own venv in `.cache/modelopt-venv`), calibration data as .npy/.npz with `--calibration_shapes` the
   data's batch shape. `fp32` keeps the unquantized rest of the model in fp32: its default (fp16) targets
   TensorRT, and ORT CPU runs fp16 slowly.
+- **nncf**: `nncf.quantize` (nncf 3.4.0, own venv in `.cache/nncf-venv`, this environment's onnxruntime and
+  onnx), defaults (preset performance), `subset_size` = the calibration samples, the file raised to opset 13 first.
+- **nncf-ac**: `nncf.quantize_with_accuracy_control`, `max_drop` = the config's gate tolerance (default 1.0),
+  absolute, its `validation_fn` the corpus metric on the **evaluation** split (`scorer.py`), at most 15 min.
+- **aimet**: aimet-onnx 2.42.0 (own venv in `.cache/aimet-venv`): CLE, `QuantizationSimModel` int8 weights
+  (per-channel) and activations, then AdaRound (10,000 iterations) if it finishes in half the time left, else
+  SeqMSE if it finishes in the rest, else neither; `compute_encodings` on the calibration batches, exported with
+  `to_onnx_qdq`; at most 15 min in all, the outcome says which method shipped.
 - Every tool gets the same ONNX file (for `mobilenet-v2` and `minilm`, torch factories: the FP32 ONNX that the
   deploy_opt build exported, `reports/<name>/model.onnx`) and the same calibration batches (every corpus
   calibration set has at most 512 samples, deploy_opt's default sample count, so the build uses all of them).
@@ -111,13 +119,18 @@ def fp32_file(entry: Model, name: str) -> Path:
     return (entry.path.parent / onnx).resolve() if onnx else REPORTS / name / "model.onnx"
 
 
-def peer(tool: str, entry: Model, model: str, fp32: Path, timeout_s: float) -> tuple[results.Row, Path | None]:
-    """One peer's quantization in its own process: its row (timing, outcome) and its model (None on failure)."""
+def peer(
+    tool: str, entry: Model, model: str, fp32: Path, timeout_s: float, search_s: float = peers.BOUND_S
+) -> tuple[results.Row, Path | None]:
+    """One peer's quantization in its own process: its row (timing, outcome) and its model (None on failure).
+    It is killed past ``timeout_s``, or past ``search_s`` where that is sooner for a peer that searches."""
     folder = ARTIFACTS / model
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{tool}.onnx"
     out.unlink(missing_ok=True)
     logfile = LOGS / f"{model}.{tool}.log"
+    bounded = tool in peers.BOUNDED and search_s < timeout_s
+    limit, bound = (search_s, f"{tool}'s bound, --search-timeout") if bounded else (timeout_s, "--timeout")
     if tool.startswith("ort-"):
         method = tool.split("-", 1)[1]
         command = [
@@ -131,20 +144,48 @@ def peer(tool: str, entry: Model, model: str, fp32: Path, timeout_s: float) -> t
             method,
         ]
     else:
-        why = peers.ensure_modelopt_venv(LOGS / "modelopt-venv.log")
+        venv = peers.VENVS[tool]
+        why = peers.ensure_venv(venv, LOGS / f"{venv.name}-venv.log")
         if why:
             return results.Row(model, tool, outcome=why), None
         batches = [inputs for inputs, _, _ in measure.load_data(entry.path, "calibration")]
-        data, shapes = peers.write_modelopt_data(batches, folder / "modelopt-data")
-        command = peers.modelopt_command(fp32, data, shapes, tool.split("-", 1)[1], out)
-    run = peers.timed_run(command, logfile, cwd=folder, timeout_s=timeout_s)
+        command = peer_command(tool, entry, fp32, batches, out, limit)
+    run = peers.timed_run(command, logfile, cwd=folder, timeout_s=limit, bound=bound)
     ok = run.rc == 0 and out.is_file()
     text = logfile.read_text(encoding="utf-8", errors="replace")
-    notes = [ln.split(peers.PREPROCESS_TAG, 1)[1].strip() for ln in text.splitlines() if peers.PREPROCESS_TAG in ln]
-    outcome = f"exit 0, {notes[-1] if notes else 'quantized'}" if ok else f"failed (exit {run.rc}): {run.last_line}"
+    notes = [ln.split(peers.NOTE_TAG, 1)[1].strip() for ln in text.splitlines() if peers.NOTE_TAG in ln]
+    if ok:
+        outcome = f"exit 0, {notes[-1] if notes else 'quantized'}"
+    elif run.rc == -9 and run.last_line.startswith("killed after"):
+        outcome = f"timed out: {run.last_line}"
+    else:
+        outcome = f"failed (exit {run.rc}): {run.last_line}"
     return results.Row(
         model, tool, wall_s=run.wall_s, peak_rss_mb=run.peak_rss_mb, outcome=outcome
     ), out if ok else None
+
+
+def peer_command(
+    tool: str, entry: Model, fp32: Path, batches: list[dict[str, Any]], out: Path, limit_s: float
+) -> list[str]:
+    """The command of a peer that runs in its own venv, its calibration data written beside ``out``."""
+    if tool.startswith("modelopt-"):
+        data, shapes = peers.write_modelopt_data(batches, out.parent / "modelopt-data")
+        return peers.modelopt_command(fp32, data, shapes, tool.split("-", 1)[1], out)
+    data = peers.write_batches(batches, out.parent / "calibration.npz")
+    if tool == "aimet":  # a minute for its own start and the last file's writing
+        return peers.aimet_command(fp32, data, out, budget_s=max(limit_s - 60, limit_s / 2))
+    if tool == "nncf":
+        return peers.nncf_command(fp32, data, out)
+    scorer = [sys.executable, str(HERE / "scorer.py"), str(entry.path), str(fp32)]
+    return peers.nncf_command(fp32, data, out, scorer=scorer, max_drop=max_drop(entry.path))
+
+
+def max_drop(config: Path) -> float:
+    """The config's gate tolerance (``gate.max_drop``), else deploy_opt's default: nncf-ac's ``max_drop``."""
+    from deploy_opt.config.build import GateConfig
+
+    return float((measure.load_config(config).get("gate") or {}).get("max_drop", GateConfig.max_drop))
 
 
 def _with_scores(row: results.Row, metric: str, fp32: Any, value: Any, speed: dict[int, Any]) -> results.Row:
@@ -182,7 +223,7 @@ def score_rows(entry: Model, rows: list[results.Row], artifacts: dict[str, Path]
     return out
 
 
-def run_model(model: str, tools: list[str], timeout_s: float) -> list[results.Row]:
+def run_model(model: str, tools: list[str], timeout_s: float, search_s: float = peers.BOUND_S) -> list[results.Row]:
     """Prepare, build, quantize with the peers and score one model; a failure becomes a row, never an exception."""
     entry = MODELS[model]
     try:
@@ -202,7 +243,7 @@ def run_model(model: str, tools: list[str], timeout_s: float) -> list[results.Ro
             rows.append(results.Row(model, tool, outcome=f"no FP32 ONNX at {fp32}: run the deploy_opt build first"))
             continue
         log.info("%s: %s", model, tool)
-        row, path = peer(tool, entry, model, fp32, timeout_s)
+        row, path = peer(tool, entry, model, fp32, timeout_s, search_s)
         rows.append(row)
         if path is not None:
             artifacts[tool] = path
@@ -221,6 +262,9 @@ def main() -> None:
     parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(MODELS)} (default: all)")
     parser.add_argument("--tools", default=",".join(peers.TOOLS), help="comma-separated subset of %(default)s")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per build or quantization")
+    parser.add_argument(
+        "--search-timeout", type=float, default=peers.BOUND_S, help=f"seconds for each of {', '.join(peers.BOUNDED)}"
+    )
     parser.add_argument("--prepare-only", action="store_true", help="only copy the packaged files into .cache/")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -233,7 +277,7 @@ def main() -> None:
             MODELS[model].prepare()
             continue
         log.info("%s: start", model)
-        rows = run_model(model, tools, args.timeout)
+        rows = run_model(model, tools, args.timeout, args.search_timeout)
         results.save(model, rows)
         path = results.write(list(MODELS), NOTES.replace("{install}", packages.INSTALL))
         log.info("%s: done, %s updated", model, path.relative_to(HERE.parent.parent))
