@@ -57,6 +57,11 @@ def test_a_partial_run_keeps_the_committed_rows_of_the_models_it_did_not_run(res
     store.write_text(json.dumps({"new": [fresh]}), encoding="utf-8")
     loaded = results.load(["old", "new"], store, committed)
     assert [[r.model for r in rows] for rows in loaded] == [["old", "old"], ["new"]]
+    # a rerun of one tool on a committed model keeps that model's other tools' rows
+    rerun = dataclasses.asdict(dataclasses.replace(_row(results, "deploy_opt", [1] * 4), model="old"))
+    store.write_text(json.dumps({"old": [rerun]}), encoding="utf-8")
+    (mixed,) = results.load(["old"], store, committed)
+    assert [(r.tool, r.value) for r in mixed] == [("deploy_opt", 100.0), ("ort-minmax", 50.0)]
     back = [dataclasses.replace(r, sample_scores=None) for r in earlier]
     assert results.table([loaded[0]]) == results.table([back])
     assert loaded[0][0].speedup == {"1": 1.0} and loaded[0][1].value == 50.0

@@ -72,11 +72,19 @@ def save(model: str, rows: list[Row], store: Path = STORE) -> None:
 
 
 def load(order: list[str], store: Path = STORE, committed: Path = RESULTS) -> list[list[Row]]:
-    """Every stored model's rows, models in ``order``; a model this machine's store lacks keeps the rows of the
-    committed RESULTS.md (``from_markdown``), so a partial run on a fresh machine does not drop the others."""
+    """Every model's rows, models in ``order``: this machine's store, and for each model × tool it lacks the row
+    of the committed RESULTS.md (``from_markdown``), so a partial run on a fresh machine keeps the other models'
+    rows and the other tools' rows of the models it ran."""
     data = json.loads(store.read_text(encoding="utf-8")) if store.is_file() else {}
     earlier = from_markdown(committed) if committed.is_file() else {}
-    return [[Row(**r) for r in data[m]] if m in data else earlier[m] for m in order if m in data or m in earlier]
+    out = []
+    for model in order:
+        rows = [Row(**r) for r in data.get(model, [])]
+        tools = {r.tool for r in rows}
+        rows += [r for r in earlier.get(model, []) if r.tool not in tools and "prepare" not in tools]
+        if rows:
+            out.append(sorted(rows, key=lambda r: TOOL_ORDER.index(r.tool) if r.tool in TOOL_ORDER else 99))
+    return out
 
 
 def _number(cell: str, suffix: str = "") -> float | str | None:
