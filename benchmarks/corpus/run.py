@@ -75,6 +75,7 @@ NOTES = """## How these numbers are made
   2,000 rounds, or 20 s once 5 rounds ran); the batch is the first test batch tiled to 1,
   8 or 32 samples. A model whose file fixes the batch (doclaynet, nudenet 3.0.8) is timed at that batch only ('-').
   The VAD's batch axis is its frame axis: b32 is 32 frames (one second of audio).
+  NSNet2's batch axis holds 3 s clips (300 frames each): b32 is 32 clips.
 - A cell with words instead of a number says why that measurement is missing.
 
 ## Reproduce
