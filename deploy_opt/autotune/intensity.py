@@ -13,14 +13,21 @@ import math
 import onnx
 
 
-def reduction_lengths(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str, int]:
-    """Node name → its reduction length ``K`` (0 when the shapes are unknown)."""
+def tensor_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Tensor name → its inferred dims (0 where a dim is symbolic or unknown), initializers included."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {
         v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
         for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
     }
-    shapes |= {i.name: list(i.dims) for i in model.graph.initializer}
+    return shapes | {i.name: list(i.dims) for i in model.graph.initializer}
+
+
+def reduction_lengths(
+    model: onnx.ModelProto, op_types: tuple[str, ...], shapes: dict[str, list[int]] | None = None
+) -> dict[str, int]:
+    """Node name → its reduction length ``K`` (0 when the shapes are unknown)."""
+    shapes = tensor_shapes(model) if shapes is None else shapes
     found = {}
     for node in model.graph.node:
         if node.op_type in op_types:

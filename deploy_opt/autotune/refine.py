@@ -12,6 +12,7 @@ from deploy_opt.analysis.sensitivity.fallback import sensitivity_order
 from deploy_opt.analysis.sensitivity.mixed_precision import fp32_references
 from deploy_opt.autotune.context import Base, SearchContext, most_accurate, paying, variant_model
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
+from deploy_opt.autotune.islands import Islands
 from deploy_opt.autotune.trials import Trial, fastest
 from deploy_opt.evaluation.sources import Batch
 
@@ -40,7 +41,11 @@ def fallback_bases(ctx: SearchContext, bases: list[Base]) -> list[Base]:
 
 
 def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
-    """Fewest FP32 nodes, in the proxy's order, that meet max_drop: doubling prefixes, then bisection."""
+    """Fewest FP32 nodes, in the proxy's order, that meet max_drop: doubling prefixes, then bisection.
+
+    Each prefix also keeps in float the INT8 islands it leaves whose conversions cost more than INT8 saves
+    there (``islands.Islands``), so the float nodes form contiguous regions rather than alternating with INT8.
+    """
     config = ctx.config
     qdq = onnx.load(str(base.model.path))
     subset = pick_subset(held, config.sensitivity.subset, config.seed)
@@ -51,11 +56,14 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     order = [group[0] for group in sensitivity_order(record, "node") if group[0] not in base.candidate.excluded]
     predicted = {n.name: n.proxy.get("predicted_drop") for n in record.nodes}
     source = onnx.load(str(base.source))  # its initializers restore the float weights (SmoothQuant-ed or not)
+    islands = Islands(source, op_types) if ctx.probe is not None else None  # untimed: speed is no aim
 
     ahead: dict[int, tuple[onnx.ModelProto, object]] = {}  # count → (variant, its scores), evaluated in advance
 
     def candidate_of(count: int):
-        return dataclasses.replace(base.candidate, excluded=base.candidate.excluded + tuple(order[:count]))
+        floating = base.candidate.excluded + tuple(order[:count])
+        filled = islands.fill(floating) if islands is not None else ()
+        return dataclasses.replace(base.candidate, excluded=floating + filled)
 
     def attempt(count: int) -> Trial:
         rest = [predicted[n] for n in order[count:]]
