@@ -102,13 +102,19 @@ for cfg in deploy_opt/demo/digits.yaml deploy_opt/demo/minilm.yaml; do
   name="$(basename "$cfg" .yaml)"
   log "build $cfg (profile a100: symmetric int8, targets tensorrt + ort-cuda)"
   # The auto search is bounded by auto.budget_s (120 s here); the whole MiniLM build took 8.5 min on 2 CPU cores.
-  if ! (cd "$REPO" && timeout 420 "$PY" -m deploy_opt build "$cfg" --profile a100 --output-dir "$OUT/reports" \
-      --set benchmark.batch_sizes=[1,32] --set benchmark.repeats=30 --set gate.min_speedup=null \
-      --set auto.budget_s=120) \
-      > "$OUT/$name.log" 2>&1; then
-    log "build $cfg failed; the end of $OUT/$name.log:"
+  # The speed gate stays on: a GPU profile's speed is the engine's against ORT CUDA FP32, never a CPU timing.
+  # Exit 1 is the gate's verdict (printed below); 2 or more is a failed build.
+  rc=0
+  (cd "$REPO" && timeout 420 "$PY" -m deploy_opt build "$cfg" --profile a100 --output-dir "$OUT/reports" \
+      --set benchmark.batch_sizes=[1,32] --set benchmark.repeats=30 \
+      --set auto.budget_s=120) > "$OUT/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -ge 2 ]; then
+    log "build $cfg failed (exit $rc); the end of $OUT/$name.log:"
     tail -20 "$OUT/$name.log" >&2
     status=1
+  else
+    log "build $cfg: exit $rc (1: the gate failed); its gate:"
+    grep -E "(PASS|FAIL|SKIP)  " "$OUT/$name.log" >&2 || tail -5 "$OUT/$name.log" >&2
   fi
 done
 shopt -s nullglob

@@ -30,7 +30,7 @@ def create_session(
     Latency is timed with spinning on, as users run.
     """
     ort = require("onnxruntime", purpose="running ONNX models")
-    if "CUDAExecutionProvider" in providers:
+    if {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & set(providers):
         preload_cuda_libraries(ort)
     options = ort.SessionOptions()
     options.log_severity_level = 3

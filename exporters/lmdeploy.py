@@ -258,6 +258,28 @@ def pytorch_engine_problems(qconfig: Mapping[str, Any]) -> list[str]:
     group = qconfig.get("group_size")
     if not isinstance(group, int) or group < PYTORCH_AWQ_MIN_GROUP:
         problems.append(f"group_size {group}: the PyTorch engine's AWQ kernel needs a group of 16 or more")
+    elif group & (group - 1):
+        problems.append(f"group_size {group}: the PyTorch engine's Triton AWQ kernel needs a power of two")
+    return problems
+
+
+def tp_problems(config: Mapping[str, Any], qconfig: Mapping[str, Any], tp: int) -> list[str]:
+    """Why ``tp`` GPUs cannot split this checkpoint: heads and widths must divide by ``tp``, and each shard of a
+    row-split layer (o_proj, down_proj) must hold whole quantization groups (empty: it splits)."""
+    if tp <= 1:
+        return []
+    problems = []
+    sizes = {k: config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size")}
+    sizes["intermediate_size"] = config.get("intermediate_size")
+    for key, size in sizes.items():
+        if isinstance(size, int) and size % tp:
+            problems.append(f"{key} {size} does not divide by --tp {tp}")
+    group = qconfig.get("group_size")
+    if isinstance(group, int) and group > 0:
+        for key in ("hidden_size", "intermediate_size"):
+            size = sizes[key]
+            if isinstance(size, int) and not size % tp and (size // tp) % group:
+                problems.append(f"{key} {size} / --tp {tp} = {size // tp} is not a whole number of {group}-groups")
     return problems
 
 

@@ -229,7 +229,11 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
         Trial("placement", slow, 96.8, 0.05, None, 30.0, 0.42, 40, 9.0),
         Trial("placement", fast, 94.0, 2.395, None, 9.0, 1.99, 40, 9.0),
     ]
-    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    config = SimpleNamespace(
+        gate=SimpleNamespace(max_drop=1.0),
+        auto=SimpleNamespace(min_gain=1.02),
+        deploy=SimpleNamespace(targets=("ort-cpu",)),
+    )
     clock = WorkClock.start(240.0, 1200.0, 2)
     spent = SimpleNamespace(
         trials=trials,
@@ -262,7 +266,11 @@ def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search
     from deploy_opt.autotune.search import _verdict
 
     trials = [Trial("placement", Candidate("outputs", "asymmetric"), 94.0, 2.4, None, 9.0, 1.5, 40, 9.0)]
-    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    config = SimpleNamespace(
+        gate=SimpleNamespace(max_drop=1.0),
+        auto=SimpleNamespace(min_gain=1.02),
+        deploy=SimpleNamespace(targets=("ort-cpu",)),
+    )
     monkeypatch.setattr(clock_module, "_machine_busy", lambda: (100.0, 1.0))  # every process's CPU s, this one's
     monkeypatch.setattr(clock_module.os, "cpu_count", lambda: 2)
     capped = WorkClock.start(240.0, 1e-9, 2)  # no wall time left, the work budget untouched
@@ -319,7 +327,11 @@ def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     assert not noisy.pays(1.02) and dataclasses.replace(noisy, speedup_low=1.01).pays(1.02)
     assert _trial(0.0, 1.07).pays(1.02)  # a first timing has no interval: min_gain alone
     assert noisy.to_json()["speedup_ci95_low"] == 0.97
-    config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), auto=SimpleNamespace(min_gain=1.02))
+    config = SimpleNamespace(
+        gate=SimpleNamespace(max_drop=1.0),
+        auto=SimpleNamespace(min_gain=1.02),
+        deploy=SimpleNamespace(targets=("ort-cpu",)),
+    )
     ctx = SimpleNamespace(
         trials=[_trial(0.0, 1.03), noisy],
         config=config,
@@ -435,3 +447,17 @@ def test_the_verdict_says_when_one_decide_sample_moves_the_metric_more_than_max_
     assert "64 samples" in said and "1.56 points" in said and "at least 100 samples" in said
     assert _coarse_decisions(ctx(256)) == ""  # 0.39-point steps resolve a 1-point gate
     assert _coarse_decisions(ctx(64, "cosine")) == ""  # a continuous metric has no step
+
+
+def test_a_gpu_profile_s_verdict_says_its_candidates_were_not_timed_where_they_run() -> None:
+    from types import SimpleNamespace
+
+    from deploy_opt.autotune.search import _untimed_targets
+
+    def ctx(targets: tuple[str, ...], probe: object = None) -> SimpleNamespace:
+        config = SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=targets))
+        return SimpleNamespace(config=config, probe=probe)
+
+    said = _untimed_targets(ctx(("tensorrt", "ort-cuda")))  # type: ignore[arg-type]
+    assert said.startswith("candidates were not timed: the targets (tensorrt, ort-cuda) run on GPUs")
+    assert _untimed_targets(ctx(("ort-cpu", "tensorrt"), probe=object())) == ""  # type: ignore[arg-type]

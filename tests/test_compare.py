@@ -90,6 +90,7 @@ def test_every_cpu_backend_is_compared_and_written(tiny_model: Path, qdq_model: 
         "ort_fp32_cpu",
         "ort_int8_cpu",
         "ort_int8_cuda",
+        "ort_int8_tensorrt_ep",
         "numpy_fp32",
         "tensorrt_int8",
     }
@@ -105,6 +106,8 @@ def test_every_cpu_backend_is_compared_and_written(tiny_model: Path, qdq_model: 
     assert backends["tensorrt_int8"]["status"].startswith("not available")
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         assert backends["ort_int8_cuda"]["status"].startswith("not available")
+    if "TensorrtExecutionProvider" not in onnxruntime.get_available_providers():
+        assert backends["ort_int8_tensorrt_ep"]["status"].startswith("not available: TensorrtExecutionProvider")
     fp32_sqnr = backends["ort_fp32_cpu"]["outputs"]["logits"]["sqnr_db"]
     assert fp32_sqnr is None or fp32_sqnr > 100  # None: no error at all (onnxruntime 1.32 matches numpy exactly)
     # INT8 metrics against an independent computation: ORT's INT8 output vs the numpy FP32 network.

@@ -128,10 +128,28 @@ def test_the_summary_counts_int8_nodes_and_flags_unrecognised_weights() -> None:
     assert "only 6 weights recognised for 38 INT8 nodes" in _coverage_lines(foreign)[1]
 
 
-def test_speed_is_not_judged_on_a_runtime_the_build_does_not_target(tmp_path: Path) -> None:
-    gpu = {"tensorrt": "tensorrt: not available", "ort-cuda": "built"}
-    slow = _gate(str(_build_json(tmp_path, speedup=0.4, targets=gpu)), "--min-speedup", "1.2")
+def test_a_gpu_profile_is_never_judged_on_a_cpu_timing(tmp_path: Path) -> None:
+    gpu = {"tensorrt": "tensorrt: not available", "ort-cuda": "ships model.onnx (FP32)"}
+    backends = {"tensorrt": {"status": "tensorrt: not available: tensorrt is not installed"}}
+    slow = _gate(str(_build_json(tmp_path, speedup=0.4, targets=gpu, backends=backends)), "--min-speedup", "1.2")
     assert slow.returncode == 0, slow.stdout
-    assert "speed not judged: the benchmark times ORT CPU (0.40x at batch 32), which is not a target" in slow.stdout
+    assert "SKIP  speed not measured: no GPU timing here (tensorrt: not available: tensorrt is not installed)" in (
+        slow.stdout
+    )
+    assert "0.40x" not in slow.stdout  # the ORT CPU figure is not shown under the GPU targets
     cpu = _gate(str(_build_json(tmp_path, speedup=0.4, targets={"ort-cpu": "built"})), "--min-speedup", "1.2")
     assert cpu.returncode == 1 and "FAIL  INT8 speedup 0.40x" in cpu.stdout
+
+
+def test_a_gpu_profile_is_judged_on_the_engine_against_ort_cuda_fp32(tmp_path: Path) -> None:
+    gpu = {"tensorrt": "built: model.engine", "ort-cuda": "ships model.onnx (FP32)"}
+    timing = {"method": "...", "ort_cuda": "ran on ['CUDAExecutionProvider']"}
+    timing |= {"1": {"tensorrt": 0.2, "ort_cuda_fp32": 0.3, "speedup_vs_ort_cuda_fp32": 1.5}}
+    timing |= {"32": {"tensorrt": 1.0, "ort_cuda_fp32": 1.1, "speedup_vs_ort_cuda_fp32": 1.1}}
+    built = _build_json(
+        tmp_path, speedup=3.0, targets=gpu, backends={"tensorrt": {"status": "built", "timing_ms": timing}}
+    )
+    slow = _gate(str(built), "--min-speedup", "1.2")
+    assert slow.returncode == 1 and "FAIL  TensorRT INT8 over ORT CUDA FP32: 1.10x at batch 32" in slow.stdout
+    fast = _gate(str(built), "--min-speedup", "1.2", "--speedup-batch", "1")
+    assert fast.returncode == 0 and "PASS  TensorRT INT8 over ORT CUDA FP32: 1.50x at batch 1" in fast.stdout

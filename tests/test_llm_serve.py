@@ -94,6 +94,7 @@ def test_dry_run_routes_to_the_engine_that_reads_the_checkpoint(
         ("gptq", 128, {"sym": False}, "sym false", "--no-desc-act --symmetric"),
         ("gptq", -1, {}, "group_size -1", "--method awq"),
         ("awq", 8, {}, "group of 16 or more", "--method awq"),
+        ("awq", 48, {}, "needs a power of two", "--method awq"),  # lmdeploy's Triton AWQ kernel: tl.arange
         ("torchao", 128, {}, "no torchao", "--method awq"),
     ],
 )
@@ -255,3 +256,17 @@ def test_gate_command_reads_a_quantize_report(tmp_path: Path) -> None:
 
 def test_serve_error_is_a_deploy_opt_error() -> None:
     assert issubclass(serve_mod.ServeError, DeployOptError)
+
+
+def test_a_checkpoint_tp_cannot_split_is_refused_before_lmdeploy_starts(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, "awq", 128)
+    config = json.loads((ckpt / "config.json").read_text())
+    config |= {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 768, "intermediate_size": 1536}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert "--tp" in " ".join(serve_mod.serve_command(ckpt, ServeConfig(tp=2)))  # 768 / 2 = 3 groups of 128
+    result = _cli("serve", str(ckpt), "--dry-run", "--tp", "4")
+    assert result.returncode == 2 and not result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "num_attention_heads 12" not in line and "hidden_size 768 / --tp 4 = 192 is not a whole number" in line
+    with pytest.raises(ConfigError, match=r"num_attention_heads 12 does not divide by --tp 8"):
+        serve_mod.serve_command(ckpt, ServeConfig(tp=8))

@@ -243,12 +243,14 @@ def test_ort_cuda_is_timed_only_when_the_session_runs_on_cuda(gpu, monkeypatch, 
     ort.get_available_providers = lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]  # the package has it
     monkeypatch.setitem(sys.modules, "onnxruntime", ort)
     session = FakeSession(session_providers)
-    monkeypatch.setattr(dopt_common.ort, "create_session", lambda *a, **k: session)
-    timing = time_engine_vs_ort_cuda(engine, Path("model.int8.onnx"), Batch(feeds(2, 6), None), (1, 8))
+    opened: list[object] = []
+    monkeypatch.setattr(dopt_common.ort, "create_session", lambda model, **k: opened.append(model) or session)
+    timing = time_engine_vs_ort_cuda(engine, Path("model.onnx"), Batch(feeds(2, 6), None), (1, 8))
     on_cuda = "CUDAExecutionProvider" in session_providers
+    assert opened == [Path("model.onnx")]  # the FP32 model: ORT's CUDA EP runs a Q/DQ model in float
     for size in ("1", "8"):
         assert timing[size]["tensorrt_execute"] in (1.0, 2.0, 3.0)  # event-timed
-        assert ("ort_cuda" in timing[size]) is on_cuda and ("speedup_vs_ort_cuda" in timing[size]) is on_cuda
+        assert ("ort_cuda_fp32" in timing[size]) is on_cuda and ("speedup_vs_ort_cuda_fp32" in timing[size]) is on_cuda
     if on_cuda:
         assert session.runs > 0 and timing["ort_cuda"].startswith("ran on")
     else:
@@ -270,3 +272,18 @@ def test_engine_profile_covers_every_shape_the_build_runs(tmp_path: Path) -> Non
     calibration = [{"x": (16, 4)}, {"x": (16, 4)}, {"x": (3, 4)}]  # a short last batch
     profile = engine_profile(config, path, Batch({"x": np.zeros((8, 4), np.float32)}, None), calibration)
     assert profile.shapes["x"] == ((1, 4), (32, 4), (64, 4))  # batch to the compare's 64, tuned for the gate's 32
+
+
+def test_engine_outputs_are_matched_to_the_onnx_model_s_by_name(gpu) -> None:
+    from exporters.tensorrt.runner import engine_runner
+
+    cudart, install, engine = gpu
+    install()
+    with engine_runner(engine) as runner:
+        first, second = runner.outputs
+        pooled, tokens = reference(*feeds(2, 3).values())
+        swapped = runner.in_order([second, first])(feeds(2, 3))  # a graph that lists them the other way round
+        np.testing.assert_array_equal(swapped[0], tokens)
+        np.testing.assert_array_equal(swapped[1], pooled)
+        with pytest.raises(ExportError, match=r"has outputs .* the ONNX model \['logits'\]; fix: rebuild"):
+            runner.in_order(["logits"])

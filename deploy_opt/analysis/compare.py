@@ -182,7 +182,9 @@ def _runners(
         runners["torch_fp32"] = torch_runner(torch_model, [i.name for i in fp32.get_inputs()])
     runners["ort_fp32_cpu"] = session_runner(fp32)
     runners["ort_int8_cpu"] = session_runner(create_session(int8_path, threads=threads))
-    runners["ort_int8_cuda"] = _cuda_runner(int8_path, threads)
+    runners["ort_int8_cuda"] = _provider_runner(int8_path, threads, "CUDAExecutionProvider")
+    # The CUDA EP runs the Q/DQ model in float; ORT's TensorRT EP hands it to TensorRT, which runs it in INT8.
+    runners["ort_int8_tensorrt_ep"] = _provider_runner(int8_path, threads, "TensorrtExecutionProvider")
     runners |= dict(extra)
     if not any(name.startswith("tensorrt") for name in extra):
         runners["tensorrt_int8"] = (
@@ -193,17 +195,18 @@ def _runners(
     return runners
 
 
-def _cuda_runner(int8_path: Path, threads: int | None) -> Runner | str:
+def _provider_runner(int8_path: Path, threads: int | None, provider: str) -> Runner | str:
+    """The Q/DQ model on one ORT execution provider, or why not (the provider missing, or a silent CPU fallback)."""
     import onnxruntime
 
     providers = onnxruntime.get_available_providers()
-    if "CUDAExecutionProvider" not in providers:
-        return f"not available: CUDAExecutionProvider is not in onnxruntime's providers {providers}"
+    if provider not in providers:
+        return f"not available: {provider} is not in onnxruntime's providers {providers}"
     try:
-        session = create_session(int8_path, threads=threads, providers=("CUDAExecutionProvider",))
-    except Exception as exc:  # CUDA libraries missing or no device: ORT says why
+        session = create_session(int8_path, threads=threads, providers=(provider,))
+    except Exception as exc:  # CUDA or TensorRT libraries missing, or no device: ORT says why
         return f"not available: {type(exc).__name__}: {one_line(exc)}"
-    if session.get_providers()[0] != "CUDAExecutionProvider":
+    if session.get_providers()[0] != provider:
         return f"not available: the session fell back to {session.get_providers()}"
     return session_runner(session)
 

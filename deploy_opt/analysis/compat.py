@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 TARGETS = ("ort-cpu", "ort-cuda", "tensorrt")
 STATUSES = ("ok", "fallback", "fail")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# ORT's QDQ selectors (qdq_selector_action_transformer.cc) fuse Conv for the CPU, DML and ACL providers and MatMul for
+# CPU and DML only: on the CUDA EP a Q/DQ model runs its DequantizeLinear → float op → QuantizeLinear as written.
+CUDA_QDQ_NOTE = "ORT's CUDA EP runs Q/DQ in float; INT8 speed on NVIDIA GPUs comes from TensorRT"
 _INT8 = {"tensor(int8)", "tensor(uint8)"}
 _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
 
@@ -339,6 +342,8 @@ def _verdicts(
     if not runs["cuda"]:
         where = "runs on the CPU provider" if runs["cpu"] else "no CPU kernel either"
         verdicts["ort-cuda"] = ("fallback" if runs["cpu"] else "fail", f"ORT CUDA: {cuda['note']}; {where}")
+    elif quantized:
+        verdicts["ort-cuda"] = ("fallback", f"ORT CUDA: {CUDA_QDQ_NOTE}")
     verdicts["tensorrt"] = ("ok", None)
     if not trt["supported"]:
         verdicts["tensorrt"] = ("fail", f"TensorRT {version}: {trt['reason']}")

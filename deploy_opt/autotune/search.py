@@ -336,6 +336,9 @@ def _bounds(ctx: SearchContext) -> str:
     coarse = _coarse_decisions(ctx)
     if coarse:
         parts.append(coarse)
+    untimed = _untimed_targets(ctx)
+    if untimed:
+        parts.append(untimed)
     share = clock.others_share()
     if ctx.probe is not None and share is not None and clock.loaded():
         parts.append(
@@ -343,6 +346,19 @@ def _bounds(ctx: SearchContext) -> str:
             "against FP32, timed on the wall clock, may go the other way on an idle machine"
         )
     return "".join(f" [{p}]" for p in parts)
+
+
+def _untimed_targets(ctx: SearchContext) -> str:
+    """What to say when a GPU profile's search could not time its candidates where they will run."""
+    if ctx.probe is not None or ctx.config.auto.min_gain is None:
+        return ""
+    targets = ctx.config.deploy.targets
+    if "ort-cpu" in targets:
+        return ""
+    return (
+        f"candidates were not timed: the targets ({', '.join(targets)}) run on GPUs and the search times only ORT "
+        "CPU, so it chose on accuracy alone; the TensorRT engine's timing, where built, is the build's speed"
+    )
 
 
 def _coarse_decisions(ctx: SearchContext) -> str:

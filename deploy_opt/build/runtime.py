@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy_opt.build import benchmark
-from deploy_opt.config.build import BenchmarkConfig
+from deploy_opt.config.build import BenchmarkConfig, BuildConfig
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
 from dopt_common.ort import create_session, usable_threads
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,19 @@ class BenchmarkRecord:
             "max_seconds": self.max_seconds,
             "batches": self.batches,
         }
+
+
+def cpu_timed(config: BuildConfig) -> BenchmarkConfig:
+    """The benchmark section, switched off when no deploy target runs on the CPU: a GPU profile's speed is the
+    TensorRT engine's (``build/backends.py``), and an ORT CPU timing under its name would say nothing of it."""
+    if "ort-cpu" in config.deploy.targets or not config.benchmark.enabled:
+        return config.benchmark
+    log.info(
+        "benchmark: not timed on the CPU: the targets (%s) run on GPUs; the TensorRT engine's timing, where it "
+        "was built here, is the build's speed",
+        ", ".join(config.deploy.targets),
+    )
+    return dataclasses.replace(config.benchmark, enabled=False)
 
 
 def run_benchmark(

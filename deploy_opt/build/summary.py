@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from deploy_opt.analysis.compat import CUDA_QDQ_NOTE
 from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.build.runtime import Runtimes
 from deploy_opt.build.splits import EvaluationSplit
@@ -142,7 +143,7 @@ def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
         if target == "ort-cpu":
             status[target] = "built: model.int8.onnx (ONNX Runtime CPU, Q/DQ)"
         elif target == "ort-cuda":
-            status[target] = "built: model.int8.onnx runs on ORT CUDA as is (compare.json says whether it ran here)"
+            status[target] = f"ships model.onnx (FP32): {CUDA_QDQ_NOTE}"
         else:
             status[target] = (backends.artifacts.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
     return status

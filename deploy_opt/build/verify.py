@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from deploy_opt.analysis.align import AlignReport, verify_alignment
 from deploy_opt.analysis.compare import compare_backends, fixed_samples
 from deploy_opt.analysis.comparison import ComparedModels, Comparison
@@ -59,7 +61,7 @@ def write_backends(
 
     ``shapes``: every batch's ``{input: shape}`` (calibration and evaluation), for the engine's profile.
     """
-    artifacts = write_backend_artifacts(config, shipped, sample, stage, shapes)
+    artifacts = write_backend_artifacts(config, shipped, sample, stage, shapes, fp32=fp32_path)
     compat = {}
     targets = config.deploy.targets
     reports = [("compat", fp32_path, targets), ("compat.int8", shipped.path, targets)]
@@ -92,7 +94,9 @@ def compare_and_align(
             if (stage / "model.engine").is_file():
                 from exporters.tensorrt.runner import engine_runner
 
-                extra["tensorrt_int8"] = stack.enter_context(engine_runner(stage / "model.engine"))
+                runner = stack.enter_context(engine_runner(stage / "model.engine"))
+                graph = onnx.load(str(models[0]), load_external_data=False).graph
+                extra["tensorrt_int8"] = runner.in_order([o.name for o in graph.output])  # by name, not position
             compared = ComparedModels(*models, torch_model, extra, threads, judge_top1)
             samples_ = fixed_samples(list(samples), compare.samples, seed)
             comparison = compare_backends(compared, samples_, stage, config=compare, seed=seed)

@@ -90,8 +90,16 @@ def model_format_args(checkpoint: Path, backend: str) -> list[str]:
 
 
 def serve_command(checkpoint: Path, serve: ServeConfig, lmdeploy: str = "lmdeploy") -> list[str]:
-    """The exact ``lmdeploy serve api_server`` command line for ``checkpoint`` (ConfigError if no engine serves it)."""
+    """The exact ``lmdeploy serve api_server`` command line for ``checkpoint`` (ConfigError if no engine serves it,
+    or ``serve.tp`` GPUs cannot split it)."""
+    from exporters.lmdeploy import tp_problems
+
     backend = choose_backend(checkpoint, serve.backend)
+    split = tp_problems(checkpoint_config(checkpoint), quantization_config(checkpoint), serve.tp)
+    if split:
+        raise ConfigError(
+            f"'{checkpoint}' cannot be served on --tp {serve.tp}: {'; '.join(split)}; use a --tp that divides them"
+        )
     command = [
         lmdeploy,
         "serve",

@@ -18,7 +18,7 @@ from typing import Any
 from deploy_opt.build.benchmark import respect_fixed_batch
 from deploy_opt.build.export import Fp32Model, prepare_fp32
 from deploy_opt.build.inputs import BuildInputs, load_inputs, training_batches
-from deploy_opt.build.runtime import BenchmarkRecord, evaluate_runtimes, run_benchmark
+from deploy_opt.build.runtime import BenchmarkRecord, cpu_timed, evaluate_runtimes, run_benchmark
 from deploy_opt.build.splits import split_evaluation
 from deploy_opt.build.summary import MetricsRecord, metric_record, sensitivity_summary, target_status
 from deploy_opt.build.verify import Verification, compare_and_align, write_backends
@@ -142,7 +142,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("benchmark"):
         fp32_ships = not int8_nodes(shipped.path, config.quantization.op_types)
         same = {"ort_int8": "ort_fp32"} if fp32_ships else None  # the same graph: timed once
-        bench = run_benchmark(config.benchmark, runtimes.sessions, inputs.head[0], same)
+        bench = run_benchmark(cpu_timed(config), runtimes.sessions, inputs.head[0], same)
     with times.stage("compare_align"):
         verified = compare_and_align(
             _comparison_setting(config.compare, fp32_ships),
@@ -157,7 +157,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
     prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
-    gate = _judge(config, metrics, bench, shipped.info, verified)
+    gate = _judge(config, metrics, bench, shipped.info, verified, backends.to_json())
     sensitivity = sensitivity_summary(precision.sensitivity)
     build = record.build_record(
         name=config.name,
@@ -265,16 +265,23 @@ def _evaluated_models(fp32: Fp32Model, precision: Precision, original: Fp32Model
 
 
 def _judge(
-    config: BuildConfig, metrics: MetricsRecord, bench: BenchmarkRecord | None, info: dict, verified: Verification
+    config: BuildConfig,
+    metrics: MetricsRecord,
+    bench: BenchmarkRecord | None,
+    info: dict,
+    verified: Verification,
+    backends: dict,
 ) -> GateResult:
-    """The gate on the judged samples' metrics, the benchmark and what shipped, plus the alignment criterion."""
+    """The gate on the judged samples' metrics, the benchmark (a GPU profile's: the TensorRT engine's timing, in
+    ``backends``) and what shipped, plus the alignment criterion."""
     gate_cfg = config.gate
-    speedup = gate_cfg.min_speedup if bench else None
+    speedup = gate_cfg.min_speedup if config.benchmark.enabled else None
     judged = {
         "metrics": metrics.to_json(),
         "benchmark": bench.to_json() if bench else None,
         "quantization": info,
         "targets": config.deploy.targets,
+        "backends": backends,
     }
     gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
     return with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))

@@ -209,7 +209,11 @@ def _accuracy_criterion(metrics: dict[str, Any], max_drop: float) -> Criterion:
 
 
 def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: int | None) -> Criterion:
-    """INT8 speedup at one batch size; not judged when model.int8.onnx is the FP32 model (timed against itself)."""
+    """INT8 speedup at one batch size, timed where the build deploys; not judged when model.int8.onnx is the FP32
+    model (timed against itself)."""
+    targets = list(build.get("targets") or ())  # build.json: target -> what was built for it
+    if targets and "ort-cpu" not in targets:
+        return _gpu_speed_criterion(build, min_speedup, speedup_batch, targets)
     batches = (build.get("benchmark") or {}).get("batches") or {}
     if not batches:  # benchmark.enabled=false: the build's own gate leaves speed out, so does this one
         text = (
@@ -224,13 +228,6 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
         )
     vs_original = "speedup_int8_vs_original" in batches[size]  # a pruned build: judged against the unpruned FP32
     speedup = float(batches[size]["speedup_int8_vs_original" if vs_original else "speedup"])
-    targets = list(build.get("targets") or ())  # build.json: target -> what was built for it
-    if targets and "ort-cpu" not in targets:
-        text = (
-            f"speed not judged: the benchmark times ORT CPU ({speedup:.2f}x at batch {size}), which is not a target "
-            f"({', '.join(map(str, targets))}); the TensorRT engine's timings are in build.json backends.tensorrt"
-        )
-        return Criterion("min_speedup", speedup, min_speedup, True, text, judged=False)
     if (build.get("quantization") or {}).get("quantized_nodes") == 0:
         text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
         return Criterion("min_speedup", speedup, min_speedup, True, text, judged=False)
@@ -240,6 +237,33 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
         text = f"INT8 speedup{against} {speedup:.2f}x at batch {size} (median, no interval) >= {min_speedup:g}x"
         return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
     return _interval_speed(batches[size], speedup, (float(ci[0]), float(ci[1])), min_speedup, size)
+
+
+def _gpu_speed_criterion(
+    build: dict[str, Any], min_speedup: float, speedup_batch: int | None, targets: list[str]
+) -> Criterion:
+    """A GPU profile's speed: the TensorRT engine against ORT CUDA running the FP32 model, where both ran here;
+    otherwise not measured. A CPU timing is never shown under a GPU profile's targets."""
+    trt = (build.get("backends") or {}).get("tensorrt")
+    timing = trt.get("timing_ms") if isinstance(trt, dict) else None
+    rows = {}
+    if isinstance(timing, dict):
+        rows = {k: v for k, v in timing.items() if isinstance(v, dict) and "speedup_vs_ort_cuda_fp32" in v}
+    if rows and (build.get("quantization") or {}).get("quantized_nodes") != 0:
+        size = str(speedup_batch) if str(speedup_batch) in rows else max(rows, key=int)
+        speedup = float(rows[size]["speedup_vs_ort_cuda_fp32"])
+        sign = ">=" if speedup >= min_speedup else "<"
+        text = f"TensorRT INT8 over ORT CUDA FP32: {speedup:.2f}x at batch {size} (median) {sign} {min_speedup:g}x"
+        return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
+    found = [str(trt.get("status"))] if isinstance(trt, dict) and trt.get("status") else []
+    if isinstance(timing, dict) and isinstance(timing.get("ort_cuda"), str):
+        found.append(f"ORT CUDA: {timing['ort_cuda']}")
+    why = f" ({'; '.join(found)})" if found else ""
+    text = (
+        f"speed not measured: no GPU timing here{why}; the build deploys to {', '.join(targets)}, whose speed a "
+        f"CPU timing does not tell, so min_speedup {min_speedup:g}x is not judged; build on the GPU to gate speed"
+    )
+    return Criterion("min_speedup", 0.0, min_speedup, True, text, judged=False)
 
 
 def _interval_speed(row: dict[str, Any], speedup: float, ci: tuple[float, float], limit: float, size: str) -> Criterion:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,21 @@ class EngineRunner:
             self._reserve(name, self._output_nbytes(name))
         self._enqueue(arrays, host)
         return [host[n] for n in self.outputs]
+
+    def in_order(self, names: Sequence[str]) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+        """A runner whose outputs come in ``names``' order (an ONNX graph's outputs), matched by name: the
+        engine's own order is TensorRT's, which nothing promises to be the graph's."""
+        if sorted(names) != sorted(self.outputs):
+            raise ExportError(
+                f"engine '{self.path.name}' has outputs {self.outputs}, the ONNX model {list(names)}; fix: rebuild the "
+                "engine from this build's model"
+            )
+
+        def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            produced = dict(zip(self.outputs, self(feeds), strict=True))
+            return [produced[name] for name in names]
+
+        return run
 
     def _enqueue(self, arrays: dict[str, np.ndarray], host: dict[str, np.ndarray]) -> None:
         cudart, stream = self._cudart, self._stream
