@@ -5,6 +5,11 @@ member the table does not list raises ``NotInApiTable`` (an AttributeError, as t
 method's arguments and every returned value are checked against the declared types, so the fake cannot return
 what the real API never does (an object with ``.numpy()`` where TensorRT returns an ndarray). ``SurfaceModule``
 does the same for a module's names, and ``enums`` builds each table enum with exactly the table's values.
+
+Versions: a section with ``versions`` (TensorRT's, written by ``scripts/tensorrt_api_table.py`` from the real
+bindings wheels) lists per version the members it lacks. ``enums`` and ``SurfaceModule`` take the version to
+imitate (default: the newest the table holds) and refuse what that version lacks, naming the version:
+``BuilderFlag.INT8`` under 11.x raises ``NotInApiTable``, as the real 11.x bindings raise AttributeError.
 """
 
 from __future__ import annotations
@@ -32,7 +37,37 @@ class NotInApiTable(AttributeError):
     """Code touched a member the API-surface table does not list (or a fake broke a declared type)."""
 
 
-REGISTRY: dict[str, type] = {}  # table type name → fake class or enum, for type checks
+REGISTRY: dict[str, type | tuple[type, ...]] = {}  # table type name → fake class or enums (one per version)
+
+
+def versions(section: str) -> list[str]:
+    """The versions the table describes for ``section``, oldest first ([] where it has no versions)."""
+    return sorted(table()[section].get("versions", {}), key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def imitated(section: str, version: str | None = None) -> str:
+    """The table version that stands for ``version``: itself, the one of its major version, or the newest."""
+    known = versions(section)
+    if version is None or not known:
+        return known[-1] if known else ""
+    if version in known:
+        return version
+    same_major = [v for v in known if v.split(".")[0] == str(version).split(".")[0]]
+    if not same_major:
+        raise NotInApiTable(f"the table has no {section} {version}; it describes {', '.join(known)}")
+    return same_major[-1]
+
+
+def absent(section: str, version: str | None = None) -> frozenset[str]:
+    """Dotted members ('BuilderFlag.INT8') the table lists but ``version`` lacks."""
+    spec = table()[section].get("versions")
+    return frozenset(spec[imitated(section, version)]["absent"]) if spec else frozenset()
+
+
+def _refusal(section: str, version: str, dotted: str) -> str:
+    note = table()[section].get("enum_notes", {}).get(dotted, "")
+    why = f" ({note})" if note else ""
+    return f"{dotted} is not in {section} {version}{why} (tests/data/tensorrt_api.json)"
 
 
 def conforms(value: Any, declared: str) -> bool:
@@ -84,13 +119,14 @@ def checked_call(what: str, function: Callable, spec: Mapping[str, Any]) -> Call
     return call
 
 
-def members(section: str, api: str) -> dict[str, Any]:
-    """The table's members of class ``api``, its bases' included."""
+def members(section: str, api: str, version: str | None = None) -> dict[str, Any]:
+    """The table's members of class ``api`` that ``version`` has, its bases' included."""
     spec = table()[section]["classes"][api]
     found: dict[str, Any] = {}
     for base in spec.get("bases", ()):
-        found |= members(section, base)
-    return found | spec["members"]
+        found |= members(section, base, version)
+    lacking = absent(section, version)
+    return found | {name: m for name, m in spec["members"].items() if f"{api}.{name}" not in lacking}
 
 
 class Surface:
@@ -98,21 +134,25 @@ class Surface:
 
     api: ClassVar[str]
     section: ClassVar[str] = "tensorrt"
+    # The table version whose members are readable (None: the newest). No class member the table lists differs
+    # between its versions today (test_tensorrt_api checks), so the fakes share one set of classes.
+    imitates: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "api" in cls.__dict__:
             REGISTRY[cls.api] = cls
-            declared = members(cls.section, cls.api)
-            extra = [n for n in cls.__dict__ if not n.startswith("_") and n not in declared and n != "api"]
+            declared = {n for v in versions(cls.section) or [None] for n in members(cls.section, cls.api, v)}
+            own = ("api", "imitates")
+            extra = [n for n in cls.__dict__ if not n.startswith("_") and n not in declared and n not in own]
             if extra:
                 raise NotInApiTable(f"fake {cls.__name__} defines {extra}, which {cls.api} does not have")
 
     def __getattribute__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("api", "section"):
+        if name.startswith("_") or name in ("api", "section", "imitates"):
             return object.__getattribute__(self, name)
         api = type(self).api
-        spec = members(type(self).section, api).get(name)
+        spec = members(type(self).section, api, type(self).imitates).get(name)
         if spec is None:
             raise NotInApiTable(f"'{api}' object has no attribute '{name}' (not in tests/data/tensorrt_api.json)")
         value = object.__getattribute__(self, name)
@@ -122,43 +162,79 @@ class Surface:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_"):
-            spec = members(type(self).section, type(self).api).get(name)
+            spec = members(type(self).section, type(self).api, type(self).imitates).get(name)
             if spec is None or not spec.get("settable"):
                 raise NotInApiTable(f"'{type(self).api}.{name}' is not a settable member in the table")
             _check(f"{type(self).api}.{name} =", value, spec["type"])
         object.__setattr__(self, name, value)
 
 
-def enums(section: str) -> dict[str, type[enum.Enum]]:
-    """Each table enum of ``section``, with exactly the table's values (registered for type checks)."""
+class _RefusingEnumType(enum.EnumType):
+    """An enum class whose missing members raise NotInApiTable, naming the version that lacks them."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        section, version, lacking = type.__getattribute__(cls, "_surface_")
+        dotted = f"{type.__getattribute__(cls, '_table_name_')}.{name}"
+        if dotted in lacking:
+            raise NotInApiTable(_refusal(section, version, dotted))
+        where = "(not in tests/data/tensorrt_api.json)"
+        raise NotInApiTable(f"type object '{cls.__name__}' has no attribute '{name}' {where}")
+
+
+class _IntEnum(enum.IntEnum, metaclass=_RefusingEnumType):
+    pass
+
+
+class _Enum(enum.Enum, metaclass=_RefusingEnumType):
+    pass
+
+
+@functools.cache
+def enums(section: str, version: str | None = None) -> dict[str, type[enum.Enum]]:
+    """Each table enum of ``section`` with the values ``version`` has (registered for type checks)."""
+    version = imitated(section, version)
+    lacking = absent(section, version)
     made = {}
     for name, values in table()[section]["enums"].items():
-        kind = enum.IntEnum if table()[section]["int_enums"] else enum.Enum
-        made[name] = kind(name.rsplit(".", 1)[-1], values)
-        REGISTRY[name] = made[name]
+        base = _IntEnum if table()[section]["int_enums"] else _Enum
+        kept = [v for v in values if f"{name}.{v}" not in lacking]
+        made[name] = base(name.rsplit(".", 1)[-1], kept)
+        type.__setattr__(made[name], "_surface_", (section, version, lacking))
+        type.__setattr__(made[name], "_table_name_", name)
+        known = REGISTRY.get(name, ())
+        REGISTRY[name] = (*(known if isinstance(known, tuple) else (known,)), made[name])
     return made
 
 
 class SurfaceModule(types.ModuleType):
-    """A module whose public names are the table's ``module`` section; functions are checked like methods."""
+    """A module whose public names are the table's ``module`` section (less what ``version`` lacks); functions are
+    checked like methods."""
 
-    def __init__(self, name: str, section: str, values: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, section: str, values: Mapping[str, Any], version: str | None = None) -> None:
         super().__init__(name)
-        spec = table()[section]["module"]
+        version = imitated(section, version)
+        spec = {n: s for n, s in table()[section]["module"].items() if n not in absent(section, version)}
         missing = sorted(set(spec) - set(values))
         extra = sorted(n for n in values if n not in spec and not n.startswith("_"))  # _state: the fake's own
         if missing or extra:
             raise NotInApiTable(f"fake {name}: missing {missing}, not in the table {extra}")
         object.__setattr__(self, "_section", section)
+        object.__setattr__(self, "_spec", spec)
+        object.__setattr__(self, "_imitates", version)
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
     def __getattribute__(self, name: str) -> Any:
         if name.startswith("_") and name != "__version__":
             return object.__getattribute__(self, name)
-        spec = table()[object.__getattribute__(self, "_section")]["module"].get(name)
+        spec = object.__getattribute__(self, "_spec").get(name)
         if spec is None:
-            module = object.__getattribute__(self, "__name__")
+            module, section = object.__getattribute__(self, "__name__"), object.__getattribute__(self, "_section")
+            version = object.__getattribute__(self, "_imitates")
+            if name in absent(section, version):
+                raise NotInApiTable(f"module '{module}' has no attribute '{name}': " + _refusal(section, version, name))
             raise NotInApiTable(f"module '{module}' has no attribute '{name}' (not in tests/data/tensorrt_api.json)")
         value = object.__getattribute__(self, name)
         if spec["kind"] == "function":

@@ -10,9 +10,10 @@ raises, and arguments and results are checked against the declared types. So ``I
   layer is named after the node and its output tensor after the ONNX output (ModelImporter.cpp ``parseGraph``,
   importerUtils.cpp ``convertToTensor``, onnxOpImporters.cpp ``QuantDequantLinearHelper``,
   ImporterContext.cpp ``registerLayer``, weightUtils.cpp ``generateUniqueName``).
-- ``fake_tensorrt``: the module: ``Builder`` / ``OnnxParser`` / ``IBuilderConfig`` (an engine build runs end to
-  end, its plan is ``b"fake plan"``), and ``Runtime`` / ``ICudaEngine`` / ``IExecutionContext`` of TensorRT 10,
-  whose ``set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3`` return bool; ``refuse`` makes one fail.
+- ``fake_tensorrt``: the module of one TensorRT version (the table's newest unless told): ``Builder`` /
+  ``OnnxParser`` / ``IBuilderConfig`` (an engine build runs end to end, its plan is ``b"fake plan"``), and
+  ``Runtime`` / ``ICudaEngine`` / ``IExecutionContext``, whose ``set_input_shape`` / ``set_tensor_address`` /
+  ``execute_async_v3`` return bool; ``refuse`` makes one fail.
 - ``FakeCudart`` (``fake_cuda.py``): ``cuda.bindings.runtime``.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from api_surface import Surface, SurfaceModule, enums
+from api_surface import Surface, SurfaceModule, enums, imitated
 from fake_cuda import FakeCudart
 from onnx import numpy_helper
 from trt_qdq_model import as_float32, ort_style_qdq_model
@@ -360,8 +361,11 @@ class Logger:
         self.level = level
 
 
-def fake_tensorrt(cudart: FakeCudart | None = None, refuse: str | None = None, version: str = "10.16.1") -> Any:
-    """The ``tensorrt`` module (its names are the table's); ``trt._engines``: the engines it deserialized."""
+def fake_tensorrt(cudart: FakeCudart | None = None, refuse: str | None = None, version: str | None = None) -> Any:
+    """The ``tensorrt`` module of ``version`` (default: the newest the table holds): its names and enum members are
+    the table's for that version (``BuilderFlag.INT8`` raises under 11.x); ``trt._engines``: the engines it
+    deserialized."""
+    imitates = imitated("tensorrt", version)
     engines: list[ICudaEngine] = []
 
     class Runtime(Surface):
@@ -384,12 +388,13 @@ def fake_tensorrt(cudart: FakeCudart | None = None, refuse: str | None = None, v
         DataType.INT32: np.int32,
         DataType.BOOL: np.bool_,
     }
-    enum_names = {name: TRT[name] for name in TRT if "." not in name}
+    versioned = enums("tensorrt", imitates)
+    enum_names = {name: versioned[name] for name in versioned if "." not in name}
     return SurfaceModule(
         "tensorrt",
         "tensorrt",
         {
-            "__version__": version,
+            "__version__": version or imitates,
             "nptype": numpy_types.__getitem__,
             "Logger": Logger,
             "Builder": Builder,
@@ -399,6 +404,7 @@ def fake_tensorrt(cudart: FakeCudart | None = None, refuse: str | None = None, v
             **enum_names,
             "_engines": engines,
         },
+        imitates,
     )
 
 

@@ -6,7 +6,11 @@
   does on a GPU; the old code's ``_constant_values`` is shown to fail.
 - ``build_engine`` and ``engine_scales`` (what ``align verify`` runs) on the fake module: the plan is written and
   the scales TensorRT's network carries equal ``read_qdq_scales``.
-- The calibration cache header names ``tensorrt.__version__`` where only NVIDIA's split wheels are installed.
+- The calibration cache header names ``tensorrt.__version__`` where only NVIDIA's split wheels are installed, and
+  an installed TensorRT 11 (which reads no cache) gets none.
+- Versions: the table (``scripts/tensorrt_api_table.py`` writes its ``versions`` from the real bindings wheels)
+  says what 10.16 and 11.4 lack; the 11.x fake refuses ``BuilderFlag.INT8`` and ``FP16``, the 10.x one has them,
+  and an fp16-fallback build runs against the 11.x table without them.
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from api_surface import NotInApiTable, Surface, table
-from fake_tensorrt import IConstantLayer, as_float32, fake_tensorrt, ort_style_qdq_model, parse_like_onnx_tensorrt
+from api_surface import NotInApiTable, Surface, members, table, versions
+from fake_tensorrt import (
+    Builder,
+    IConstantLayer,
+    as_float32,
+    fake_tensorrt,
+    ort_style_qdq_model,
+    parse_like_onnx_tensorrt,
+)
 
 from exporters.ort.qdq import read_qdq_scales
 from exporters.tensorrt import engine
@@ -181,3 +192,98 @@ def test_the_cache_header_names_the_module_version_with_only_split_wheels(tmp_pa
     record = write_backend_artifacts(config, quantized, None, tmp_path)  # the build's backends stage
     header = (tmp_path / record["trt_cache"]).read_text().splitlines()[0]
     assert header == "TRT-101601-EntropyCalibration2"  # not the TRT-100001 fallback
+
+
+def test_an_installed_tensorrt_11_gets_no_calibration_cache(tmp_path, monkeypatch) -> None:
+    """TensorRT 11 removed implicit calibration, the one reader of calibration.cache: build.json says why."""
+    from types import SimpleNamespace
+
+    from test_interop import _random_scales
+
+    from deploy_opt.build import backends
+
+    monkeypatch.setattr(backends, "_installed_trt_version", lambda: "11.4.0.106")
+    config = SimpleNamespace(deploy=SimpleNamespace(targets=("ort-cpu",)))
+    quantized = SimpleNamespace(scales=_random_scales(1, "symmetric"), path=tmp_path / "model.int8.onnx")
+    record = backends.write_backend_artifacts(config, quantized, None, tmp_path)
+    assert not (tmp_path / "calibration.cache").exists()
+    assert record["trt_cache"].startswith("not written: the installed TensorRT 11.4.0.106 has no implicit INT8")
+    monkeypatch.setattr(backends, "_installed_trt_version", lambda: "10.16.1.11")
+    assert backends.write_backend_artifacts(config, quantized, None, tmp_path)["trt_cache"] == "calibration.cache"
+
+
+# ---------------------------------------------------------------- versions
+
+
+def test_the_table_holds_what_the_wheels_say_10_and_11_have() -> None:
+    section = table()["tensorrt"]
+    assert versions("tensorrt") == ["10.16.1.11", "11.4.0.106"]
+    old, new = (section["versions"][v] for v in versions("tensorrt"))
+    assert {"BuilderFlag.INT8", "BuilderFlag.FP16"} <= set(new["absent"]) and old["absent"] == []
+    assert old["deprecated"]["BuilderFlag.INT8"].startswith("10.12: Superseded by strong typing")  # not 10.1
+    assert new["deprecated"]["NetworkDefinitionCreationFlag.STRONGLY_TYPED"].startswith("11.0: Strongly typed mode")
+    assert section["evidence"]["BuilderFlag.INT8"]["10.16.1.11"] == "docstring 'Enable Int8 layer selection.'"
+    assert all(wheel["wheel"] in table()["sources"]["tensorrt"] for wheel in section["versions"].values())
+
+
+def test_no_class_member_differs_between_versions() -> None:
+    """The fake classes are shared by every version (``Surface.imitates``); a class member that one version lacks
+    needs version-bound fakes first."""
+    classes = table()["tensorrt"]["classes"]
+    for api in classes:
+        assert len({tuple(members("tensorrt", api, v)) for v in versions("tensorrt")}) == 1, api
+
+
+@pytest.mark.parametrize("flag", ["INT8", "FP16"])
+def test_the_11_fake_refuses_the_builder_flags_11_removed(flag: str) -> None:
+    new, old = fake_tensorrt(version="11.4.0.106"), fake_tensorrt(version="10.16.1")
+    with pytest.raises(NotInApiTable, match=rf"BuilderFlag.{flag} is not in tensorrt 11.4.0.106 \(deprecated in 10.12"):
+        getattr(new.BuilderFlag, flag)
+    assert not hasattr(new.BuilderFlag, flag)  # what engine.py's hasattr sees on 11.x
+    assert getattr(old.BuilderFlag, flag).name == flag
+    assert fake_tensorrt().__version__ == "11.4.0.106"  # the default imitates the newest table
+
+
+def test_the_old_unconditional_fp16_flag_fails_on_the_11_fake() -> None:
+    trt = fake_tensorrt(version="11.4.0.106")
+    with pytest.raises(NotInApiTable, match="BuilderFlag.FP16 is not in tensorrt 11.4.0.106"):
+        engine._builder_config(trt, trt.Builder(trt.Logger()), True, 1)
+
+
+def test_fp16_fallback_builds_against_the_11_table_and_says_what_it_did(tmp_path, monkeypatch) -> None:
+    from exporters.tensorrt.profile import ShapeProfile
+
+    trt, builders = fake_tensorrt(version="11.4.0.106"), []
+
+    class Recording(Builder):
+        def __init__(self, logger) -> None:
+            super().__init__(logger)
+            builders.append(self)
+
+    monkeypatch.setattr(trt, "Builder", Recording)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    path = ort_style_qdq_model(tmp_path / "m.int8.onnx")
+    profile = ShapeProfile.from_shapes([{"x": (4, 4)}], max_batch=8, opt_batch=8, declared={"x": (None, 4)})
+    built = engine.build_engine(path, tmp_path / "model.engine", profile, fp16_fallback=True)
+    (network, config, network_flags) = builders[0]._built[0]
+    assert config._flags == set() and network_flags == 0  # no FP16/INT8; STRONGLY_TYPED is ignored on 11
+    record = built.to_json()
+    assert (record["strongly_typed"], record["fp16_fallback"]) == (True, False)
+    assert "fp16 fallback not applied, TensorRT 11 removed BuilderFlag.FP16" in record["precision"]
+
+
+@pytest.mark.parametrize("error", [TypeError("__init__(): incompatible constructor arguments"), RuntimeError("x")])
+def test_a_builder_the_binding_refuses_is_an_export_error(tmp_path, monkeypatch, error) -> None:
+    """``trt.Builder`` raises (rather than returning None) on some machines; build_tensorrt catches DeployOptError."""
+    from dopt_common.errors import DeployOptError, ExportError
+
+    def refuse(logger):
+        raise error
+
+    trt = fake_tensorrt()
+    monkeypatch.setattr(trt, "Builder", refuse)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    name = type(error).__name__
+    with pytest.raises(ExportError, match=rf"^TensorRT could not create a builder \({name}: .*\); fix: run on") as info:
+        engine.engine_scales(ort_style_qdq_model(tmp_path / "m.int8.onnx"))
+    assert isinstance(info.value, DeployOptError) and "\n" not in str(info.value)

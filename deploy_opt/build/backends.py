@@ -1,7 +1,8 @@
 """Stage: the other backends' artifacts, all written from the one scales.json.
 
 - ``encodings.json``: AIMET encodings (every build);
-- ``calibration.cache``: the legacy TensorRT cache, when activations are symmetric (TensorRT's only scheme);
+- ``calibration.cache``: the legacy TensorRT cache, when activations are symmetric (TensorRT's only scheme) and
+  the installed TensorRT, if any, is older than 11 (which reads no such cache);
 - ``model.engine``: a TensorRT engine from the Q/DQ model, when the profile targets TensorRT and tensorrt runs
   here, with an optimisation profile spanning every input shape the build saw. Without tensorrt every step up to
   the builder call still runs, and the build records why it stopped. Its timings sit beside ORT CUDA's only when
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from calibrators.scales.format import ScaleFile
 from deploy_opt.build.benchmark import feed_of_size
 from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.config.build import BuildConfig
@@ -44,14 +46,7 @@ def write_backend_artifacts(
     """
     scales = quantized.scales
     record: dict[str, Any] = {"aimet": write_aimet_encodings(scales, stage / "encodings.json").name}
-    if scales.activations == "symmetric":
-        version = _installed_trt_version() or DEFAULT_TRT_VERSION
-        record["trt_cache"] = write_trt_cache(scales, stage / "calibration.cache", trt_version=version).name
-    else:
-        record["trt_cache"] = (
-            "not written: activations are asymmetric (uint8, the ORT CPU choice); TensorRT takes only symmetric "
-            "int8, so build with a TensorRT profile or --set quantization.activations=symmetric"
-        )
+    record["trt_cache"] = write_calibration_cache(scales, stage)
     if "tensorrt" in config.deploy.targets:
         qdq = tensorrt_qdq(quantized.path, stage, config.export.external_data_mb)
         if qdq != quantized.path:
@@ -61,6 +56,31 @@ def write_backend_artifacts(
             )
         record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes, fp32 or quantized.path)
     return record
+
+
+def write_calibration_cache(scales: ScaleFile, stage: Path) -> str:
+    """``calibration.cache`` for the installed TensorRT (10.0.1's header where none is), or why it is not written.
+
+    TensorRT 11 removed implicit INT8 calibration (IInt8Calibrator, BuilderFlag.INT8), the only reader of the
+    file, so an installed TensorRT >= 11 gets none."""
+    installed = _installed_trt_version()
+    if installed and _major(installed) >= 11:
+        return (
+            f"not written: the installed TensorRT {installed} has no implicit INT8 calibration (TensorRT 11 removed "
+            "IInt8Calibrator and BuilderFlag.INT8), so nothing reads a calibration cache; its engines take their "
+            "scales from the Q/DQ model"
+        )
+    if scales.activations != "symmetric":
+        return (
+            "not written: activations are asymmetric (uint8, the ORT CPU choice); TensorRT takes only symmetric "
+            "int8, so build with a TensorRT profile or --set quantization.activations=symmetric"
+        )
+    return write_trt_cache(scales, stage / "calibration.cache", trt_version=installed or DEFAULT_TRT_VERSION).name
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def tensorrt_qdq(qdq: Path, stage: Path, external_data_mb: int) -> Path:

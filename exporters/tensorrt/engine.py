@@ -57,6 +57,7 @@ class EngineBuild:
     fp16: bool
     build_s: float
     scales: dict[str, tuple[float, ...]]
+    precision: str = ""  # what the unquantized layers run in, and why
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for build.json."""
@@ -65,6 +66,7 @@ class EngineBuild:
             "tensorrt": self.tensorrt_version,
             "strongly_typed": self.strongly_typed,
             "fp16_fallback": self.fp16,
+            "precision": self.precision,
             "build_s": round(self.build_s, 2),
             "quantized_tensors": len(self.scales),
         }
@@ -78,13 +80,34 @@ def _major(trt: Any) -> int:
     return int(str(trt.__version__).split(".")[0])
 
 
+def create_builder(trt: Any, severity: Any) -> Any:
+    """``trt.Builder``; a builder TensorRT cannot create (None, or a TypeError / RuntimeError from the binding, as
+    without a usable GPU) is one ExportError."""
+    try:
+        builder = trt.Builder(trt.Logger(severity))
+    except (TypeError, RuntimeError) as exc:
+        raise ExportError(f"TensorRT could not create a builder ({type(exc).__name__}: {exc}); {_NO_GPU}") from exc
+    if builder is None:
+        raise ExportError(f"TensorRT could not create a builder; {_NO_GPU}")
+    return builder
+
+
+_NO_GPU = "fix: run on a machine with an NVIDIA GPU and driver that this TensorRT supports"
+
+
 def parse_onnx(trt: Any, builder: Any, onnx_path: Path, strongly_typed: bool) -> tuple[Any, Any]:
-    """A network from TensorRT's ONNX parser; parser errors become one ExportError listing them."""
+    """A network from TensorRT's ONNX parser; parser errors become one ExportError listing them.
+
+    TensorRT 11 networks are always strongly typed: its STRONGLY_TYPED flag is deprecated and ignored, so it is
+    set on TensorRT 10 alone."""
     flags = 0
-    if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+    if strongly_typed and _major(trt) < 11 and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, trt.Logger(trt.Logger.WARNING))
+    try:
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, trt.Logger(trt.Logger.WARNING))
+    except (TypeError, RuntimeError) as exc:
+        raise ExportError(f"TensorRT could not create a network and ONNX parser ({type(exc).__name__}: {exc})") from exc
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ExportError(f"TensorRT's ONNX parser refused '{onnx_path}': {errors} (see compat.md for the node)")
@@ -177,27 +200,18 @@ def build_engine(
     """Build a TensorRT engine from the Q/DQ model; the INT8 precision comes from its Q/DQ nodes alone.
 
     Strongly typed (the TensorRT 10/11 path) unless FP16 fallback is wanted on TensorRT 10, where FP16 for the
-    unquantized layers needs the weakly typed builder with the FP16 flag. TensorRT 11 is always strongly typed:
-    FP16 fallback there needs the float layers stored as FP16 in the ONNX model, so the engine stays FP32 there.
+    unquantized layers needs the weakly typed builder with the FP16 flag. TensorRT 11 removed BuilderFlag.FP16 and
+    INT8 and is always strongly typed: the unquantized layers run in the ONNX model's own types, and ``precision``
+    says so.
     """
     trt = _trt()
     major = _major(trt)
     strongly_typed = major >= 11 or not fp16_fallback
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    if builder is None:
-        raise ExportError("TensorRT could not create a builder: no usable NVIDIA GPU or driver on this machine")
+    builder = create_builder(trt, trt.Logger.WARNING)
     network, _parser = parse_onnx(trt, builder, Path(qdq_path), strongly_typed)
     scales = network_scales(trt, network, initializer_names(qdq_path))
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     fp16 = fp16_fallback and not strongly_typed
-    if fp16:
-        config.set_flag(trt.BuilderFlag.FP16)
-        if hasattr(trt.BuilderFlag, "INT8"):
-            config.set_flag(trt.BuilderFlag.INT8)  # weakly typed: Q/DQ layers still need INT8 enabled
-    if hasattr(trt, "ProfilingVerbosity"):
-        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    config = _builder_config(trt, builder, fp16, workspace_mb)
     add_profile(builder, network, config, profile)
     started = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
@@ -207,15 +221,37 @@ def build_engine(
         Path(tmp).write_bytes(bytes(serialized))
     seconds = time.perf_counter() - started
     log.info("TensorRT %s engine: %s in %.1f s", trt.__version__, engine_path, seconds)
-    return EngineBuild(Path(engine_path), str(trt.__version__), strongly_typed, fp16, seconds, scales)
+    precision = _precision(major, fp16_fallback, fp16)
+    return EngineBuild(Path(engine_path), str(trt.__version__), strongly_typed, fp16, seconds, scales, precision)
+
+
+def _builder_config(trt: Any, builder: Any, fp16: bool, workspace_mb: int) -> Any:
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    if fp16:  # TensorRT 10 only: 11.x has no BuilderFlag.FP16 or INT8
+        config.set_flag(trt.BuilderFlag.FP16)
+        if hasattr(trt.BuilderFlag, "INT8"):
+            config.set_flag(trt.BuilderFlag.INT8)  # weakly typed: Q/DQ layers still need INT8 enabled
+    if hasattr(trt, "ProfilingVerbosity"):
+        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    return config
+
+
+def _precision(major: int, wanted_fp16: bool, fp16: bool) -> str:
+    if fp16:
+        return "int8 from the Q/DQ nodes; other layers fp16 or fp32 (weakly typed, BuilderFlag.FP16)"
+    if wanted_fp16 and major >= 11:
+        return (
+            "int8 from the Q/DQ nodes; other layers in the ONNX model's own float types: fp16 fallback not "
+            f"applied, TensorRT {major} removed BuilderFlag.FP16 and builds every network strongly typed"
+        )
+    return "int8 from the Q/DQ nodes; other layers in the ONNX model's own types (strongly typed)"
 
 
 def engine_scales(qdq_path: str | Path) -> dict[str, tuple[float, ...]]:
     """The scales TensorRT's parser reads from a Q/DQ model (what an engine built from it carries)."""
     trt = _trt()
-    builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
-    if builder is None:
-        raise ExportError("TensorRT could not create a builder: no usable NVIDIA GPU or driver on this machine")
+    builder = create_builder(trt, trt.Logger.ERROR)
     network, _parser = parse_onnx(trt, builder, Path(qdq_path), strongly_typed=True)
     return network_scales(trt, network, initializer_names(qdq_path))
 
