@@ -117,6 +117,10 @@ def _num(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _paths(paths: dict[str, int]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(paths.items()))
+
+
 def report_rows(out: Path) -> list[dict[str, str]]:
     """One row per measurement, each a flat dict of strings: check, subject, result, detail."""
     rows: list[dict[str, str]] = []
@@ -146,7 +150,8 @@ def report_rows(out: Path) -> list[dict[str, str]]:
                     "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
                     f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
                     f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
-                    f"({r['eval_loss_gap']:+.3f})",
+                    f"({r['eval_loss_gap']:+.3f})"
+                    + (f"; paths {_paths(r['step_paths'])}" if r.get("step_paths") else ""),
                 }
             )
     llm = _load(out, "llm")

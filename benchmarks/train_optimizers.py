@@ -23,10 +23,11 @@ Columns: state bytes per parameter (every tensor in ``optimizer.state``, tensor 
 inner tensors, shared tensors such as code tables counted once); median optimizer-step time (``step()`` only)
 and median full-step time (forward, backward, clip, step), each also as a ratio to torch AdamW; the final
 metrics. Int8AdamW rows: ``Int8AdamW`` as constructed by default (``compiled=None``: tensors of 64k+ elements go
-through the fused kernel compiled by ``torch.compile``, the rest through the per-op path; second moment in the
-``dynamic`` code), ``Int8AdamW eager`` (``compiled=False``: everything per-op), ``Int8AdamW sqrt`` (the default
-with the cheaper ``sqrt`` code) and ``Int8AdamW all int8`` (``min_numel=0, compiled=True``: small tensors in int8
-and through the kernel too; on the digits CNN they are 11 % of the parameters but a third of the state bytes).
+through the fused kernel compiled by ``torch.compile``, the rest of the int8 state through the per-op path,
+fp32 state through torch's foreach AdamW; second moment in the ``dynamic`` code), ``Int8AdamW eager``
+(``compiled=False``: all int8 state per-op), ``Int8AdamW sqrt`` (the default with the cheaper ``sqrt`` code) and
+``Int8AdamW all int8`` (``min_numel=0, compiled=True``: small tensors in int8 and through the kernel too; on
+the digits CNN they are 11 % of the parameters but a third of the state bytes).
 Int8AdamW and torchao compile on first use: those steps are slow and the medians ignore them. An optimizer whose
 package is missing or fails on this machine is listed with the reason instead.
 

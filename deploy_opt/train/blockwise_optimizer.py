@@ -1,19 +1,31 @@
-"""The optimizer that keeps its state in block-wise 8-bit codes: parameter groups with names, the per-parameter
-step (dequantize the moments, update, requantize; or one fused compiled kernel), state placement and checkpoints.
-``deploy_opt.train.optimizers`` (AdamW, Lion, SGD) and ``deploy_opt.train.sophia`` subclass it with their update.
+"""The optimizer that keeps its state in block-wise 8-bit codes: parameter groups with names, the step, state
+placement and checkpoints. ``deploy_opt.train.optimizers`` (AdamW, Lion, SGD) and ``deploy_opt.train.sophia``
+subclass it with their update.
+
+A step takes each parameter one of four ways (``step_paths`` counts them):
+
+- ``foreach``: fp32 state (small tensors, name patterns, warmup, ``state="fp32"``) of fp32 parameters, all of a
+  group's at once through torch's multi-tensor ops (``deploy_opt.train.foreach``);
+- ``fused``: int8 state on CUDA, one compiled call per parameter, whatever its size (``kernels.*_param``: whole
+  blocks and tail in one graph, the group's hyper-parameters as 0-d CPU tensors made once per step,
+  ``dynamic=False``);
+- ``blocks``: int8 state on the CPU, compiled for tensors of ``AUTO_COMPILE_NUMEL`` elements and more
+  (``kernels.*_blocks``: one call for the whole blocks and one for a shorter tail block);
+- ``per-op``: everything else (dequantize the moments, the optimizer's ``_update``, requantize).
+
+All four give the same numbers, to fp32 rounding.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterable
-from typing import Any
+from collections import Counter
+from typing import Any, ClassVar
 
 import torch
 
+from deploy_opt.train import kernels
 from deploy_opt.train.blockwise import (
-    DEFAULT_SECOND_MOMENT_CODE,
     block_count,
     block_parts,
     scale_parts,
@@ -33,7 +45,8 @@ from deploy_opt.train.state_io import (
 from dopt_common.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
-# compiled=None compiles the fused kernel for int8-state tensors of at least this many elements (32 blocks of 2048).
+# compiled=None compiles the fused kernel for int8-state tensors of at least this many elements (32 blocks of 2048)
+# on the CPU (measured there); on CUDA it compiles for every size.
 AUTO_COMPILE_NUMEL = 65536
 
 
@@ -58,14 +71,11 @@ def _named_groups(params: Any) -> Any:
     return groups
 
 
-def check_range(name: str, value: float, low: float, high: float = math.inf, high_open: bool = False) -> None:
-    if not (low <= value < high if high_open else low <= value <= high):
-        bound = f"[{low}, {high})" if high_open else f"[{low}, {high}]"
-        raise ConfigError(f"{name} = {value!r} is outside {bound}")
-
-
 class BlockwiseOptimizer(torch.optim.Optimizer):
-    """What the three int8-state optimizers share: fallback rules, per-parameter step, checkpoints."""
+    """What the int8-state optimizers share: fallback rules, the step's paths, checkpoints."""
+
+    # Whether the subclass has a multi-tensor update for fp32 state (``_foreach_update``).
+    foreach_capable: ClassVar[bool] = False
 
     def __init__(
         self, params: Any, defaults: dict[str, Any], config: StateConfig, compiled: bool | None = None
@@ -77,6 +87,13 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         # The fused kernels pay only compiled (eagerly their temporaries cost more than the per-op path saves);
         # None follows `compiles()`, True/False force them on/off (tests and benchmarks compare the two).
         self.use_kernels: bool | None = None
+        # None: int8 state takes one kernel call per parameter on CUDA only; True/False force it on/off (tests run
+        # the CUDA path's kernels on the CPU).
+        self.per_param_kernels: bool | None = None
+        # fp32 state through torch's multi-tensor ops; False sends it through the per-op path (tests compare).
+        self.use_foreach = True
+        self.step_paths: Counter[str] = Counter()  # parameters per path in the last step (see the module doc)
+        self._step_scalars: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         super().__init__(_named_groups(params), defaults)
 
     # --- the update, per parameter ---------------------------------------------------------------------
@@ -101,13 +118,57 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
     ) -> None:
         raise NotImplementedError
 
-    def compiles(self, numel: int) -> bool:
-        """Whether an int8-state parameter of ``numel`` elements takes the compiled kernel.
+    def _run_param(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        raise NotImplementedError
 
-        ``compiled=None`` (the default) compiles for tensors of at least ``AUTO_COMPILE_NUMEL`` elements: there the
-        fused kernel is 2-8x faster than the per-op path, and below it compiling costs more than it saves.
+    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+        """The kernels' ``hyper`` for a group at ``step`` (see ``kernels``)."""
+        raise NotImplementedError
+
+    def _hyper_tensor(self, group: dict[str, Any], step: int, device: torch.device) -> torch.Tensor:
+        """``hyper`` as one fp32 tensor on ``device``: the block kernels' (CPU) form."""
+        return torch.tensor(self._hyper_values(group, step), dtype=torch.float32, device=device)
+
+    def _scalars(self, group: dict[str, Any], step: int) -> tuple[torch.Tensor, ...]:
+        """``hyper`` as 0-d CPU tensors, made once per group and step: the per-parameter kernels' (CUDA) form."""
+        key = (id(group), step)
+        hyper = self._step_scalars.get(key)
+        if hyper is None:
+            hyper = self._step_scalars[key] = kernels.scalars(*self._hyper_values(group, step))
+        return hyper
+
+    def _foreach_update(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: dict[str, list[torch.Tensor]],
+        steps: list[torch.Tensor],
+        group: dict[str, Any],
+    ) -> None:
+        raise NotImplementedError
+
+    def compiles(self, numel: int, device: torch.device | None = None) -> bool:
+        """Whether an int8-state parameter of ``numel`` elements (on ``device``) takes the compiled kernel.
+
+        ``compiled=None`` (the default) compiles every size on CUDA, and on the CPU tensors of at least
+        ``AUTO_COMPILE_NUMEL`` elements: there the fused kernel is 2-8x faster than the per-op path, and below it
+        compiling costs more than it saves.
         """
-        return self.compiled if self.compiled is not None else numel >= AUTO_COMPILE_NUMEL
+        if self.compiled is not None:
+            return self.compiled
+        return (device is not None and device.type == "cuda") or numel >= AUTO_COMPILE_NUMEL
+
+    def takes_per_param_kernel(self, device: torch.device) -> bool:
+        """Whether int8 state on ``device`` takes the one-call-per-parameter kernels (CUDA) or the block ones."""
+        return self.per_param_kernels if self.per_param_kernels is not None else device.type == "cuda"
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS[self.config.optimizer]
@@ -123,11 +184,53 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for param, name in zip(group["params"], self._names(group), strict=True):
-                if param.grad is not None:
-                    self._step_param(param, name, group)
+        self.step_paths.clear()
+        self._step_scalars.clear()
+        with kernels.unlimited_recompiles():
+            for group in self.param_groups:
+                batch = []
+                for param, name in zip(group["params"], self._names(group), strict=True):
+                    if param.grad is None:
+                        continue
+                    if self._joins_foreach(param, name, group):
+                        batch.append(param)
+                    else:
+                        self._step_param(param, name, group)
+                if batch:
+                    self._foreach_step(batch, group)
         return loss
+
+    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> bool:
+        """Whether this step updates the parameter with the group's multi-tensor update: fp32 state, fp32 tensors."""
+        if not (self.use_foreach and self.foreach_capable):
+            return False
+        local, grad = local_tensor(param), local_tensor(param.grad)
+        if grad.is_sparse or local.dtype != torch.float32 or grad.dtype != torch.float32:
+            return False
+        state = self.state[param]
+        kinds = [kind for kind, _ in self._moments(group)]
+        if any(kind + "_codes" in state for kind in kinds):
+            return False  # int8 state (or the switch to it after warmup): the per-parameter paths
+        step = int(state["step"].item()) + 1 if "step" in state else 1
+        return not kinds or not self.config.quantizes(name, local.numel(), step)
+
+    def _foreach_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        """One multi-tensor update of ``params`` (all fp32 state), creating zero moments on their first step."""
+        locals_, grads, steps = [], [], []
+        moments: dict[str, list[torch.Tensor]] = {kind: [] for kind, _ in self._moments(group)}
+        for param in params:
+            state, local = self.state[param], local_tensor(param)
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+            locals_.append(local)
+            grads.append(local_tensor(param.grad))
+            steps.append(state["step"])
+            for kind, values in moments.items():
+                if kind not in state:
+                    state[kind] = torch.zeros_like(local, dtype=torch.float32)
+                values.append(state[kind])
+        self._foreach_update(locals_, grads, moments, steps, group)
+        self.step_paths["foreach"] += len(params)
 
     def _names(self, group: dict[str, Any]) -> list[str | None]:
         names = group.get("param_names")
@@ -148,27 +251,16 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         cfg = self.config
         as_int8 = cfg.quantizes(name, local.numel(), step)
         if as_int8 and self._fits_kernel(state, local, grad, group):
-            compile_ = self.compiles(local.numel())
-            work = local if local.dtype == torch.float32 else local.float()
-            # One kernel call for the whole blocks, one for a shorter tail block.
-            numel, size = local.numel(), cfg.block_size
-            pieces = {
-                key: block_parts(value, size) if key.endswith("_codes") else scale_parts(value, numel, size)
-                for key, value in state.items()
-                if key.endswith(("_codes", "_scales"))
-            }
-            # detach(): both views exist before the first call writes the parameter, which autograd forbids for
-            # views of a tensor that requires grad (the writes still land in the parameter's storage).
-            parts = zip(
-                block_parts(work.detach().view(-1), size), block_parts(grad.float().view(-1), size), strict=True
-            )
-            for index, (part, part_grad) in enumerate(parts):
-                self._run_kernel(
-                    part, part_grad, {key: value[index] for key, value in pieces.items()}, group, step, compile_
-                )
-            if work is not local:
-                local.copy_(work)
+            compile_ = self.compiles(local.numel(), local.device)
+            if self.takes_per_param_kernel(local.device):
+                # detach(): as in _run_blocks, the kernel's in-place writes still land in the parameter's storage
+                self._run_param(local.detach().view(-1), grad.view(-1), state, group, step, compile_)
+                self.step_paths["fused"] += 1
+                return
+            self._run_blocks(local, grad, state, group, step, compile_)
+            self.step_paths["blocks"] += 1
             return
+        self.step_paths["per-op"] += 1
         moments = {}
         for kind, kind_code in self._moments(group):
             value = read_moment(state, kind, moment_code(kind_code, cfg), cfg.block_size, local.shape)
@@ -180,12 +272,40 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         for kind, kind_code in self._moments(group):
             write_moment(state, kind, moment_code(kind_code, cfg), moments[kind], cfg.block_size, as_int8)
 
+    def _run_blocks(
+        self,
+        local: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        """The CPU path's kernels on one parameter: one call for its whole blocks, one for a shorter tail block."""
+        cfg = self.config
+        work = local if local.dtype == torch.float32 else local.float()
+        numel, size = local.numel(), cfg.block_size
+        pieces = {
+            key: block_parts(value, size) if key.endswith("_codes") else scale_parts(value, numel, size)
+            for key, value in state.items()
+            if key.endswith(("_codes", "_scales"))
+        }
+        # detach(): both views exist before the first call writes the parameter, which autograd forbids for
+        # views of a tensor that requires grad (the writes still land in the parameter's storage).
+        parts = zip(block_parts(work.detach().view(-1), size), block_parts(grad.float().view(-1), size), strict=True)
+        for index, (part, part_grad) in enumerate(parts):
+            self._run_kernel(
+                part, part_grad, {key: value[index] for key, value in pieces.items()}, group, step, compile_
+            )
+        if work is not local:
+            local.copy_(work)
+
     def _fits_kernel(
         self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
     ) -> bool:
         """Whether the fused kernel can run: contiguous, state int8 already (or still empty)."""
         moments = self._moments(group)
-        use_kernels = self.compiles(local.numel()) if self.use_kernels is None else self.use_kernels
+        use_kernels = self.compiles(local.numel(), local.device) if self.use_kernels is None else self.use_kernels
         if not (use_kernels and moments and local.is_contiguous() and grad.is_contiguous()):
             return False
         if all(kind + "_codes" in state for kind, _ in moments):
@@ -279,19 +399,3 @@ def _placed(value: Any, key: str, device: torch.device) -> Any:
         return value.detach().to("cpu", torch.float32).clone()
     dtype = value.dtype if not value.is_floating_point() else torch.float32
     return local_tensor(value).detach().to(device=device, dtype=dtype).clone()
-
-
-def state_config(
-    optimizer: str,
-    state: str,
-    block_size: int,
-    min_numel: int,
-    fp32_patterns: Iterable[str],
-    fp32_warmup_steps: int,
-    second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-) -> StateConfig:
-    if isinstance(fp32_patterns, str):
-        fp32_patterns = (fp32_patterns,)
-    return StateConfig(
-        optimizer, state, block_size, min_numel, tuple(fp32_patterns), fp32_warmup_steps, second_moment_code
-    )

@@ -1,10 +1,16 @@
 """Fused dequantize -> update -> requantize over blocks, one function per optimizer.
 
-Each kernel takes a parameter and its gradient viewed as ``[blocks, block_size]`` (fp32; a shorter tail block
-is a second call with ``[1, tail]``), the moments' codes (same view) and scales (``[blocks]``), and ``hyper``:
-the step's scalars as one fp32 tensor, so that a compiled kernel is not recompiled when the learning rate
-changes. They write the parameter, codes and scales in place and give the same numbers as the unfused path in
-``optimizers.py`` (dequantize, update, ``blockwise.quantize``).
+Each ``*_blocks`` kernel takes a parameter and its gradient viewed as ``[blocks, block_size]`` (fp32; a shorter
+tail block is a second call with ``[1, tail]``), the moments' codes (same view) and scales (``[blocks]``), and
+``hyper``: the step's scalars as one fp32 tensor, so that a compiled kernel is not recompiled when the learning
+rate changes. They write the parameter, codes and scales in place and give the same numbers as the unfused path
+in ``optimizers.py`` (dequantize, update, ``blockwise.quantize``). That is the CPU path.
+
+On CUDA each parameter is one call of a ``*_param`` kernel instead: the flat parameter, gradient (any float
+dtype) and codes, the tail block a static slice inside the same graph (not a second call), and ``hyper`` a
+tuple of 0-d CPU tensors computed once per group and step (``scalars``), which Inductor reads as kernel
+arguments: no host-to-device copy per call. They are compiled with ``dynamic=False`` (no shape guards to pay
+for; one compilation per distinct parameter size), as torchao's 8-bit optimizers are.
 
 The optimizers use them only compiled (``compiles()`` in ``optimizers.py``): ``run_kernel`` wraps them in
 ``torch.compile`` (Inductor fuses the step into a few loops over the blocks), falling back to eager if compiling
@@ -17,12 +23,13 @@ and are slower.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from deploy_opt.train.blockwise import SCALE_FLOOR, DynamicTables, encode_dynamic
+from deploy_opt.train.blockwise import SCALE_FLOOR, DynamicTables, block_parts, encode_dynamic, scale_parts
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,11 @@ def _requant_second(
     scales.copy_(new)
 
 
+def _unbound(hyper: torch.Tensor | Sequence[Any]) -> Sequence[Any]:
+    # one fp32 tensor (the CPU path) or a tuple of 0-d CPU tensors / floats (the CUDA path, see ``scalars``)
+    return hyper.unbind() if isinstance(hyper, torch.Tensor) else hyper
+
+
 def adamw_blocks(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -72,7 +84,7 @@ def adamw_blocks(
 
     ``tables``: the dynamic code's lookup tables (only that code uses them).
     """
-    lr, wd, beta1, beta2, eps, step_size, bc2_sqrt = hyper.unbind()
+    lr, wd, beta1, beta2, eps, step_size, bc2_sqrt = _unbound(hyper)
     m = m_codes.float() * m_scales.unsqueeze(1)
     v = _dequant_second(v_codes, v_scales, tables, code)
     m = torch.lerp(m, grad, 1.0 - beta1)
@@ -86,7 +98,7 @@ def lion_blocks(
     param: torch.Tensor, grad: torch.Tensor, m_codes: torch.Tensor, m_scales: torch.Tensor, hyper: torch.Tensor
 ) -> None:
     """Lion; ``hyper`` = [lr, weight_decay, beta1, beta2]."""
-    lr, wd, beta1, beta2 = hyper.unbind()
+    lr, wd, beta1, beta2 = _unbound(hyper)
     m = m_codes.float() * m_scales.unsqueeze(1)
     param.copy_(param * (1.0 - lr * wd) - lr * torch.lerp(m, grad, 1.0 - beta1).sign())
     _requant_signed(torch.lerp(m, grad, 1.0 - beta2), m_codes, m_scales)
@@ -101,15 +113,112 @@ def sgd_blocks(
     nesterov: bool,
 ) -> None:
     """SGD with momentum; ``hyper`` = [lr, weight_decay, momentum]."""
-    lr, wd, momentum = hyper.unbind()
+    lr, wd, momentum = _unbound(hyper)
     buf = m_codes.float() * m_scales.unsqueeze(1) * momentum + grad
     direction = grad + momentum * buf if nesterov else buf
     param.copy_(param * (1.0 - lr * wd) - lr * direction)
     _requant_signed(buf, m_codes, m_scales)
 
 
+# --- one call per parameter (the CUDA path) ------------------------------------------------------------------
+def scalars(*values: float) -> tuple[torch.Tensor, ...]:
+    """A kernel's ``hyper``: 0-d fp32 tensors on the CPU (not guarded by ``torch.compile``; no device copy)."""
+    return tuple(torch.tensor(float(value), dtype=torch.float32, device="cpu") for value in values)
+
+
+def _parts(flat: torch.Tensor, numel: int, block_size: int, scales: bool = False) -> list[torch.Tensor]:
+    return scale_parts(flat, numel, block_size) if scales else block_parts(flat, block_size)
+
+
+# The whole blocks and the tail block are two static slices of one graph (dynamic=False fixes every shape), so a
+# parameter is one compiled call. A zero-padded tail in one [blocks, block_size] view was tried first: its
+# arithmetic is the same, but Inductor (torch 2.13, CPU) mis-scheduled the dynamic code's tail block that way
+# (tests/test_train_optim_fused.py compiles both on the CPU).
+def adamw_param(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_codes: torch.Tensor,
+    m_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    tables: DynamicTables,
+    hyper: Sequence[Any],
+    code: str,
+    block_size: int,
+) -> None:
+    """AdamW on one whole parameter: flat ``param`` (any float dtype), ``grad`` and codes, ``[blocks]`` scales."""
+    numel, work = param.numel(), param.float()
+    for part in zip(
+        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
+        _parts(m_scales, numel, block_size, scales=True),
+        _parts(v_codes, numel, block_size),
+        _parts(v_scales, numel, block_size, scales=True),
+        strict=True,
+    ):
+        adamw_blocks(*part, tables, hyper, code)
+    if work is not param:
+        param.copy_(work)
+
+
+def lion_param(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_codes: torch.Tensor,
+    m_scales: torch.Tensor,
+    hyper: Sequence[Any],
+    block_size: int,
+) -> None:
+    """Lion on one whole parameter (see ``adamw_param``)."""
+    numel, work = param.numel(), param.float()
+    for part in zip(
+        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
+        _parts(m_scales, numel, block_size, scales=True),
+        strict=True,
+    ):
+        lion_blocks(*part, hyper)
+    if work is not param:
+        param.copy_(work)
+
+
+def sgd_param(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_codes: torch.Tensor,
+    m_scales: torch.Tensor,
+    hyper: Sequence[Any],
+    nesterov: bool,
+    block_size: int,
+) -> None:
+    """SGD with momentum on one whole parameter (see ``adamw_param``)."""
+    numel, work = param.numel(), param.float()
+    for part in zip(
+        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
+        _parts(m_scales, numel, block_size, scales=True),
+        strict=True,
+    ):
+        sgd_blocks(*part, hyper, nesterov)
+    if work is not param:
+        param.copy_(work)
+
+
+_STATIC = frozenset({adamw_param, lion_param, sgd_param})  # compiled with dynamic=False
 _COMPILED: dict[Callable[..., None], Callable[..., None]] = {}
 _FAILED: set[Callable[..., None]] = set()
+
+
+@contextmanager
+def unlimited_recompiles() -> Iterator[None]:
+    """Lift dynamo's recompile limit around a step: the ``*_param`` kernels compile once per parameter size.
+
+    A model has a fixed set of sizes, so this cannot recompile forever (torchao's 8-bit optimizers do the same).
+    """
+    try:
+        from torch._dynamo.utils import disable_cache_limit
+    except ImportError:  # a torch without it keeps dynamo's default limit
+        yield
+        return
+    with disable_cache_limit():
+        yield
 
 
 def run_kernel(kernel: Callable[..., None], compile_: bool, *args: Any) -> None:
@@ -119,7 +228,7 @@ def run_kernel(kernel: Callable[..., None], compile_: bool, *args: Any) -> None:
         return
     compiled = _COMPILED.get(kernel)
     if compiled is None:
-        compiled = _COMPILED[kernel] = torch.compile(kernel, dynamic=True, fullgraph=True)
+        compiled = _COMPILED[kernel] = torch.compile(kernel, dynamic=kernel not in _STATIC, fullgraph=True)
     try:
         compiled(*args)
     except Exception as exc:  # a missing C++ compiler, an unsupported platform: keep training, eagerly

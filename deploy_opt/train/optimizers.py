@@ -1,11 +1,13 @@
 """AdamW, Lion and SGD-momentum whose state is kept in block-wise 8-bit codes (``deploy_opt.train.blockwise``).
 
-Each step works one parameter at a time: dequantize its moments to fp32, update, requantize. The whole model's
-fp32 state never exists at once. Weight decay is decoupled (``p -= lr * wd * p``) in all three. With
-``compiled=True``, a parameter whose state is int8 goes through one fused kernel (``deploy_opt.train.kernels``)
-compiled by ``torch.compile`` (a few seconds on the first step), one call for its whole blocks and one for a
-shorter tail block; everything else (and everything by default) through the per-op path in ``_update``. Both
-give the same numbers.
+Int8 state is worked one parameter at a time: dequantize its moments to fp32, update, requantize. The whole
+model's fp32 state never exists at once. Weight decay is decoupled (``p -= lr * wd * p``) in all three. A
+parameter whose state is int8 goes through one fused kernel (``deploy_opt.train.kernels``) compiled by
+``torch.compile`` (a few seconds on the first step): on CUDA always (one call per parameter, whole blocks and
+tail block in one graph), on the CPU for tensors of 64k elements and more or with ``compiled=True`` (one call
+for the whole blocks, one for a shorter tail block); otherwise through the per-op path in ``_update``.
+Parameters with fp32 state are updated together by torch's multi-tensor ops (``deploy_opt.train.foreach``). All
+give the same numbers; the paths are described in ``deploy_opt.train.blockwise_optimizer``.
 
 Which parameters keep fp32 state: all of them with ``state="fp32"`` (the same class, so int8 vs fp32 is one
 switch); tensors under ``min_numel`` elements; parameters whose name contains (or glob-matches) one of
@@ -25,17 +27,14 @@ from typing import Any
 
 import torch
 
-from deploy_opt.train import kernels
+from deploy_opt.train import foreach, kernels
 from deploy_opt.train.blockwise import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SECOND_MOMENT_CODE,
     dynamic_tables,
 )
-from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, check_range, state_config
-from deploy_opt.train.state_io import (
-    MOMENTS,
-    optimizer_state_bytes,
-)
+from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer
+from deploy_opt.train.state_io import MOMENTS, check_range, optimizer_state_bytes, state_config
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,6 +44,8 @@ __all__ = ["Int8AdamW", "Int8Lion", "Int8SGD", "optimizer_state_bytes"]
 
 class Int8AdamW(BlockwiseOptimizer):
     """AdamW (decoupled weight decay, bias-corrected) with block-wise int8 first and 8-bit second moments."""
+
+    foreach_capable = True
 
     def __init__(
         self,
@@ -73,6 +74,10 @@ class Int8AdamW(BlockwiseOptimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults, config, compiled)
 
+    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        return [lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)]
+
     def _run_kernel(
         self,
         param: torch.Tensor,
@@ -82,12 +87,6 @@ class Int8AdamW(BlockwiseOptimizer):
         step: int,
         compile_: bool,
     ) -> None:
-        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        hyper = torch.tensor(
-            [lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)],
-            dtype=torch.float32,
-            device=param.device,
-        )
         kernels.run_kernel(
             kernels.adamw_blocks,
             compile_,
@@ -96,9 +95,41 @@ class Int8AdamW(BlockwiseOptimizer):
             *self._blocks(state, "exp_avg"),
             *self._blocks(state, "exp_avg_sq"),
             dynamic_tables(param.device),
-            hyper,
+            self._hyper_tensor(group, step, param.device),
             self.config.second_moment_code,
         )
+
+    def _run_param(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        kernels.run_kernel(
+            kernels.adamw_param,
+            compile_,
+            param,
+            grad,
+            *self._blocks(state, "exp_avg"),
+            *self._blocks(state, "exp_avg_sq"),
+            dynamic_tables(param.device),
+            self._scalars(group, step),
+            self.config.second_moment_code,
+            self.config.block_size,
+        )
+
+    def _foreach_update(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: dict[str, list[torch.Tensor]],
+        steps: list[torch.Tensor],
+        group: dict[str, Any],
+    ) -> None:
+        foreach.adamw_foreach(params, grads, moments, steps, group)
 
     def _update(
         self,
@@ -121,6 +152,8 @@ class Int8AdamW(BlockwiseOptimizer):
 class Int8Lion(BlockwiseOptimizer):
     """Lion (sign of interpolated momentum, decoupled weight decay) with block-wise int8 momentum."""
 
+    foreach_capable = True
+
     def __init__(
         self,
         params: Any,
@@ -142,6 +175,10 @@ class Int8Lion(BlockwiseOptimizer):
         config = state_config("Int8Lion", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}, config, compiled)
 
+    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+        (beta1, beta2) = group["betas"]
+        return [group["lr"], group["weight_decay"], beta1, beta2]
+
     def _run_kernel(
         self,
         param: torch.Tensor,
@@ -151,11 +188,30 @@ class Int8Lion(BlockwiseOptimizer):
         step: int,
         compile_: bool,
     ) -> None:
-        (beta1, beta2) = group["betas"]
-        hyper = torch.tensor(
-            [group["lr"], group["weight_decay"], beta1, beta2], dtype=torch.float32, device=param.device
-        )
+        hyper = self._hyper_tensor(group, step, param.device)
         kernels.run_kernel(kernels.lion_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"), hyper)
+
+    def _run_param(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        blocks, hyper = self._blocks(state, "exp_avg"), self._scalars(group, step)
+        kernels.run_kernel(kernels.lion_param, compile_, param, grad, *blocks, hyper, self.config.block_size)
+
+    def _foreach_update(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: dict[str, list[torch.Tensor]],
+        steps: list[torch.Tensor],
+        group: dict[str, Any],
+    ) -> None:
+        foreach.lion_foreach(params, grads, moments, steps, group)
 
     def _update(
         self,
@@ -175,6 +231,8 @@ class Int8Lion(BlockwiseOptimizer):
 
 class Int8SGD(BlockwiseOptimizer):
     """SGD with (optionally Nesterov) momentum, decoupled weight decay and a block-wise int8 momentum buffer."""
+
+    foreach_capable = True
 
     def __init__(
         self,
@@ -200,6 +258,9 @@ class Int8SGD(BlockwiseOptimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
         super().__init__(params, defaults, config, compiled)
 
+    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+        return [group["lr"], group["weight_decay"], group["momentum"]]
+
     def _run_kernel(
         self,
         param: torch.Tensor,
@@ -209,18 +270,45 @@ class Int8SGD(BlockwiseOptimizer):
         step: int,
         compile_: bool,
     ) -> None:
-        hyper = torch.tensor(
-            [group["lr"], group["weight_decay"], group["momentum"]], dtype=torch.float32, device=param.device
-        )
         kernels.run_kernel(
             kernels.sgd_blocks,
             compile_,
             param,
             grad,
             *self._blocks(state, "momentum_buffer"),
-            hyper,
+            self._hyper_tensor(group, step, param.device),
             bool(group["nesterov"]),
         )
+
+    def _run_param(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
+        compile_: bool,
+    ) -> None:
+        kernels.run_kernel(
+            kernels.sgd_param,
+            compile_,
+            param,
+            grad,
+            *self._blocks(state, "momentum_buffer"),
+            self._scalars(group, step),
+            bool(group["nesterov"]),
+            self.config.block_size,
+        )
+
+    def _foreach_update(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: dict[str, list[torch.Tensor]],
+        steps: list[torch.Tensor],
+        group: dict[str, Any],
+    ) -> None:
+        foreach.sgd_foreach(params, grads, moments, steps, group)
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS["Int8SGD"] if group["momentum"] else ()

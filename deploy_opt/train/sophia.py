@@ -26,9 +26,17 @@ from typing import Any
 
 import torch
 
+from deploy_opt.train import foreach
 from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
-from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, check_range, state_config
-from deploy_opt.train.state_io import local_tensor, moment_code, read_moment, write_moment
+from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer
+from deploy_opt.train.state_io import (
+    check_range,
+    local_tensor,
+    moment_code,
+    read_moment,
+    state_config,
+    write_moment,
+)
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,8 @@ DEFAULT_UPDATE_PERIOD = 10
 
 class Int8Sophia(BlockwiseOptimizer):
     """Sophia with block-wise int8 momentum and 8-bit Hessian EMA (``state="fp32"`` keeps both in fp32)."""
+
+    foreach_capable = True
 
     def __init__(
         self,
@@ -82,6 +92,7 @@ class Int8Sophia(BlockwiseOptimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "rho": rho, "weight_decay": weight_decay, "eps": eps}
         self.update_period = update_period
         self._hessian: torch.Tensor | None = None
+        self._foreach_hessians: list[torch.Tensor | None] = []
         super().__init__(params, defaults, config, compiled)
 
     # --- the Hessian EMA -------------------------------------------------------------------------------
@@ -131,6 +142,28 @@ class Int8Sophia(BlockwiseOptimizer):
         self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
     ) -> bool:
         return False  # no fused kernel for Sophia: the per-op path below
+
+    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> bool:
+        return "hessian_codes" not in self.state[param] and super()._joins_foreach(param, name, group)
+
+    def _foreach_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        # the fp32 Hessian EMAs (read-only in a step), stashed for _foreach_update as _step_param stashes one
+        hessians = [self.state[p].get("hessian") for p in params]
+        self._foreach_hessians = [None if h is None else local_tensor(h) for h in hessians]
+        try:
+            super()._foreach_step(params, group)
+        finally:
+            self._foreach_hessians = []
+
+    def _foreach_update(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: dict[str, list[torch.Tensor]],
+        steps: list[torch.Tensor],
+        group: dict[str, Any],
+    ) -> None:
+        foreach.sophia_foreach(params, grads, moments, steps, group, self._foreach_hessians)
 
     def _step_param(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> None:
         local = local_tensor(param)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -79,6 +80,30 @@ class StateConfig:
     def quantizes(self, name: str | None, numel: int, step: int) -> bool:
         """Whether the state of this parameter is stored in int8 after ``step`` updates."""
         return not self.keeps_fp32(name, numel) and step >= self.fp32_warmup_steps
+
+
+def check_range(name: str, value: float, low: float, high: float = math.inf, high_open: bool = False) -> None:
+    """Raise ``ConfigError`` naming ``name`` unless ``value`` lies in ``[low, high]`` (``[low, high)``)."""
+    if not (low <= value < high if high_open else low <= value <= high):
+        bound = f"[{low}, {high})" if high_open else f"[{low}, {high}]"
+        raise ConfigError(f"{name} = {value!r} is outside {bound}")
+
+
+def state_config(
+    optimizer: str,
+    state: str,
+    block_size: int,
+    min_numel: int,
+    fp32_patterns: Iterable[str],
+    fp32_warmup_steps: int,
+    second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
+) -> StateConfig:
+    """An optimizer's ``StateConfig`` from its constructor arguments (one pattern may be a bare string)."""
+    if isinstance(fp32_patterns, str):
+        fp32_patterns = (fp32_patterns,)
+    return StateConfig(
+        optimizer, state, block_size, min_numel, tuple(fp32_patterns), fp32_warmup_steps, second_moment_code
+    )
 
 
 def config_of_checkpoint(state_dict: dict[str, Any]) -> StateConfig | None:
