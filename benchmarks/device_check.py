@@ -1,6 +1,6 @@
 """The device check's driver: one section per call, each writing ``OUT/<section>.json``; ``report`` joins them.
 
-    python benchmarks/device_check.py --section env|optimizers|llm|report --out DIR [--dry-run] [--device D]
+    python benchmarks/device_check.py --section env|optimizers|llm|tensorrt|report --out DIR [--dry-run] [--device D]
 
 ``benchmarks/device_check.sh`` calls it once per section under its own ``timeout``, so a section that hangs or
 fails leaves the others' results and shows as failed in the table. Sections:
@@ -12,6 +12,8 @@ fails leaves the others' results and shows as failed in the table. Sections:
   section trained (``device_check_llm``): quantization time and held-out perplexity;
   Each quantized model is scored again with lmdeploy's int8 and int4 KV cache simulated
   (``deploy_opt.llm.kv_cache``): the perplexity cost of KV quantization on top of the weights';
+- ``tensorrt``: whether TensorRT imports in the image; where it does, the digits demo built with the a100
+  profile: the engine, its timing against ORT CUDA on the FP32 model, and the gate's speed line;
 - ``report``: ``device_check.json`` and a printed table with one row per measurement.
 
 ``--dry-run`` runs the same code on the CPU at tiny sizes, in well under a minute.
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("env", "optimizers", "llm", "report")
+SECTIONS = ("env", "optimizers", "llm", "tensorrt", "report")
 # Import name → the wheel that brings it (what the air-gapped machine must be given when it lacks one).
 NEEDED = {
     "torch": "torch (in the image)",
@@ -105,6 +107,36 @@ def section_llm(args: argparse.Namespace) -> dict[str, Any]:
     return run_llm(pick_device(args.device, args.dry_run), kind, path, settings, say)
 
 
+def section_tensorrt(args: argparse.Namespace) -> dict[str, Any]:
+    """TensorRT in the image, and where it is, the demo's engine built as a GPU profile builds it."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return {
+            "tensorrt": None,
+            "engine": "not built: tensorrt is not in the image (the engine path has not run here)",
+        }
+    try:
+        version = str(importlib.import_module("tensorrt").__version__)
+    except Exception as exc:  # a broken install: libnvinfer missing, a CUDA mismatch
+        return {"tensorrt": None, "engine": f"not built: tensorrt does not import ({type(exc).__name__}: {exc})"}
+    if args.dry_run:
+        return {"tensorrt": version, "engine": "not built (--dry-run)"}
+    from deploy_opt.config.profiles import example_config, load_build_config
+    from deploy_opt.pipeline.build import run_build
+
+    settings = ["benchmark.batch_sizes=[1,32]", "benchmark.repeats=30", "auto.budget_s=60"]
+    config, profile = load_build_config(example_config("digits"), "a100", settings)
+    build = run_build(config, profile, args.out / "tensorrt", progress=False).build
+    trt = build["backends"].get("tensorrt") or {}
+    speed = next((c for c in build["gate"]["criteria"] if c["name"] == "min_speedup"), None)
+    return {
+        "tensorrt": version,
+        "engine": trt.get("status", "tensorrt: not attempted"),
+        "precision": trt.get("precision"),
+        "timing_ms": trt.get("timing_ms"),
+        "gate_speed": speed["text"] if speed else "no speed criterion",
+    }
+
+
 # --- report ------------------------------------------------------------------------------------------------
 
 
@@ -177,6 +209,14 @@ def report_rows(out: Path) -> list[dict[str, str]]:
                     "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
                 }
             )
+    trt = _load(out, "tensorrt")
+    if trt is None:
+        rows.append({"check": "tensorrt", "subject": "-", "result": "FAILED", "detail": "no tensorrt.json"})
+    else:
+        subject = f"TensorRT {trt['tensorrt']}" if trt["tensorrt"] else "TensorRT"
+        rows.append(
+            {"check": "tensorrt", "subject": subject, "result": trt["engine"], "detail": trt.get("gate_speed", "-")}
+        )
     return rows
 
 
@@ -212,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     run = {"env": section_env, "optimizers": section_optimizers, "llm": section_llm, "report": section_report}
+    run["tensorrt"] = section_tensorrt
     result = run[args.section](args)
     name = "device_check" if args.section == "report" else args.section
     target = args.out / f"{name}.json"

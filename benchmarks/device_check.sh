@@ -7,6 +7,8 @@
 #   llm         deploy_opt's GPTQ (sym, no act-order), AWQ and AWQ + GPTQ (quantize-llm's default) on CUDA:
 #               quantization time and held-out perplexity, on SmolLM2-135M when its GGUF is here, else on the
 #               model trained above, and again with lmdeploy's int8 and int4 KV cache simulated      (<= 180 s)
+#   tensorrt    whether TensorRT imports in the image; where it does, the digits demo built with the a100
+#               profile: the engine, its timing against ORT CUDA on the FP32 model, the gate's speed (<= 120 s)
 #   report      OUT/device_check.json and a table on stdout                                         (<= 20 s)
 #
 #   bash benchmarks/device_check.sh              # the GPU run
@@ -130,9 +132,9 @@ section() {
   fi
 }
 if [ "$DRY" = 1 ]; then
-  section env 30; section optimizers 45; section llm 45
+  section env 30; section optimizers 45; section llm 45; section tensorrt 20
 else
-  section env 45; section optimizers 180; section llm 180
+  section env 45; section optimizers 180; section llm 180; section tensorrt 120
 fi
 rc=0
 timeout "$REPORT_S" "$PY" "$REPO/benchmarks/device_check.py" --section report "${ARGS[@]}" | tee "$OUT/table.txt" \

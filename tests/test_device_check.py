@@ -44,7 +44,9 @@ def test_json_has_every_section_and_row(dry_run):
     summary = json.loads((out / "device_check.json").read_text(encoding="utf-8"))
     assert summary["dry_run"] is True
     assert summary["failed"] == []
-    assert set(summary["sections"]) == {"env", "optimizers", "llm"}
+    assert set(summary["sections"]) == {"env", "optimizers", "llm", "tensorrt"}
+    [trt] = [row for row in summary["rows"] if row["check"] == "tensorrt"]
+    assert trt["result"].startswith("not built")  # no tensorrt in this image, or --dry-run
     subjects = {(row["check"], row["subject"]) for row in summary["rows"]}
     assert {
         ("optimizers", "torch AdamW fused"),
