@@ -65,3 +65,16 @@ def test_a_partial_run_keeps_the_committed_rows_of_the_models_it_did_not_run(res
     back = [dataclasses.replace(r, sample_scores=None) for r in earlier]
     assert results.table([loaded[0]]) == results.table([back])
     assert loaded[0][0].speedup == {"1": 1.0} and loaded[0][1].value == 50.0
+
+
+def test_a_row_measured_here_outdates_a_committed_failed_preparation(results, tmp_path: Path) -> None:
+    import json
+
+    failed = results.Row("m", "prepare", outcome="prepare failed: KeyError: 'm'")
+    committed = tmp_path / "RESULTS.md"
+    committed.write_text("Written 2026-12-06\n\n" + results.table([[failed]]) + "\n", encoding="utf-8")
+    store = tmp_path / "results.json"
+    assert [r.tool for r in results.load(["m"], store, committed)[0]] == ["prepare"]  # nothing measured here yet
+    fresh = dataclasses.asdict(dataclasses.replace(_row(results, "deploy_opt", [1] * 4), model="m"))
+    store.write_text(json.dumps({"m": [fresh]}), encoding="utf-8")
+    assert [r.tool for r in results.load(["m"], store, committed)[0]] == ["deploy_opt"]

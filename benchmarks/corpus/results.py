@@ -81,7 +81,9 @@ def load(order: list[str], store: Path = STORE, committed: Path = RESULTS) -> li
     for model in order:
         rows = [Row(**r) for r in data.get(model, [])]
         tools = {r.tool for r in rows}
-        rows += [r for r in earlier.get(model, []) if r.tool not in tools and "prepare" not in tools]
+        # a failed preparation outdates every earlier row, and a row measured here an earlier failed preparation
+        stale = tools | ({"prepare"} if tools else set())
+        rows += [r for r in earlier.get(model, []) if r.tool not in stale and "prepare" not in tools]
         if rows:
             out.append(sorted(rows, key=lambda r: TOOL_ORDER.index(r.tool) if r.tool in TOOL_ORDER else 99))
     return out
