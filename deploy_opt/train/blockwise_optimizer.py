@@ -30,6 +30,7 @@ from deploy_opt.train.blockwise import (
     block_parts,
     scale_parts,
 )
+from deploy_opt.train.foreach import ForeachUpdate
 from deploy_opt.train.state_io import (
     CONFIG_KEY,
     MOMENTS,
@@ -74,8 +75,8 @@ def _named_groups(params: Any) -> Any:
 class BlockwiseOptimizer(torch.optim.Optimizer):
     """What the int8-state optimizers share: fallback rules, the step's paths, checkpoints."""
 
-    # Whether the subclass has a multi-tensor update for fp32 state (``_foreach_update``).
-    foreach_capable: ClassVar[bool] = False
+    # The subclass's multi-tensor update of fp32 state (``foreach.*_foreach``), or None: one parameter at a time.
+    foreach_update: ClassVar[ForeachUpdate | None] = None
 
     def __init__(
         self, params: Any, defaults: dict[str, Any], config: StateConfig, compiled: bool | None = None
@@ -153,7 +154,9 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         steps: list[torch.Tensor],
         group: dict[str, Any],
     ) -> None:
-        raise NotImplementedError
+        if self.foreach_update is None:
+            raise NotImplementedError(f"{type(self).__name__} has no multi-tensor update")
+        self.foreach_update(params, grads, moments, steps, group)
 
     def compiles(self, numel: int, device: torch.device | None = None) -> bool:
         """Whether an int8-state parameter of ``numel`` elements (on ``device``) takes the compiled kernel.
@@ -202,7 +205,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
 
     def _joins_foreach(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> bool:
         """Whether this step updates the parameter with the group's multi-tensor update: fp32 state, fp32 tensors."""
-        if not (self.use_foreach and self.foreach_capable):
+        if not (self.use_foreach and self.foreach_update is not None):
             return False
         local, grad = local_tensor(param), local_tensor(param.grad)
         if grad.is_sparse or local.dtype != torch.float32 or grad.dtype != torch.float32:

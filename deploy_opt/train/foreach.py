@@ -13,6 +13,7 @@ Every function takes the parameters, their gradients, the fp32 moments by kind (
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from torch.optim.sgd import sgd
 log = logging.getLogger(__name__)
 
 Tensors = list[torch.Tensor]
+# An optimizer's multi-tensor update: (params, grads, moments, steps, group[, extra state]) → None, in place.
+ForeachUpdate = Callable[..., None]
 
 
 def adamw_foreach(

@@ -45,7 +45,7 @@ __all__ = ["Int8AdamW", "Int8Lion", "Int8SGD", "optimizer_state_bytes"]
 class Int8AdamW(BlockwiseOptimizer):
     """AdamW (decoupled weight decay, bias-corrected) with block-wise int8 first and 8-bit second moments."""
 
-    foreach_capable = True
+    foreach_update = staticmethod(foreach.adamw_foreach)
 
     def __init__(
         self,
@@ -121,16 +121,6 @@ class Int8AdamW(BlockwiseOptimizer):
             self.config.block_size,
         )
 
-    def _foreach_update(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        moments: dict[str, list[torch.Tensor]],
-        steps: list[torch.Tensor],
-        group: dict[str, Any],
-    ) -> None:
-        foreach.adamw_foreach(params, grads, moments, steps, group)
-
     def _update(
         self,
         param: torch.Tensor,
@@ -152,7 +142,7 @@ class Int8AdamW(BlockwiseOptimizer):
 class Int8Lion(BlockwiseOptimizer):
     """Lion (sign of interpolated momentum, decoupled weight decay) with block-wise int8 momentum."""
 
-    foreach_capable = True
+    foreach_update = staticmethod(foreach.lion_foreach)
 
     def __init__(
         self,
@@ -203,16 +193,6 @@ class Int8Lion(BlockwiseOptimizer):
         blocks, hyper = self._blocks(state, "exp_avg"), self._scalars(group, step)
         kernels.run_kernel(kernels.lion_param, compile_, param, grad, *blocks, hyper, self.config.block_size)
 
-    def _foreach_update(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        moments: dict[str, list[torch.Tensor]],
-        steps: list[torch.Tensor],
-        group: dict[str, Any],
-    ) -> None:
-        foreach.lion_foreach(params, grads, moments, steps, group)
-
     def _update(
         self,
         param: torch.Tensor,
@@ -232,7 +212,7 @@ class Int8Lion(BlockwiseOptimizer):
 class Int8SGD(BlockwiseOptimizer):
     """SGD with (optionally Nesterov) momentum, decoupled weight decay and a block-wise int8 momentum buffer."""
 
-    foreach_capable = True
+    foreach_update = staticmethod(foreach.sgd_foreach)
 
     def __init__(
         self,
@@ -299,16 +279,6 @@ class Int8SGD(BlockwiseOptimizer):
             bool(group["nesterov"]),
             self.config.block_size,
         )
-
-    def _foreach_update(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        moments: dict[str, list[torch.Tensor]],
-        steps: list[torch.Tensor],
-        group: dict[str, Any],
-    ) -> None:
-        foreach.sgd_foreach(params, grads, moments, steps, group)
 
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS["Int8SGD"] if group["momentum"] else ()

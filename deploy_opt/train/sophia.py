@@ -53,7 +53,7 @@ DEFAULT_UPDATE_PERIOD = 10
 class Int8Sophia(BlockwiseOptimizer):
     """Sophia with block-wise int8 momentum and 8-bit Hessian EMA (``state="fp32"`` keeps both in fp32)."""
 
-    foreach_capable = True
+    foreach_update = staticmethod(foreach.sophia_foreach)  # called with the Hessians by ``_foreach_update``
 
     def __init__(
         self,
