@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -77,6 +78,10 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
 
     # The subclass's multi-tensor update of fp32 state (``foreach.*_foreach``), or None: one parameter at a time.
     foreach_update: ClassVar[ForeachUpdate | None] = None
+    # The subclass's fused int8 kernels (``kernels.*_blocks`` for the CPU, ``kernels.*_param`` for CUDA), or None:
+    # the per-op path only (``_fits_kernel`` says False).
+    block_kernel: ClassVar[Callable[..., None] | None] = None
+    param_kernel: ClassVar[Callable[..., None] | None] = None
 
     def __init__(
         self, params: Any, defaults: dict[str, Any], config: StateConfig, compiled: bool | None = None
@@ -108,6 +113,12 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
     ) -> None:
         raise NotImplementedError
 
+    def _kernel_operands(
+        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The fused kernels' arguments between ``grad`` and ``hyper`` (int8 state, tables), and after it."""
+        raise NotImplementedError
+
     def _run_kernel(
         self,
         param: torch.Tensor,
@@ -117,7 +128,10 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         step: int,
         compile_: bool,
     ) -> None:
-        raise NotImplementedError
+        """``block_kernel`` on whole blocks of one parameter, ``hyper`` as one tensor on its device (the CPU path)."""
+        operands, options = self._kernel_operands(param, state, group)
+        hyper = self._hyper_tensor(group, step, param.device)
+        kernels.run_kernel(self.block_kernel, compile_, param, grad, *operands, hyper, *options)
 
     def _run_param(
         self,
@@ -128,7 +142,10 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         step: int,
         compile_: bool,
     ) -> None:
-        raise NotImplementedError
+        """``param_kernel`` on one whole parameter, ``hyper`` as 0-d CPU tensors (the CUDA path)."""
+        operands, options = self._kernel_operands(param, state, group)
+        hyper, size = self._scalars(group, step), self.config.block_size
+        kernels.run_kernel(self.param_kernel, compile_, param, grad, *operands, hyper, *options, size)
 
     def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
         """The kernels' ``hyper`` for a group at ``step`` (see ``kernels``)."""

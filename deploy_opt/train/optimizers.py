@@ -46,6 +46,8 @@ class Int8AdamW(BlockwiseOptimizer):
     """AdamW (decoupled weight decay, bias-corrected) with block-wise int8 first and 8-bit second moments."""
 
     foreach_update = staticmethod(foreach.adamw_foreach)
+    block_kernel = staticmethod(kernels.adamw_blocks)
+    param_kernel = staticmethod(kernels.adamw_param)
 
     def __init__(
         self,
@@ -78,48 +80,11 @@ class Int8AdamW(BlockwiseOptimizer):
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         return [lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)]
 
-    def _run_kernel(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        kernels.run_kernel(
-            kernels.adamw_blocks,
-            compile_,
-            param,
-            grad,
-            *self._blocks(state, "exp_avg"),
-            *self._blocks(state, "exp_avg_sq"),
-            dynamic_tables(param.device),
-            self._hyper_tensor(group, step, param.device),
-            self.config.second_moment_code,
-        )
-
-    def _run_param(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        kernels.run_kernel(
-            kernels.adamw_param,
-            compile_,
-            param,
-            grad,
-            *self._blocks(state, "exp_avg"),
-            *self._blocks(state, "exp_avg_sq"),
-            dynamic_tables(param.device),
-            self._scalars(group, step),
-            self.config.second_moment_code,
-            self.config.block_size,
-        )
+    def _kernel_operands(
+        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        moments = (*self._blocks(state, "exp_avg"), *self._blocks(state, "exp_avg_sq"), dynamic_tables(param.device))
+        return moments, (self.config.second_moment_code,)
 
     def _update(
         self,
@@ -143,6 +108,8 @@ class Int8Lion(BlockwiseOptimizer):
     """Lion (sign of interpolated momentum, decoupled weight decay) with block-wise int8 momentum."""
 
     foreach_update = staticmethod(foreach.lion_foreach)
+    block_kernel = staticmethod(kernels.lion_blocks)
+    param_kernel = staticmethod(kernels.lion_param)
 
     def __init__(
         self,
@@ -169,29 +136,10 @@ class Int8Lion(BlockwiseOptimizer):
         (beta1, beta2) = group["betas"]
         return [group["lr"], group["weight_decay"], beta1, beta2]
 
-    def _run_kernel(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        hyper = self._hyper_tensor(group, step, param.device)
-        kernels.run_kernel(kernels.lion_blocks, compile_, param, grad, *self._blocks(state, "exp_avg"), hyper)
-
-    def _run_param(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        blocks, hyper = self._blocks(state, "exp_avg"), self._scalars(group, step)
-        kernels.run_kernel(kernels.lion_param, compile_, param, grad, *blocks, hyper, self.config.block_size)
+    def _kernel_operands(
+        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return self._blocks(state, "exp_avg"), ()
 
     def _update(
         self,
@@ -213,6 +161,8 @@ class Int8SGD(BlockwiseOptimizer):
     """SGD with (optionally Nesterov) momentum, decoupled weight decay and a block-wise int8 momentum buffer."""
 
     foreach_update = staticmethod(foreach.sgd_foreach)
+    block_kernel = staticmethod(kernels.sgd_blocks)
+    param_kernel = staticmethod(kernels.sgd_param)
 
     def __init__(
         self,
@@ -241,47 +191,13 @@ class Int8SGD(BlockwiseOptimizer):
     def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
         return [group["lr"], group["weight_decay"], group["momentum"]]
 
-    def _run_kernel(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        kernels.run_kernel(
-            kernels.sgd_blocks,
-            compile_,
-            param,
-            grad,
-            *self._blocks(state, "momentum_buffer"),
-            self._hyper_tensor(group, step, param.device),
-            bool(group["nesterov"]),
-        )
-
-    def _run_param(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        kernels.run_kernel(
-            kernels.sgd_param,
-            compile_,
-            param,
-            grad,
-            *self._blocks(state, "momentum_buffer"),
-            self._scalars(group, step),
-            bool(group["nesterov"]),
-            self.config.block_size,
-        )
-
     def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return MOMENTS["Int8SGD"] if group["momentum"] else ()
+
+    def _kernel_operands(
+        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return self._blocks(state, "momentum_buffer"), (bool(group["nesterov"]),)
 
     def _update(
         self,
