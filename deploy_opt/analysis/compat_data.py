@@ -278,13 +278,15 @@ def tensorrt_parser_verdict(model: bytes, path: Path | None) -> dict[str, Any]:
     """TensorRT's own ONNX parser on the model: top-level node indices it rejects, or why it did not run."""
     if importlib.util.find_spec("tensorrt") is None:
         return {"ran": False, "reason": "tensorrt is not installed: the TensorRT column comes from the table only"}
+    from exporters.tensorrt.engine import major_version
+
     try:
         trt = require("tensorrt", purpose="confirming TensorRT support with its ONNX parser", extra="tensorrt")
         logger = trt.Logger(trt.Logger.ERROR)
         builder = trt.Builder(logger)
         if builder is None:
             return {"ran": False, "reason": "TensorRT could not create a builder (no usable NVIDIA GPU)"}
-        major = int(str(trt.__version__).split(".")[0])
+        major = major_version(trt.__version__)
         flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
         parser = trt.OnnxParser(builder.create_network(flags), logger)
         where = str(path) if path is not None else ""  # lets the parser find external weights

@@ -63,8 +63,10 @@ def write_calibration_cache(scales: ScaleFile, stage: Path) -> str:
 
     TensorRT 11 removed implicit INT8 calibration (IInt8Calibrator, BuilderFlag.INT8), the only reader of the
     file, so an installed TensorRT >= 11 gets none."""
+    from exporters.tensorrt.engine import major_version
+
     installed = _installed_trt_version()
-    if installed and _major(installed) >= 11:
+    if installed and major_version(installed) >= 11:
         return (
             f"not written: the installed TensorRT {installed} has no implicit INT8 calibration (TensorRT 11 removed "
             "IInt8Calibrator and BuilderFlag.INT8), so nothing reads a calibration cache; its engines take their "
@@ -76,11 +78,6 @@ def write_calibration_cache(scales: ScaleFile, stage: Path) -> str:
             "int8, so build with a TensorRT profile or --set quantization.activations=symmetric"
         )
     return write_trt_cache(scales, stage / "calibration.cache", trt_version=installed or DEFAULT_TRT_VERSION).name
-
-
-def _major(version: str) -> int:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
 
 
 def tensorrt_qdq(qdq: Path, stage: Path, external_data_mb: int) -> Path:

@@ -76,8 +76,14 @@ def _trt() -> Any:
     return require("tensorrt", purpose="building a TensorRT engine", extra="tensorrt")
 
 
+def major_version(version: object) -> int:
+    """TensorRT's major version from its version string ("11.4.0.106" -> 11; 0 when it does not start with one)."""
+    head = str(version).split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 def _major(trt: Any) -> int:
-    return int(str(trt.__version__).split(".")[0])
+    return major_version(trt.__version__)
 
 
 def create_builder(trt: Any, severity: Any) -> Any:
