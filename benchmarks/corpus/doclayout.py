@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -190,30 +191,36 @@ def preprocess(page: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(canvas, dtype=np.float32).transpose(2, 0, 1) / 255.0)
 
 
-def _batches(sentences: list[str], photos: tuple[str, ...], count: int, prefix: str, offset: int) -> list[Item]:
-    pool = list(sentences)
-    return [
-        ({"images": preprocess(render(pool, photos, offset + i))[None]}, None, [f"{prefix}-page-{i}"])
-        for i in range(count)
-    ]
+def pages(
+    split: str, name: str = "images", prep: Callable[[Any], np.ndarray] | None = None, first: int | None = None
+) -> list[Item]:
+    """The ``split``'s pages ("calibration", "evaluation" or "test"), one per batch, as input ``name`` through
+    ``prep`` (this detector's ``preprocess`` when None; ``picodet.py`` renders the same pages for its own); only
+    the ``first`` ones when given."""
+    texts, images = _sibling("texts"), _sibling("images")
+    sentences, photos, count, prefix, offset = {
+        "calibration": (texts.license_sentences, images.CALIBRATION, CALIBRATION_SAMPLES, "license", 0),
+        "evaluation": (texts.comment_sentences, images.EVALUATION, EVALUATION_SAMPLES, "comment", 500),
+        "test": (lambda: texts.comment_sentences()[::-1], images.EVALUATION, EVALUATION_SAMPLES, "test", 900),
+    }[split]
+    prep, pool = prep or preprocess, list(sentences())
+    indices = range(count if first is None else min(first, count))
+    return [({name: prep(render(pool, photos, offset + i))[None]}, None, [f"{prefix}-page-{i}"]) for i in indices]
 
 
 def calibration_data() -> list[Item]:
     """24 pages of Debian license text with calibration photographs, one page per batch."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.license_sentences(), images.CALIBRATION, CALIBRATION_SAMPLES, "license", 0)
+    return pages("calibration")
 
 
 def evaluation_data() -> list[Item]:
     """24 pages of standard-library comments with evaluation photographs, one page per batch."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.comment_sentences(), images.EVALUATION, EVALUATION_SAMPLES, "comment", 500)
+    return pages("evaluation")
 
 
 def test_data() -> list[Item]:
     """24 other pages (comments from the far end of the list, other layouts), never shown to a build."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.comment_sentences()[::-1], images.EVALUATION, EVALUATION_SAMPLES, "test", 900)
+    return pages("test")
 
 
 def main() -> None:

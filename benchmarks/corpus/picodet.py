@@ -45,7 +45,6 @@ CLASSES = ("text", "title", "figure", "figure_caption", "table", "table_caption"
 CLASSES += ("equation",)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CONF, NMS_IOU, NMS_TOP_K, KEEP_TOP_K, CANDIDATES, MATCH_IOU = 0.5, 0.5, 1000, 100, 200, 0.5
-CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 24, 24
 VARIANT = "layout_cdla.packed.onnx"
 Item = tuple[dict[str, np.ndarray], None, list[str]]
 Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes x1y1x2y2 (input pixels), scores, classes
@@ -221,39 +220,26 @@ def layout_f1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.array([_f1(decode(p), decode(r)) for p, r in zip(prediction, reference, strict=True)])
 
 
-def _batches(sentences: list[str], photos: tuple[str, ...], count: int, prefix: str, offset: int) -> list[Item]:
-    # doclayout's pages: the same sentences, photographs and seeds as its splits, one page per batch
-    render, pool = _sibling("doclayout").render, list(sentences)
-    return [
-        ({"image": preprocess(render(pool, photos, offset + i))[None]}, None, [f"{prefix}-page-{i}"])
-        for i in range(count)
-    ]
-
-
 def calibration_data() -> list[Item]:
     """24 pages of Debian license text with calibration photographs (doclayout's calibration pages)."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.license_sentences(), images.CALIBRATION, CALIBRATION_SAMPLES, "license", 0)
+    return _sibling("doclayout").pages("calibration", "image", preprocess)
 
 
 def evaluation_data() -> list[Item]:
     """24 pages of standard-library comments with evaluation photographs (doclayout's evaluation pages)."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.comment_sentences(), images.EVALUATION, EVALUATION_SAMPLES, "comment", 500)
+    return _sibling("doclayout").pages("evaluation", "image", preprocess)
 
 
 def test_data() -> list[Item]:
     """24 other pages (doclayout's test pages), never shown to a build."""
-    texts, images = _sibling("texts"), _sibling("images")
-    return _batches(texts.comment_sentences()[::-1], images.EVALUATION, EVALUATION_SAMPLES, "test", 900)
+    return _sibling("doclayout").pages("test", "image", preprocess)
 
 
 def _check(model: Path, pages: int) -> None:
     import onnxruntime as ort
 
-    texts, images = _sibling("texts"), _sibling("images")
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    for inputs, _, ids in _batches(texts.comment_sentences(), images.EVALUATION, pages, "comment", 500):
+    for inputs, _, ids in _sibling("doclayout").pages("evaluation", "image", preprocess, first=pages):
         packed = session.run(None, inputs)[0]
         _, scores, classes = decode(packed[0])
         counts = {CLASSES[c]: int((classes == c).sum()) for c in np.unique(classes)}
