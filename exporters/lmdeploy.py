@@ -269,8 +269,8 @@ def tp_problems(config: Mapping[str, Any], qconfig: Mapping[str, Any], tp: int) 
     if tp <= 1:
         return []
     problems = []
-    sizes = {k: config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size")}
-    sizes["intermediate_size"] = config.get("intermediate_size")
+    keys = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
+    sizes = {key: config.get(key) for key in keys}
     for key, size in sizes.items():
         if isinstance(size, int) and size % tp:
             problems.append(f"{key} {size} does not divide by --tp {tp}")

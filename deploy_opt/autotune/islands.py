@@ -15,15 +15,12 @@ saved a MAC; 16-64 channels), 38 on two threads at batch 8. Between the two, 32.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import defaultdict
 
 import onnx
 
 from deploy_opt.autotune.intensity import reduction_lengths, tensor_shapes
-
-log = logging.getLogger(__name__)
 
 CONVERSION_MACS = 32
 # Ops ORT runs on the integers of their input, or folds into the Q after them: they pass INT8 along without a
