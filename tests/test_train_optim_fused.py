@@ -215,6 +215,7 @@ def test_per_param_kernels_trace_whole_and_do_not_recompile_when_lr_changes(monk
         return graph.forward
 
     compile_ = torch.compile
+    torch._dynamo.reset()  # compiles counted here only: not a cache entry another test of this worker left
     monkeypatch.setattr(kernels.torch, "compile", lambda fn, **kw: compile_(fn, backend=backend, **kw))
     monkeypatch.setattr(kernels, "_COMPILED", {})
     monkeypatch.setattr(kernels, "_FAILED", set())
