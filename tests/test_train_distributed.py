@@ -9,7 +9,8 @@ run ends from the single-process fp32 run (20 AdamW steps at lr 1e-2; measured m
 - fp32 state: only the gradient summation order differs; measured max |dw| 9e-8, bound 1e-6.
 - ZeRO-1, int8: a rank owns whole parameters, so its blocks are the reference's blocks; only the summation order
   differs, which now and then moves a code by one step. Measured max |dw| 1.3e-4 (0.03 x noise), mean 2e-8;
-  bound 0.1 x noise. Consolidation must move codes and scales verbatim (checked bit for bit in the workers).
+  bound 0.1 x noise. Consolidation must move codes and scales verbatim (checked bit for bit in the workers); the
+  loaded codes equal the reference's but for one-step moves (measured 1 of 20,000 codes; bound 0.1 %).
 - FSDP2, int8: each rank quantizes its own dim-0 shard, so the block boundaries differ from the reference's (the
   test model's shapes and block size 256 make them differ on purpose): its quantization noise is independent of
   the reference's, so it cannot match it closer than ``noise``. Instead it must be as close to the fp32 run as
@@ -217,11 +218,16 @@ def test_zero_consolidated_state_loads_into_a_single_process_optimizer(
     assert any(key.endswith("_codes") for s in full["state"].values() for key in s)  # really int8 state
     single = Int8AdamW(make_model().parameters(), state="int8", **OPTIONS)
     single.load_state_dict(full)  # no convert: the same config, the same blocks
-    fp32 = _fp32_moments(references["fp32"][1])
-    int8_noise = relative_error(_fp32_moments(references["int8"][1]), fp32)
-    loaded = relative_error(_fp32_moments(single), _fp32_moments(references["int8"][1]))
-    for kind, error in loaded.items():
-        assert error <= 0.1 * int8_noise[kind], kind
+    # The same codes as the single-process run's, but where the gradient's summation order moved one by a step
+    reference = references["int8"][1].state_dict()["state"]
+    moved = total = 0
+    for index, kinds in single.state_dict()["state"].items():
+        for key, codes in kinds.items():
+            if key.endswith("_codes"):
+                step = (codes.int() - reference[index][key].int()).abs()
+                assert int(step.max()) <= 1, (index, key)
+                moved, total = moved + int(step.sum()), total + step.numel()
+    assert total > 0 and moved <= 1e-3 * total, (moved, total)
 
 
 def test_fsdp_gathered_state_matches_single_process_moments(distributed_runs: dict, references: dict) -> None:

@@ -267,7 +267,7 @@ def test_compiled_kernels_trace_without_graph_breaks(monkeypatch: pytest.MonkeyP
     from deploy_opt.train import kernels
 
     compile_ = torch.compile  # dynamo tracing only (backend "eager"): Inductor's C++ build is for benchmarks
-    monkeypatch.setattr(kernels.torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
+    monkeypatch.setattr(kernels.torch, "compile", lambda fn, options, **kw: compile_(fn, backend="eager", **kw))
     monkeypatch.setattr(kernels, "_COMPILED", {})
     monkeypatch.setattr(kernels, "_FAILED", set())
     makers = [

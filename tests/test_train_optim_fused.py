@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deploy_opt.train import kernels
-from deploy_opt.train.blockwise import block_count, block_parts, dynamic_tables, scale_parts
+from deploy_opt.train.blockwise import block_count, block_parts, scale_parts
 from deploy_opt.train.optimizers import Int8AdamW, Int8Lion, Int8SGD, optimizer_state_bytes
 from deploy_opt.train.sophia import Int8Sophia
 
@@ -116,8 +116,7 @@ def test_per_param_kernel_equals_the_block_kernels_bit_for_bit(code: str) -> Non
     m_scales, v_scales = torch.rand(block_count(numel, size), generator=gen), torch.rand(4, generator=gen)
     blocked = [t.clone() for t in (param, m_codes, m_scales, v_codes, v_scales)]
     values = [1e-3, 0.01, 0.9, 0.999, 1e-8, 1e-3 / (1 - 0.9**3), (1 - 0.999**3) ** 0.5]
-    tables = dynamic_tables("cpu")
-    kernels.adamw_param(param, grad, m_codes, m_scales, v_codes, v_scales, tables, kernels.scalars(*values), code, size)
+    kernels.adamw_param(param, grad, m_codes, m_scales, v_codes, v_scales, kernels.scalars(*values), code, size)
     p, mc, ms, vc, vs = blocked
     hyper = torch.tensor(values)
     for part in zip(
@@ -129,7 +128,7 @@ def test_per_param_kernel_equals_the_block_kernels_bit_for_bit(code: str) -> Non
         scale_parts(vs, numel, size),
         strict=True,
     ):
-        kernels.adamw_blocks(*part, tables, hyper, code)
+        kernels.adamw_blocks(*part, hyper, code)
     for ours, theirs in zip((param, m_codes, m_scales, v_codes, v_scales), blocked, strict=True):
         assert torch.equal(ours, theirs)
 
@@ -141,7 +140,7 @@ def test_hyperparameters_are_cpu_scalars_made_once_per_group_and_step(monkeypatc
     optimizer.use_kernels, optimizer.per_param_kernels = True, True
     hypers, made = [], []
     run_kernel, scalars, tensor = kernels.run_kernel, kernels.scalars, torch.tensor
-    monkeypatch.setattr(kernels, "run_kernel", lambda k, c, *a: hypers.append(a[7]) or run_kernel(k, c, *a))
+    monkeypatch.setattr(kernels, "run_kernel", lambda k, c, *a: hypers.append(a[6]) or run_kernel(k, c, *a))
     monkeypatch.setattr(kernels, "scalars", lambda *v: made.append(v) or scalars(*v))
 
     def no_device_tensor(*args: object, **kwargs: object) -> torch.Tensor:
@@ -216,7 +215,7 @@ def test_per_param_kernels_trace_whole_and_do_not_recompile_when_lr_changes(monk
 
     compile_ = torch.compile
     torch._dynamo.reset()  # compiles counted here only: not a cache entry another test of this worker left
-    monkeypatch.setattr(kernels.torch, "compile", lambda fn, **kw: compile_(fn, backend=backend, **kw))
+    monkeypatch.setattr(kernels.torch, "compile", lambda fn, options, **kw: compile_(fn, backend=backend, **kw))
     monkeypatch.setattr(kernels, "_COMPILED", {})
     monkeypatch.setattr(kernels, "_FAILED", set())
     weight, plain = torch.nn.Parameter(torch.ones(64, 130)), torch.nn.Parameter(torch.ones(64, 130))

@@ -45,6 +45,7 @@ from functools import lru_cache
 
 import torch
 
+from deploy_opt.train import dynamic_code
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -81,14 +82,11 @@ def block_count(numel: int, block_size: int) -> int:
 @lru_cache(maxsize=8)
 def _dynamic_map_cpu() -> torch.Tensor:
     # bitsandbytes' create_dynamic_map(signed=False, max_exponent_bits=7, total_bits=8): decade i (i = 0..6)
-    # covers [10^(i-7), 10^(i-6)] of the block max with 2^(i+1) evenly spaced levels; plus 0 and 1.
-    levels = [0.0, 1.0]
-    for i in range(7):
-        bounds = torch.linspace(0.1, 1.0, 2 ** (i + 1) + 1, dtype=torch.float64)
-        levels += ((bounds[:-1] + bounds[1:]) / 2 * 10.0 ** (i - 6)).tolist()
-    table = torch.tensor(sorted(levels), dtype=torch.float32)
-    if table.numel() != 256:
-        raise RuntimeError(f"dynamic map has {table.numel()} levels, expected 256")  # a bug here, not user input
+    # covers [10^(i-7), 10^(i-6)] of the block max with 2^(i+1) evenly spaced levels; plus 0 and 1. Computed
+    # in float32 by dynamic_code.level, so a compiled kernel decoding arithmetically gives the same bits.
+    table = dynamic_code.level(torch.arange(256, dtype=torch.int32))
+    if not bool((table.diff() > 0).all()):
+        raise RuntimeError("dynamic map levels are not increasing")  # a bug here, not user input
     return table
 
 
@@ -97,9 +95,11 @@ class DynamicTables:
     """The dynamic code's lookup tables on one device (shared; do not modify).
 
     ``levels[i]`` is what code i means; ``levels_read`` the same with code 0 read as half the first level.
-    Encoding cuts [2^-24, 1] into buckets by the float's exponent and top 8 mantissa bits (0.4 % wide, narrower
-    than the closest two levels, 0.7 % apart): ``first[k]`` is the code of bucket k's lower edge and
-    ``upper[c]`` the midpoint above level c; a value moves up one code if it passes that midpoint.
+    Eager encoding cuts [2^-24, 1] into buckets by the float's exponent and top 8 mantissa bits (0.4 % wide,
+    narrower than the closest two levels, 0.7 % apart): ``first[k]`` is the code of bucket k's lower edge and
+    ``upper[c]`` the largest float that ``dynamic_code.encode`` gives code c or less; a value moves up one code
+    if it passes that. Two lookups give the arithmetic encoder's codes (which compiled kernels run) with a few
+    eager operations instead of its thirty.
     """
 
     levels: torch.Tensor
@@ -114,18 +114,30 @@ _BUCKET_LOW = int(torch.tensor(2.0**-24).view(torch.int32)) >> _BUCKET_SHIFT
 _BUCKET_COUNT = (int(torch.tensor(1.0).view(torch.int32)) >> _BUCKET_SHIFT) - _BUCKET_LOW + 1
 
 
+def _encoder_thresholds() -> torch.Tensor:
+    """For codes 0..254, the largest float32 in [0, 1] that ``dynamic_code.encode`` (monotonic) maps to it or less."""
+    codes = torch.arange(255, dtype=torch.float32)
+    low = torch.zeros(255, dtype=torch.int32)  # bit patterns: encode(low) <= code < encode(high)
+    high = torch.full((255,), int(torch.tensor(1.0).view(torch.int32)), dtype=torch.int32)
+    while bool((high - low > 1).any()):
+        middle = low + (high - low) // 2
+        below = dynamic_code.encode(middle.view(torch.float32)) <= codes
+        low, high = torch.where(below, middle, low), torch.where(below, high, middle)
+    return low.view(torch.float32)
+
+
 @lru_cache(maxsize=8)
 def dynamic_tables(device: torch.device | str = "cpu") -> DynamicTables:
     """The dynamic code's tables on ``device`` (cached)."""
     levels = _dynamic_map_cpu()
-    mids = (levels[1:] + levels[:-1]) / 2
+    upper = _encoder_thresholds()
     edges = ((torch.arange(_BUCKET_COUNT + 1, dtype=torch.int32) + _BUCKET_LOW) << _BUCKET_SHIFT).view(torch.float32)
-    below = torch.searchsorted(mids, edges, right=False)  # how many midpoints lie strictly under each edge
+    below = torch.searchsorted(upper, edges, right=False)  # how many thresholds lie strictly under each edge
     if int(below.diff().max()) > 1:
-        raise RuntimeError("dynamic code buckets hold more than one midpoint")  # a bug here, not user input
+        raise RuntimeError("dynamic code buckets hold more than one threshold")  # a bug here, not user input
     half = levels.clone()
-    half[0] = levels[1] / 2
-    upper = torch.cat([mids, torch.tensor([float("inf")])])
+    half[0] = dynamic_code.HALF_FIRST
+    upper = torch.cat([upper, torch.tensor([float("inf")])])
     device = torch.device(device)
     return DynamicTables(levels.to(device), half.to(device), below[:-1].int().to(device), upper.to(device))
 
@@ -221,10 +233,10 @@ def quantize_unsigned(
 
 
 def encode_dynamic(y: torch.Tensor, tables: DynamicTables | None = None) -> torch.Tensor:
-    """Index of the nearest dynamic-code level for each ``y`` in [0, 1] (ties to the lower one), as int32.
+    """The code of each ``y`` in [0, 1] that ``dynamic_code.encode`` gives, by two table lookups, as int32.
 
-    Same result as ``torch.bucketize(y, midpoints)``, which is a binary search (~40 ns per element on this CPU);
-    this is two table lookups on the float's bits. ``tables`` are passed in under ``torch.compile``.
+    The compiled kernels run the arithmetic (a compiled lookup is a scalar gather); eagerly, this is a few
+    operations instead of thirty, and a binary search (``torch.bucketize``) would take ~40 ns per element.
     """
     tables = dynamic_tables(y.device) if tables is None else tables
     flat = y.reshape(-1).contiguous()

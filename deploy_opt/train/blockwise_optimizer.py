@@ -116,7 +116,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
     def _kernel_operands(
         self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """The fused kernels' arguments between ``grad`` and ``hyper`` (int8 state, tables), and after it."""
+        """The fused kernels' arguments between ``grad`` and ``hyper`` (int8 state), and after it."""
         raise NotImplementedError
 
     def _run_kernel(

@@ -14,9 +14,11 @@ for; one compilation per distinct parameter size), as torchao's 8-bit optimizers
 
 The optimizers use them only compiled (``compiles()`` in ``optimizers.py``): ``run_kernel`` wraps them in
 ``torch.compile`` (Inductor fuses the step into a few loops over the blocks), falling back to eager if compiling
-fails. Measured on all-MiniLM-L6-v2's 22.6M parameters, 2 threads, the optimizer step alone: torch AdamW
-(foreach) 58-69 ms; compiled ``sqrt`` 31 ms, compiled ``dynamic`` 75 ms; the eager per-op path 5x torch's
-(``benchmarks/train_optimizers.py``). Run eagerly the kernels allocate more temporaries than the per-op path
+fails. The dynamic code decodes and encodes by arithmetic (``dynamic_code``), not table lookups, which Inductor
+compiles to a scalar gather per element. Measured by ``benchmarks/train_optimizers.py`` (defaults, 2 threads,
+Xeon with AVX-512 VNNI and AMX) on all-MiniLM-L6-v2's 22.7M parameters, the optimizer step alone: torch AdamW
+(foreach) 76.7 ms; compiled ``dynamic`` 78.5 ms (1.02x; 124 ms, 1.65x, with the table lookups), compiled ``sqrt``
+45.0 ms; the whole training step 1.01x. Run eagerly the kernels allocate more temporaries than the per-op path
 and are slower.
 """
 
@@ -29,7 +31,8 @@ from typing import Any
 
 import torch
 
-from deploy_opt.train.blockwise import SCALE_FLOOR, DynamicTables, block_parts, encode_dynamic, scale_parts
+from deploy_opt.train import dynamic_code
+from deploy_opt.train.blockwise import SCALE_FLOOR, block_parts, scale_parts
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +43,23 @@ def _requant_signed(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) 
     scales.copy_(new)
 
 
-def _dequant_second(codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables, code: str) -> torch.Tensor:
+def _dequant_second(codes: torch.Tensor, scales: torch.Tensor, code: str) -> torch.Tensor:
     # code 0 reads as half a step, as in blockwise.dequantize_unsigned(zero_as_half_step=True)
-    if code == "dynamic":
-        levels = tables.levels_read.index_select(0, codes.reshape(-1).int())
-        return levels.view(codes.shape) * scales.unsqueeze(1)
+    if code == "dynamic":  # arithmetic, the table's bits (dynamic_code): a compiled gather is scalar
+        levels = dynamic_code.level(codes, zero=dynamic_code.HALF_FIRST)
+        return levels * scales.unsqueeze(1)
     value = codes.float().clamp(min=0.5) * scales.unsqueeze(1)
     return value * value if code == "sqrt" else value
 
 
-def _requant_second(
-    v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, tables: DynamicTables, code: str
-) -> None:
+def _requant_second(v: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, code: str) -> None:
     if code == "sqrt":
         v = v.sqrt()
     top = v.amax(dim=1)
     new = (top if code == "dynamic" else top / 255.0).clamp_min(SCALE_FLOOR)
     y = v / new.unsqueeze(1)
     if code == "dynamic":
-        codes.copy_(encode_dynamic(y.clamp(max=1.0), tables))
+        codes.copy_(dynamic_code.encode(y.clamp(max=1.0)))
     else:
         codes.copy_(y.round().clamp(0, 255))
     scales.copy_(new)
@@ -76,22 +77,18 @@ def adamw_blocks(
     m_scales: torch.Tensor,
     v_codes: torch.Tensor,
     v_scales: torch.Tensor,
-    tables: DynamicTables,
     hyper: torch.Tensor,
     code: str,
 ) -> None:
-    """AdamW; ``hyper`` = [lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)].
-
-    ``tables``: the dynamic code's lookup tables (only that code uses them).
-    """
+    """AdamW; ``hyper`` = [lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)]."""
     lr, wd, beta1, beta2, eps, step_size, bc2_sqrt = _unbound(hyper)
     m = m_codes.float() * m_scales.unsqueeze(1)
-    v = _dequant_second(v_codes, v_scales, tables, code)
+    v = _dequant_second(v_codes, v_scales, code)
     m = torch.lerp(m, grad, 1.0 - beta1)
     v = v * beta2 + grad * grad * (1.0 - beta2)
     param.copy_(param * (1.0 - lr * wd) - step_size * m / (v.sqrt() / bc2_sqrt + eps))
     _requant_signed(m, m_codes, m_scales)
-    _requant_second(v, v_codes, v_scales, tables, code)
+    _requant_second(v, v_codes, v_scales, code)
 
 
 def lion_blocks(
@@ -141,7 +138,6 @@ def adamw_param(
     m_scales: torch.Tensor,
     v_codes: torch.Tensor,
     v_scales: torch.Tensor,
-    tables: DynamicTables,
     hyper: Sequence[Any],
     code: str,
     block_size: int,
@@ -155,7 +151,7 @@ def adamw_param(
         _parts(v_scales, numel, block_size, scales=True),
         strict=True,
     ):
-        adamw_blocks(*part, tables, hyper, code)
+        adamw_blocks(*part, hyper, code)
     if work is not param:
         param.copy_(work)
 
@@ -202,6 +198,10 @@ def sgd_param(
 
 
 _STATIC = frozenset({adamw_param, lion_param, sgd_param})  # compiled with dynamic=False
+# Inductor stores an intermediate read by several loops once it takes more than 30 operations; the dynamic
+# code's decoded v is read by the scale's reduction and the update, and storing it (4 bytes written and read back
+# per element) cost more than computing it twice: 22.5M parameters, 2 threads, 106 -> 91 ms (sqrt code: 61 ms).
+_INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1000}
 _COMPILED: dict[Callable[..., None], Callable[..., None]] = {}
 _FAILED: set[Callable[..., None]] = set()
 
@@ -228,7 +228,9 @@ def run_kernel(kernel: Callable[..., None], compile_: bool, *args: Any) -> None:
         return
     compiled = _COMPILED.get(kernel)
     if compiled is None:
-        compiled = _COMPILED[kernel] = torch.compile(kernel, dynamic=kernel not in _STATIC, fullgraph=True)
+        compiled = _COMPILED[kernel] = torch.compile(
+            kernel, dynamic=kernel not in _STATIC, fullgraph=True, options=_INDUCTOR_OPTIONS
+        )
     try:
         compiled(*args)
     except Exception as exc:  # a missing C++ compiler, an unsupported platform: keep training, eagerly

@@ -28,11 +28,7 @@ from typing import Any
 import torch
 
 from deploy_opt.train import foreach, kernels
-from deploy_opt.train.blockwise import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_SECOND_MOMENT_CODE,
-    dynamic_tables,
-)
+from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
 from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer
 from deploy_opt.train.state_io import MOMENTS, check_range, optimizer_state_bytes, state_config
 from dopt_common.errors import ConfigError
@@ -83,7 +79,7 @@ class Int8AdamW(BlockwiseOptimizer):
     def _kernel_operands(
         self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        moments = (*self._blocks(state, "exp_avg"), *self._blocks(state, "exp_avg_sq"), dynamic_tables(param.device))
+        moments = (*self._blocks(state, "exp_avg"), *self._blocks(state, "exp_avg_sq"))
         return moments, (self.config.second_moment_code,)
 
     def _update(
