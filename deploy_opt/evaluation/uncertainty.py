@@ -63,6 +63,28 @@ def drop_interval(
     return Interval(float(diff.mean()), low, high)
 
 
+def perplexity_increase_interval(
+    original: Sequence[Sequence[float]],
+    quantized: Sequence[Sequence[float]],
+    seed: int = 0,
+    rounds: int = BOOTSTRAP_ROUNDS,
+) -> Interval:
+    """The relative perplexity increase, quantized over original, with a paired bootstrap 95% interval over the
+    evaluation windows: each window is ``(summed NLL, scored tokens)``, the same windows in both lists, and a
+    resample scores both models on the same windows (what a window's text does to both cancels)."""
+    a, b = np.asarray(original, dtype=np.float64), np.asarray(quantized, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape or a.shape[1] != 2 or a.shape[0] == 0:
+        raise ValueError(f"per-window scores differ in shape ({a.shape} vs {b.shape}) or are empty")
+    if not np.array_equal(a[:, 1], b[:, 1]):
+        raise ValueError("the two models were scored on different windows (token counts differ)")
+    picks = np.random.default_rng(seed).integers(0, a.shape[0], size=(rounds, a.shape[0]))
+    tokens = a[:, 1][picks].sum(axis=1)
+    gaps = (b[:, 0][picks].sum(axis=1) - a[:, 0][picks].sum(axis=1)) / tokens
+    low, high = _percentiles(np.expm1(gaps))
+    value = math.expm1((b[:, 0].sum() - a[:, 0].sum()) / a[:, 1].sum())
+    return Interval(float(value), low, high)
+
+
 def standard_error(drops: np.ndarray) -> float:
     """The standard error of a mean drop from its per-sample values (0 for fewer than two samples)."""
     return float(np.std(drops, ddof=1) / np.sqrt(drops.size)) if drops.size > 1 else 0.0

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from deploy_opt.evaluation.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH
+from deploy_opt.evaluation.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH, perplexity_increase_interval
 from deploy_opt.report.llm_report import LLMReport
 from deploy_opt.report.record import BUILD_FORMAT
 from dopt_common.errors import ConfigError, NumericsError, ReportError
@@ -122,10 +123,34 @@ def parse_increase(value: str | float) -> float:
         raise ReportError(str(exc)) from None
 
 
+def ppl_interval_gate(original: Mapping[str, Any], quantized: Mapping[str, Any], limit: float) -> Criterion:
+    """The perplexity increase judged by its 95% interval over the evaluation windows (``window_nll``: per window,
+    summed NLL and scored tokens): pass only when the interval's upper end is within ``limit``, so that what one
+    calibration seed or one window moves cannot flip the verdict. A report without per-window scores (written
+    before them, or by hand) is judged on the point value, and says so."""
+    criterion = ppl_gate(float(original["ppl"]), float(quantized["ppl"]), limit)
+    windows_a, windows_b = original.get("window_nll"), quantized.get("window_nll")
+    if not windows_a or not windows_b or len(windows_a) != len(windows_b) or len(windows_a) < 2:
+        return dataclasses.replace(criterion, text=f"{criterion.text} (point value: no per-window scores)")
+    try:
+        interval = perplexity_increase_interval(windows_a, windows_b)
+    except ValueError as exc:
+        raise ReportError(f"report perplexity windows do not pair ({exc}); re-run quantize-llm") from None
+    measured = (
+        f"perplexity {float(original['ppl']):.2f} → {float(quantized['ppl']):.2f} ({interval.value:+.1%}, 95% CI "
+        f"{interval.low:+.1%} to {interval.high:+.1%} over {len(windows_a)} windows)"
+    )
+    if interval.high <= limit:
+        return dataclasses.replace(criterion, passed=True, text=f"{measured}: within +{limit * 100:g}%")
+    why = "above" if interval.low > limit else "not shown within"
+    text = f"{measured}: {why} +{limit * 100:g}% (the interval's upper end decides; more windows narrow it)"
+    return dataclasses.replace(criterion, passed=False, text=text)
+
+
 def apply_ppl_gate(report: LLMReport, max_increase: str | float) -> GateResult:
-    """Judge a quantize_report.json: the held-out perplexity increase, original → quantized."""
-    before = report.perplexity.before
-    criteria = [ppl_gate(before, report.perplexity.after, parse_increase(max_increase))]
+    """Judge a quantize_report.json: the held-out perplexity increase, original → quantized, by its interval."""
+    limit = parse_increase(max_increase)
+    criteria = [ppl_interval_gate(report.perplexity.original, report.perplexity.quantized, limit)]
     stability = report.stability or {}
     if report.stable is not None:
         flagged = int(stability.get("flagged", 0))
@@ -136,8 +161,7 @@ def apply_ppl_gate(report: LLMReport, max_increase: str | float) -> GateResult:
         criteria.append(Criterion("stability", flagged, 0, report.stable, text))
     kv = report.kv_cache or {}
     if kv:
-        limit = parse_increase(max_increase)
-        criterion = ppl_gate(before, float(kv["perplexity"]["ppl"]), limit)
+        criterion = ppl_interval_gate(report.perplexity.original, kv["perplexity"], limit)
         criteria.append(
             dataclasses.replace(
                 criterion, name="perplexity_kv_cache", text=f"{criterion.text} with the {kv['kv_cache']} KV cache"
