@@ -154,3 +154,30 @@ def test_gemma3_perplexity_with_bos_matches_transformers() -> None:
     assert placed["bos"] is True and placed["windows"] == 2
     assert placed["ppl"] == pytest.approx(reference, rel=0.02)
     assert without["ppl"] > 1.2 * placed["ppl"]
+
+
+@pytest.mark.parametrize("adds_bos", [False, True])
+def test_a_written_gguf_says_whether_to_add_bos_and_reads_back_so(tmp_path: Path, tokenizers, adds_bos) -> None:
+    """llama.cpp places BOS only where ``tokenizer.ggml.add_bos_token`` says so; transformers' reader follows it."""
+    gguf = pytest.importorskip("gguf")
+    from deploy_opt.llm.hf_gguf import write_hf_gguf
+    from dopt_common.hf_tokenizer import load_auto_tokenizer
+
+    tokenizer = tokenizers[adds_bos]
+    torch.manual_seed(0)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    path = write_hf_gguf(LlamaForCausalLM(config).eval(), tokenizer, tmp_path / "tiny.gguf")
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.add_bos_token"]
+    assert bool(field.parts[field.data[0]][0]) is adds_bos
+    read_back = load_auto_tokenizer(tmp_path, gguf_file=path.name)
+    assert (bos_token_id(read_back) is not None) is adds_bos
