@@ -23,6 +23,8 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
         f"{ppl.before:.3f} → {ppl.after:.3f} ({ppl.increase:+.1%}), stability {_stability_word(report.stable)}"
     )
     print(f"  scheme: {(report.scheme or {}).get('reason', '')}")
+    if ppl.original.get("protocol"):
+        print(f"  perplexity protocol: {ppl.original['protocol']}")
     for line in result.gate.lines():
         print(f"  {line}")
     serve = report.serve or {}

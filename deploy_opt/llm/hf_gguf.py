@@ -97,6 +97,8 @@ def _write_tokenizer(writer: Any, tokenizer: Any) -> None:
             "--format gguf from a Hugging Face folder writes byte-level BPE tokenizers (tokenizer.json, as Llama 3, "
             "Qwen2 and SmolLM use); this one is not; fix: start from a .gguf"
         )
+    from deploy_opt.llm.text_data import bos_token_id
+
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -113,5 +115,7 @@ def _write_tokenizer(writer: Any, tokenizer: Any) -> None:
     ):
         if token_id is not None:
             setter(int(token_id))
+    # llama.cpp places BOS (prompts, perplexity, imatrix) only where this says so; a gpt2 vocabulary defaults to no
+    writer.add_add_bos_token(bos_token_id(tokenizer) is not None)
     if getattr(tokenizer, "chat_template", None):
         writer.add_chat_template(tokenizer.chat_template)

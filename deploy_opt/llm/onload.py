@@ -229,7 +229,7 @@ def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: A
 
     plan = plan_windows(tokenizer, docs, window)
     device = model.get_input_embeddings().weight.device
-    chunks = [torch.tensor([plan.ids[begin:end]], dtype=torch.long, device=device) for begin, end, _ in plan.spans]
+    chunks = [torch.tensor([plan.window(n)], dtype=torch.long, device=device) for n in range(len(plan.spans))]
     inputs = catch_layer_inputs(model, chunks)
     for index in range(len(decoder_layers(model))):
         layer = source.load(index)

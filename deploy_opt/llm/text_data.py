@@ -77,8 +77,8 @@ class TextDoc:
 class TextSelection:
     """Token windows chosen for calibration, with the stratum counts, domain shares, a hash and warnings.
 
-    ``sample_hash`` is the sha256 of the chosen windows' token ids in order: it changes with the text, the
-    tokenizer, the seed or the count, so two reports with the same hash calibrated on the same tokens.
+    ``sample_hash`` is the sha256 of the chosen windows' token ids in order (BOS included): it changes with the
+    text, the tokenizer, the seed or the count, so two reports with the same hash calibrated on the same tokens.
     """
 
     input_ids: tuple[tuple[int, ...], ...]
@@ -89,6 +89,7 @@ class TextSelection:
     sample_hash: str
     max_seq_len: int
     warnings: tuple[str, ...] = field(default=())
+    bos_token_id: int | None = None  # each window starts with it (llama.cpp's placement); None: no BOS
 
     def tensors(self) -> list[Any]:
         """One ``(1, length)`` int64 tensor per sample, the form ``model(input_ids)`` takes."""
@@ -104,6 +105,7 @@ class TextSelection:
             "tokens": sum(lengths),
             "longest": max(lengths, default=0),
             "max_seq_len": self.max_seq_len,
+            "bos": self.bos_token_id is not None,
             "counts": dict(self.counts),
             "available": dict(self.available),
             "domain_share": dict(self.domain_share),
@@ -234,8 +236,27 @@ def pydoc_texts(part: Literal["calibration", "evaluation", "prompts"]) -> list[T
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    # No special tokens: windows are cut anywhere in a document, so a BOS would land mid-text.
+    # No special tokens: windows are cut anywhere in a document, so a BOS would land mid-text (``with_bos`` places it).
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def bos_token_id(tokenizer: Any) -> int | None:
+    """The BOS id the tokenizer puts first when it adds special tokens (Gemma, Llama 2), or None (SmolLM2, Qwen2).
+
+    The tokenizer is asked, not its ``add_bos_token`` attribute: transformers 5 reads that False on Gemma 3's
+    tokenizer, which adds BOS. A tokenizer read from a GGUF follows ``tokenizer.ggml.add_bos_token``."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    special = list(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"])
+    plain = list(tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"])
+    return int(bos) if special[:1] == [bos] and plain[:1] != [bos] else None
+
+
+def with_bos(piece: Sequence[int], bos: int | None) -> list[int]:
+    """A window as llama.cpp's perplexity and imatrix tools feed it: its first token replaced by BOS (same length,
+    so the tokens scored are unchanged); unchanged when the tokenizer adds no BOS (``bos`` None)."""
+    return list(piece) if bos is None or not piece else [bos, *piece[1:]]
 
 
 def _bucket_edges(max_seq_len: int) -> tuple[int, ...]:
@@ -310,7 +331,8 @@ def stratified_text_samples(
     """Cut docs into ≤ max_seq_len-token windows and choose ``count`` of them over domain × length strata.
 
     ``windows``: "documents" cuts each document on its own (its last window is short); "packed" joins each
-    domain's documents and cuts full windows (``_packed_windows``).
+    domain's documents and cuts full windows (``_packed_windows``). Each window starts with BOS where the
+    tokenizer adds one (``with_bos``), as the model sees text at inference.
     """
     _check_counts(count, max_seq_len, min_tokens)
     messages: list[str] = []
@@ -320,7 +342,8 @@ def stratified_text_samples(
             f"{RECOMMENDED_SAMPLES[1]}; GPTQ/AWQ error estimates get noisy with fewer"
         )
     cut = _packed_windows if windows == "packed" else _windows
-    pieces = cut(docs, tokenizer, max_seq_len, min_tokens)
+    bos = bos_token_id(tokenizer)
+    pieces = [(doc, start, with_bos(piece, bos)) for doc, start, piece in cut(docs, tokenizer, max_seq_len, min_tokens)]
     if not pieces:
         raise InputError(
             f"no document has {min_tokens} tokens or more ({len(docs)} documents); fix: give longer texts "
@@ -369,4 +392,5 @@ def stratified_text_samples(
         sample_hash=digest.hexdigest(),
         max_seq_len=max_seq_len,
         warnings=tuple(inherited + messages),
+        bos_token_id=bos,
     )

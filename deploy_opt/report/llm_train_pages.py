@@ -51,7 +51,13 @@ def write_llm_page(folder: Path) -> Path:
             ),
             html_parts.section(
                 "Held-out perplexity",
-                charts.bar_chart("perplexity (lower is better)", groups, {"perplexity": values}, ""),
+                charts.bar_chart("perplexity (lower is better)", groups, {"perplexity": values}, "")
+                + html_parts.key_values(
+                    [
+                        ("protocol", (ppl.get("original") or {}).get("protocol")),
+                        ("calibration windows start with BOS", (report.get("calibration") or {}).get("bos")),
+                    ]
+                ),
             ),
             html_parts.section("KV cache", _kv(kv)),
             html_parts.section(
