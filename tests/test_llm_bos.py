@@ -122,6 +122,10 @@ def test_perplexity_matches_transformers_loss_and_states_its_protocol(tokenizers
     assert (placed["windows"], placed["max_seq_len"], placed["stride"], placed["overlap"]) == (4, 64, 64, 0)
     assert "4 windows of <= 64 tokens every 64 (overlap 0)" in placed["protocol"]
     assert "replaced by BOS" in placed["protocol"] and "no BOS" in without["protocol"]
+    # each window's (summed NLL, tokens), which the gate's interval resamples, adds up to the record
+    per_window = placed["window_nll"]
+    assert len(per_window) == 4 and sum(count for _, count in per_window) == placed["tokens"]
+    assert sum(total for total, _ in per_window) / placed["tokens"] == pytest.approx(placed["nll"], rel=1e-12)
 
 
 def test_report_page_states_the_protocol(tmp_path: Path) -> None:

@@ -164,10 +164,14 @@ def perplexity_protocol(plan: WindowPlan, window: PerplexityWindow) -> str:
     )
 
 
-def perplexity_record(plan: WindowPlan, window: PerplexityWindow, nll_sum: float, scored: int) -> dict[str, Any]:
-    """The report's perplexity entry, with the protocol it was measured under."""
+def perplexity_record(
+    plan: WindowPlan, window: PerplexityWindow, nll_sum: float, scored: int, per_window: Sequence[Any] = ()
+) -> dict[str, Any]:
+    """The report's perplexity entry, with the protocol it was measured under. ``per_window``: each window's
+    (summed NLL, scored tokens), kept as ``window_nll`` for the gate's interval (``report/gate.py``)."""
     nll = nll_sum / scored
     return {
+        "window_nll": [[float(total), int(count)] for total, count in per_window],
         "ppl": math.exp(nll),
         "nll": nll,
         "tokens": scored,
@@ -194,7 +198,7 @@ def perplexity(
     from deploy_opt.llm.kv_cache import simulated_kv_cache
 
     plan = plan_windows(tokenizer, docs_or_text, window)
-    nll_sum, scored = 0.0, 0
+    nll_sum, scored, per_window = 0.0, 0, []
     device = model.get_input_embeddings().weight.device
     with torch.no_grad(), simulated_kv_cache(window.kv_bits):
         for number, span in enumerate(_progress(plan.spans, window.progress, "perplexity")):
@@ -202,7 +206,8 @@ def perplexity(
             logits = model(input_ids=chunk, use_cache=window.kv_bits is not None).logits
             nll, count = window_nll(logits, chunk, span, number)
             nll_sum, scored = nll_sum + nll, scored + count
-    return perplexity_record(plan, window, nll_sum, scored)
+            per_window.append((nll, count))
+    return perplexity_record(plan, window, nll_sum, scored, per_window)
 
 
 def _generation_config(model: Any, tokenizer: Any, max_new_tokens: int, sampled: bool) -> Any:

@@ -238,11 +238,12 @@ def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: A
     norm, head = getattr(model.model, "norm", None), model.get_output_embeddings()
     if norm is None or head is None:
         raise ModelError(f"{type(model).__name__} has no model.norm and lm_head; streamed perplexity needs both")
-    nll_sum, scored = 0.0, 0
+    nll_sum, scored, per_window = 0.0, 0, []
     for number, ((hidden, _), chunk, span) in enumerate(zip(inputs, chunks, plan.spans, strict=True)):
         nll, count = window_nll(head(norm(hidden)), chunk, span, number)
         nll_sum, scored = nll_sum + nll, scored + count
-    return perplexity_record(plan, window, nll_sum, scored)
+        per_window.append((nll, count))
+    return perplexity_record(plan, window, nll_sum, scored, per_window)
 
 
 def quantize_streamed(
