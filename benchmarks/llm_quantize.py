@@ -88,11 +88,14 @@ def decide_docs() -> list:
 
 
 def scored_hash(tokenizer, docs: list, window) -> str:
-    """sha256 of the token ids a split scores: two rows compare only when their hashes match."""
+    """sha256 of the token windows a split scores, as the model reads them (BOS written over each window's first
+    token where the tokenizer adds one): two rows compare only when their hashes match. Without BOS the hash is
+    the one rows measured before BOS had."""
     from deploy_opt.llm.checks import plan_windows
 
     plan = plan_windows(tokenizer, docs, window)
-    return hashlib.sha256(json.dumps(list(plan.ids)).encode()).hexdigest()[:16]
+    scored = list(plan.ids) if plan.bos_token_id is None else [plan.window(n) for n in range(len(plan.spans))]
+    return hashlib.sha256(json.dumps(scored).encode()).hexdigest()[:16]
 
 
 def calibration_docs(name: str) -> list:
