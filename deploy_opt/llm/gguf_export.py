@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,15 @@ import numpy as np
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
+from deploy_opt.llm.architectures import by_gguf_arch, norm_offset
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 GGUF_GROUP = 32
-PERMUTED_ARCHS = ("llama",)  # llama.cpp permutes q/k rows for these (convert_hf_to_gguf.py LlamaModel)
 GGUF_NAME = "model.gguf"
+MAX_PPL_GAP = 0.01  # the file, as a user's reader loads it, against the in-process model: relative perplexity
+READ_BACK_WINDOWS = 4  # evaluation windows the file is scored on
 
 
 def gguf_type(weight: QuantizedWeight) -> str:
@@ -140,7 +143,8 @@ def changed_floats(
     model: torch.nn.Module, source: Path, quantized: set[str], arch: str, heads: tuple[int, int]
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The model's other tensors that differ from the source GGUF's (AWQ folds its scales into the norms), as F32
-    arrays in GGUF row order by GGUF name; and every other mapped tensor's name, for the read-back check."""
+    arrays in GGUF row order and convention (Gemma's norms as ``1 + w``) by GGUF name; and every other mapped
+    tensor's name, for the read-back check. The source is compared as transformers reads it (``1 + w`` less 1)."""
     import gguf
 
     from exporters.gguf import permute_qk, read_gguf
@@ -160,8 +164,11 @@ def changed_floats(
         n_head = _qk_heads(mapped, arch, heads)
         if n_head is not None:
             values = permute_qk(values, n_head)
-        if not np.array_equal(stored[mapped].reshape(values.shape), values):
-            changed[mapped] = values
+        offset, source = np.float32(norm_offset(arch, name)), stored[mapped].reshape(values.shape)
+        # unchanged: the source as transformers reads it (a GGUF source), or the model as llama.cpp stores it (one
+        # written from a folder); ``w`` and ``1 + w`` do not round-trip in float32 both ways
+        if not (np.array_equal(source - offset, values) or np.array_equal(source, values + offset)):
+            changed[mapped] = values + offset
     if changed:
         log.info(
             "%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32", len(changed)
@@ -185,8 +192,8 @@ def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
 def read_back(
     model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dict[str, str], arch: str, heads: tuple[int, int]
 ) -> dict[str, Any]:
-    """Compare every tensor of the file (dequantized by the gguf package) with the model's weight, then put the
-    file's values into the model, so the checks that follow measure the file."""
+    """Compare every tensor of the file (dequantized by the gguf package, less llama.cpp's norm offset) with the
+    model's weight, then put the file's values into the model, so the checks that follow measure the file."""
     from exporters.gguf import unpermute_qk
 
     worst, inexact = 0.0, []
