@@ -1,7 +1,8 @@
-"""AWQ on one Llama-family decoder layer: search each group's scales, fold them into the producer, clip, quantize.
+"""AWQ on one decoder layer: search each group's scales, fold them into the producer, clip, quantize.
 
-The scaling groups are AutoAWQ's: a norm or Linear whose output feeds a set of Linears takes 1/s, the Linears take
-s on their input columns, so the layer's float function is unchanged before rounding (``calibrators/groupwise/awq.py``).
+The scaling groups are AutoAWQ's, per family in ``architectures.py``: a norm or Linear whose output feeds a set of
+Linears takes 1/s, the Linears take s on their input columns, so the layer's float function is unchanged before
+rounding (``calibrators/groupwise/awq.py``). A ``1 + w`` norm (Gemma) takes ``w' = (1 + w) / s - 1``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,10 @@ import torch
 from calibrators.groupwise.awq import apply_clip, awq_quantize, search_awq_clip, search_awq_scale
 from calibrators.groupwise.gptq import HessianAccumulator, gptq_quantize, group_qparams
 from calibrators.groupwise.rtn import QuantizedWeight
+from deploy_opt.llm.architectures import LLAMA_GROUPS, NORM, ScaleGroup, by_layer
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
-# AWQ's scaling groups in a Llama-family layer: (producer to fold 1/s into, its kind, the Linears reading it).
-AWQ_GROUPS = (
-    ("input_layernorm", "norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    ("self_attn.v_proj", "linear", ("self_attn.o_proj",)),
-    ("post_attention_layernorm", "norm", ("mlp.gate_proj", "mlp.up_proj")),
-    ("mlp.up_proj", "linear", ("mlp.down_proj",)),
-)
 AWQ_NO_CLIP = ("q_proj", "k_proj")  # AutoAWQ skips the clip search where attention scores amplify errors
 
 
@@ -47,21 +42,14 @@ def quantize_awq_layer(
     modules = dict(layer.named_modules())
     hessians = {local: stats[leader[local]].hessian() for local in names}
     means = {local: stats[leader[local]].mean_abs() for local in names}
-    for producer, kind, consumers in AWQ_GROUPS:
-        if producer not in modules or not all(c in modules for c in consumers):
-            raise ConfigError(
-                f"awq needs Llama-style layers ({producer} feeding {', '.join(consumers)}); "
-                f"{type(layer).__name__} differs; fix: use method gptq or rtn"
-            )
-        quantized = [c for c in consumers if c in names]
+    groups, form = awq_groups(layer)
+    for group in groups:
+        quantized = [c for c in group.consumers if c in names]
         if not quantized:
             continue
-        source = modules[producer]
-        width = modules[consumers[0]].in_features
-        if kind == "linear" and source.out_features != width:
+        source = modules[group.producer]
+        if group.kind != NORM and source.out_features != modules[group.consumers[0]].in_features:
             continue  # grouped-query attention: v_proj's rows do not line up with o_proj's columns
-        if kind == "norm" and "Gemma" in type(source).__name__:
-            raise ConfigError("awq cannot fold scales into Gemma's (1 + weight) RMSNorm; fix: use method gptq")
         found = search_awq_scale(
             [modules[c].weight for c in quantized],
             hessians[quantized[0]],
@@ -70,17 +58,13 @@ def quantize_awq_layer(
             group_size=group_size,
             sym=sym,
         )
-        s = found.scales
-        source.weight.div_(s if kind == "norm" else s[:, None])
-        if getattr(source, "bias", None) is not None:
-            source.bias.div_(s)
-        for consumer in consumers:
-            modules[consumer].weight.mul_(s[None, :])
+        fold_scales(layer, group, found.scales, form)
+        for consumer in group.consumers:
             if consumer in hessians:
-                hessians[consumer] = hessians[consumer] / s[:, None] / s[None, :]
+                hessians[consumer] = hessians[consumer] / found.scales[:, None] / found.scales[None, :]
         log.debug(
             "awq %s: ratio %.2f duo %s loss %.4g (rtn %.4g)",
-            producer,
+            group.producer,
             found.ratio,
             found.duo,
             found.loss,
@@ -102,6 +86,41 @@ def quantize_awq_layer(
             codes = awq_quantize(weight, bits, group_size, sym)
         results[local] = (reference, codes, hessians[local], time.perf_counter() - start)
     return results
+
+
+def awq_groups(layer: torch.nn.Module) -> tuple[tuple[ScaleGroup, ...], str]:
+    """(AWQ's scaling groups, the norm form) of this decoder layer: its family's in the architecture table, or
+    Llama's for a layer class the table lacks; a ConfigError where the layer lacks a group's modules."""
+    name = type(layer).__name__
+    arch = by_layer(name)
+    if arch is None and "Gemma" in name:
+        raise ConfigError(f"awq does not know {name}'s norm groups (a Gemma norm is 1 + w); fix: use method gptq")
+    groups, form = (LLAMA_GROUPS, "w") if arch is None else (arch.awq_groups, arch.norm_form)
+    if not groups:
+        raise ConfigError(f"awq has no scaling groups for {name} ({arch.family}); fix: use method gptq or rtn")
+    modules = dict(layer.named_modules())
+    for group in groups:
+        if group.producer not in modules or not all(c in modules for c in group.consumers):
+            raise ConfigError(
+                f"awq needs {group.producer} feeding {', '.join(group.consumers)} in {name}, which differs; "
+                "fix: use method gptq or rtn"
+            )
+    return groups, form
+
+
+def fold_scales(layer: torch.nn.Module, group: ScaleGroup, s: torch.Tensor, form: str = "w") -> None:
+    """Divide the producer's output channels by ``s`` and multiply the consumers' input columns by it, so the
+    layer computes the same function (up to float rounding); ``form`` "1 + w" is a Gemma norm."""
+    modules = dict(layer.named_modules())
+    source = modules[group.producer]
+    if group.kind == NORM and form == "1 + w":
+        source.weight.copy_((1 + source.weight) / s - 1)
+    else:
+        source.weight.div_(s if group.kind == NORM else s[:, None])
+    if getattr(source, "bias", None) is not None:
+        source.bias.div_(s)
+    for consumer in group.consumers:
+        modules[consumer].weight.mul_(s[None, :])
 
 
 def round_in_ranges(

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,15 @@ import numpy as np
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
+from deploy_opt.llm.architectures import by_gguf_arch, norm_offset
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 GGUF_GROUP = 32
-PERMUTED_ARCHS = ("llama",)  # llama.cpp permutes q/k rows for these (convert_hf_to_gguf.py LlamaModel)
 GGUF_NAME = "model.gguf"
+MAX_PPL_GAP = 0.01  # the file, as a user's reader loads it, against the in-process model: relative perplexity
+READ_BACK_WINDOWS = 4  # evaluation windows the file is scored on
 
 
 def gguf_type(weight: QuantizedWeight) -> str:
@@ -140,7 +143,8 @@ def changed_floats(
     model: torch.nn.Module, source: Path, quantized: set[str], arch: str, heads: tuple[int, int]
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The model's other tensors that differ from the source GGUF's (AWQ folds its scales into the norms), as F32
-    arrays in GGUF row order by GGUF name; and every other mapped tensor's name, for the read-back check."""
+    arrays in GGUF row order and convention (Gemma's norms as ``1 + w``) by GGUF name; and every other mapped
+    tensor's name, for the read-back check. The source is compared as transformers reads it (``1 + w`` less 1)."""
     import gguf
 
     from exporters.gguf import permute_qk, read_gguf
@@ -160,8 +164,11 @@ def changed_floats(
         n_head = _qk_heads(mapped, arch, heads)
         if n_head is not None:
             values = permute_qk(values, n_head)
-        if not np.array_equal(stored[mapped].reshape(values.shape), values):
-            changed[mapped] = values
+        offset, source = np.float32(norm_offset(arch, name)), stored[mapped].reshape(values.shape)
+        # unchanged: the source as transformers reads it (a GGUF source), or the model as llama.cpp stores it (one
+        # written from a folder); ``w`` and ``1 + w`` do not round-trip in float32 both ways
+        if not (np.array_equal(source - offset, values) or np.array_equal(source, values + offset)):
+            changed[mapped] = values + offset
     if changed:
         log.info(
             "%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32", len(changed)
@@ -171,7 +178,8 @@ def changed_floats(
 
 def _qk_heads(gguf_name: str, arch: str, heads: tuple[int, int]) -> int | None:
     """The head count llama.cpp permutes this tensor's rows by (q: heads, k: kv heads), or None for the rest."""
-    if arch not in PERMUTED_ARCHS or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+    entry = by_gguf_arch(arch)
+    if entry is None or not entry.permute_qk or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
         return None
     return heads[0] if "attn_q" in gguf_name else heads[1]
 
@@ -185,8 +193,8 @@ def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
 def read_back(
     model: torch.nn.Module, tensors: dict[str, np.ndarray], names: dict[str, str], arch: str, heads: tuple[int, int]
 ) -> dict[str, Any]:
-    """Compare every tensor of the file (dequantized by the gguf package) with the model's weight, then put the
-    file's values into the model, so the checks that follow measure the file."""
+    """Compare every tensor of the file (dequantized by the gguf package, less llama.cpp's norm offset) with the
+    model's weight, then put the file's values into the model, so the checks that follow measure the file."""
     from exporters.gguf import unpermute_qk
 
     worst, inexact = 0.0, []
@@ -197,7 +205,8 @@ def read_back(
         n_head = _qk_heads(gguf_name, arch, heads)
         if n_head is not None:
             values = unpermute_qk(values, n_head)
-        read = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the reader's arrays are read-only
+        values = np.array(values, dtype=np.float32) - np.float32(norm_offset(arch, hf_name))  # a writable copy
+        read = torch.from_numpy(values)
         diff = float((read - param.detach().float().cpu()).abs().max())
         worst = max(worst, diff)
         if diff:
@@ -210,6 +219,80 @@ def read_back(
         "inexact": inexact[:10],
         "reader": "gguf.quants.dequantize",
     }
+
+
+def read_back_meaning(model: Any, tokenizer: Any, path: Path, docs: Any, window: Any) -> dict[str, Any]:
+    """Load the written file the way a user would (transformers' GGUF loader), score the last few evaluation
+    windows with it and with the in-process model, and judge the gap (over ``MAX_PPL_GAP`` fails). The record
+    names the tensors that differ the most between the file as loaded and the in-process model."""
+    import dataclasses
+
+    from deploy_opt.llm.checks import perplexity
+    from deploy_opt.llm.gguf_model import load_gguf_model
+
+    budget = READ_BACK_WINDOWS * window.max_seq_len
+    few = dataclasses.replace(window, max_tokens=min(window.max_tokens or budget, budget), kv_bits=None)
+    loaded, reader = load_gguf_model(path)
+    loaded.to(model.get_input_embeddings().weight.device)
+    file_ppl, live = _scored(loaded, tokenizer, docs, few), perplexity(model, tokenizer, docs, few)
+    live_ppl = float(live["ppl"])
+    worst = differing_tensors(loaded, model)
+    del loaded
+    finite = math.isfinite(file_ppl)  # JSON has no inf: a file whose logits are not finite records None
+    gap = abs(file_ppl / live_ppl - 1) if finite else math.inf
+    record = {
+        "reader": reader,
+        "windows": live["windows"],
+        "tokens": live["tokens"],
+        "max_seq_len": few.max_seq_len,
+        "ppl_file": file_ppl if finite else None,
+        "ppl_in_process": live_ppl,
+        "gap": gap if finite else None,
+        "max_gap": MAX_PPL_GAP,
+        "passed": gap <= MAX_PPL_GAP,
+        "differing_tensors": worst,
+    }
+    names = ", ".join(f"{t['name']} (max |diff| {t['max_abs_diff']:.3g})" for t in worst) or "none"
+    if record["passed"]:
+        log.info("%s reads %s back with perplexity %.4g (in process %.4g)", reader, path.name, file_ppl, live_ppl)
+    else:
+        log.error(
+            "%s reads %s back with perplexity %.4g, the in-process model scores %.4g (gap %.2g > %.0f%%); the "
+            "tensors that differ the most: %s",
+            reader,
+            path.name,
+            file_ppl,
+            live_ppl,
+            gap,
+            100 * MAX_PPL_GAP,
+            names,
+        )
+    return record
+
+
+def _scored(model: Any, tokenizer: Any, docs: Any, window: Any) -> float:
+    """Perplexity, or inf where the logits are not finite (a broken file must be judged, not crash the run)."""
+    from deploy_opt.llm.checks import perplexity
+    from dopt_common.errors import NumericsError
+
+    try:
+        return float(perplexity(model, tokenizer, docs, window)["ppl"])
+    except NumericsError:
+        return math.inf
+
+
+def differing_tensors(loaded: torch.nn.Module, model: torch.nn.Module, top: int = 5) -> list[dict[str, Any]]:
+    """The ``top`` tensors of ``loaded`` that differ the most from ``model``'s (relative to their largest value)."""
+    reference = model.state_dict()
+    found = []
+    for name, tensor in loaded.state_dict().items():
+        if name not in reference or reference[name].shape != tensor.shape:
+            continue
+        ours = reference[name].detach().float().cpu()
+        diff = float((tensor.detach().float().cpu() - ours).abs().max())
+        if diff > 0:
+            found.append({"name": name, "max_abs_diff": diff, "relative": diff / max(float(ours.abs().max()), 1e-12)})
+    return sorted(found, key=lambda t: -t["relative"])[:top]
 
 
 def llama_cpp_check(path: Path, prompt: str = "The capital of France is") -> dict[str, Any]:

@@ -58,22 +58,29 @@ def _marker_digest(folder: Path) -> str | None:
     return data.get("gguf_sha256")
 
 
-def _convert(gguf_path: Path, target: Path) -> None:
-    """Dequantize ``gguf_path`` into a float32 model and save it with its tokenizer into ``target``."""
+def load_gguf_model(gguf_path: Path) -> tuple[Any, str]:
+    """(float32 model in eval mode, which reader) from a GGUF as transformers reads it: its GGUF loader, through
+    ``from_pretrained(gguf_file=...)`` where accelerate is installed (the user's way), else through the same
+    tensor reader (``load_gguf_checkpoint``, which undoes llama.cpp's norm offsets and q/k row order)."""
     require("gguf", purpose="reading a GGUF model", extra="llm")
     transformers = require("transformers", purpose="reading a GGUF model", extra="llm")
     import torch
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, name = gguf_path.parent, gguf_path.name
     try:
+        if importlib.util.find_spec("accelerate") is not None:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32, local_files_only=True
+            )
+            return model.eval(), "transformers from_pretrained(gguf_file=...)"
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
         config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-        tokenizer = load_auto_tokenizer(folder, f"GGUF '{name}'", gguf_file=name)
     except (ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as exc:
         raise ModelError(
-            f"cannot convert GGUF '{gguf_path}' with transformers {transformers.__version__}: {exc}; fix: use a "
+            f"cannot read GGUF '{gguf_path}' with transformers {transformers.__version__}: {exc}; fix: use a "
             "GGUF of an architecture transformers supports (llama, mistral, qwen2, ...) or a Hugging Face folder"
         ) from exc
     result = model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=False)
@@ -84,7 +91,14 @@ def _convert(gguf_path: Path, target: Path) -> None:
             f"GGUF '{gguf_path}' does not fill the {type(model).__name__} it describes: missing {missing[:5]}, "
             f"unexpected {sorted(result.unexpected_keys)[:5]}; fix: convert it with llama.cpp's tools instead"
         )
-    model.eval().save_pretrained(target)
+    return model.eval(), "transformers load_gguf_checkpoint (accelerate is not installed)"
+
+
+def _convert(gguf_path: Path, target: Path) -> None:
+    """Dequantize ``gguf_path`` into a float32 model and save it with its tokenizer into ``target``."""
+    model, _ = load_gguf_model(gguf_path)
+    tokenizer = load_auto_tokenizer(gguf_path.parent, f"GGUF '{gguf_path.name}'", gguf_file=gguf_path.name)
+    model.save_pretrained(target)
     tokenizer.save_pretrained(target)
 
 

@@ -4,8 +4,9 @@
 a Hugging Face folder is first written as that source: the architecture's hyper-parameters, the tokenizer (a
 byte-level BPE ``tokenizer.json``: ``tokenizer.ggml.model = gpt2``, its vocabulary, merges, special-token types
 and ids, and the chat template), and every tensor under gguf's own HF → GGUF name map, with a Llama's q/k rows
-in llama.cpp's rotary order. Families: Llama and Mistral (GGUF architecture ``llama``) and Qwen2 (``qwen2``, whose
-q/k/v biases map to ``attn_q.bias`` etc. and whose rows are not permuted).
+in llama.cpp's rotary order. Families: Llama and Mistral (GGUF architecture ``llama``), Qwen2 (``qwen2``, whose
+q/k/v biases map to ``attn_q.bias`` etc. and whose rows are not permuted) and Gemma 3 (``gemma3``: its norms are
+stored as ``1 + w``, llama.cpp's convention; ``architectures.py``).
 """
 
 from __future__ import annotations
@@ -17,28 +18,25 @@ from typing import Any
 
 import numpy as np
 
+from deploy_opt.llm.architectures import by_hf_architecture, norm_offset
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
-ARCHITECTURES = {  # HF architecture -> GGUF architecture
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-}
+WRITTEN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM")  # hparams known here
 CONTROL, NORMAL = 3, 1  # gguf.TokenType
 
 
 def gguf_architecture(model: Any) -> str:
     """The GGUF architecture of an HF causal LM, or a ConfigError naming the families written here."""
     names = list(getattr(model.config, "architectures", None) or [type(model).__name__])
-    for name in names:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-    raise ConfigError(
-        f"--format gguf from a Hugging Face folder writes {', '.join(ARCHITECTURES)}; this model is {names}; fix: "
-        "start from a .gguf, or use the default lmdeploy format"
-    )
+    arch = by_hf_architecture([name for name in names if name in WRITTEN])
+    if arch is None:
+        raise ConfigError(
+            f"--format gguf from a Hugging Face folder writes {', '.join(WRITTEN)}; this model is {names}; fix: "
+            "start from a .gguf, or use the default lmdeploy format"
+        )
+    return arch.gguf_arch
 
 
 def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -> Path:
@@ -50,6 +48,8 @@ def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -
     config = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     _write_hparams(writer, config, name)
+    if arch == "gemma3":
+        _write_gemma3_hparams(writer, config)
     _write_tokenizer(writer, tokenizer)
     by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
     table = gguf.get_tensor_name_map(by_name[arch], config.num_hidden_layers)
@@ -61,7 +61,7 @@ def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -
         gguf_name = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ConfigError(f"--format gguf: no GGUF name for {hf_name} in a {arch} model")
-        values = tensor.detach().float().cpu().numpy()
+        values = tensor.detach().float().cpu().numpy() + np.float32(norm_offset(arch, hf_name))
         if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             values = permute_qk(values, heads if "attn_q" in gguf_name else kv_heads)
         writer.add_tensor(gguf_name, np.ascontiguousarray(values, dtype=np.float32))
@@ -82,6 +82,7 @@ def _write_hparams(writer: Any, config: Any, name: str) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     rope = getattr(config, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: one rotary per layer type; GGUF holds the global one
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -90,9 +91,19 @@ def _write_hparams(writer: Any, config: Any, name: str) -> None:
     writer.add_file_type(0)  # ALL_F32: the quantized tensors are packed in later
 
 
+def _write_gemma3_hparams(writer: Any, config: Any) -> None:
+    """What llama.cpp's Gemma3Model adds: head size and sliding window (transformers reads both back)."""
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        raise ConfigError("--format gguf writes Gemma 3 without logit soft-capping, as llama.cpp's converter does")
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_sliding_window(config.sliding_window)
+
+
 def _write_tokenizer(writer: Any, tokenizer: Any) -> None:
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    if backend.get("model", {}).get("type") != "BPE":
+    byte_level = "ByteLevel" in json.dumps(backend.get("pre_tokenizer")) + json.dumps(backend.get("decoder"))
+    if backend.get("model", {}).get("type") != "BPE" or not byte_level:
         raise ConfigError(
             "--format gguf from a Hugging Face folder writes byte-level BPE tokenizers (tokenizer.json, as Llama 3, "
             "Qwen2 and SmolLM use); this one is not; fix: start from a .gguf"

@@ -154,7 +154,10 @@ def _run(
             kv["increase_vs_original"] = kv["perplexity"]["ppl"] / original["ppl"] - 1
 
     with times.stage("reload"):
-        reload = engine["gguf"]["read_back"] if fmt == "gguf" else _check_reload(model, tokenizer, checkpoint, fmt)
+        if fmt == "gguf":
+            reload = _gguf_read_back(model, tokenizer, engine["gguf"], checkpoint, evaluation_docs, window)
+        else:
+            reload = _check_reload(model, tokenizer, checkpoint, fmt)
     measured = Measured(engine, fmt, original, quantized, stability, kv, reload)
     return write_report(config, name, loaded, measured, times, stage, out_dir)
 
@@ -194,6 +197,18 @@ def _write_gguf(model: Any, result: Any, source: Path, checkpoint: Path, tokeniz
 
     match_gguf_weights(model, dict(result.weights))
     return {**result.as_dict(), "gguf": export_gguf(model, dict(result.weights), source, checkpoint, tokenizer)}
+
+
+def _gguf_read_back(
+    model: Any, tokenizer: Any, record: dict[str, Any], checkpoint: Path, docs: Any, window: Any
+) -> dict[str, Any]:
+    """The bytes' read-back (gguf's dequantizer) and the meaning's: the file loaded as a user loads it, scored on
+    evaluation windows against the in-process model (the gate fails a gap over 1%)."""
+    from deploy_opt.llm.gguf_export import read_back_meaning
+
+    meaning = read_back_meaning(model, tokenizer, checkpoint / record["file"], docs, window)
+    record["read_back"] = {**record["read_back"], "meaning": meaning}
+    return record["read_back"]
 
 
 def _check_reload(model: Any, tokenizer: Any, checkpoint: Path, fmt: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
 from deploy_opt.llm.corpus import MIXED, mixed_texts
 from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
-from deploy_opt.report.gate import GateResult, apply_ppl_gate
+from deploy_opt.report.gate import GateResult, apply_ppl_gate, read_back_criteria
 from deploy_opt.report.llm_report import LLMReport, PerplexityChange
 from deploy_opt.report.record import versions
 from dopt_common.errors import ConfigError, InputError
@@ -98,7 +98,11 @@ def write_report(
         },
     )
     limit = config.gate.max_ppl_increase
-    gate = apply_ppl_gate(typed, limit) if limit is not None else GateResult(True, ())
+    if limit is not None:
+        gate = apply_ppl_gate(typed, limit)
+    else:  # no perplexity limit: the file must still read back as the model measured
+        read_back = read_back_criteria(typed)
+        gate = GateResult(all(c.passed for c in read_back), tuple(read_back))
     typed = dataclasses.replace(typed, gate=gate.to_json())
     write_json(stage / "quantize_report.json", typed.to_json())
     from deploy_opt.report.llm_train_pages import write_llm_page

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -178,7 +179,25 @@ def apply_ppl_gate(report: LLMReport, max_increase: str | float) -> GateResult:
                 f"{judged['generations']} generations flagged that the FP model does not show",
             )
         )
+    criteria += read_back_criteria(report)
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
+
+
+def read_back_criteria(report: LLMReport) -> list[Criterion]:
+    """The written file read back as a user loads it (a GGUF's ``meaning``): its perplexity against the in-process
+    model's, within ``max_gap``. Judged with or without a perplexity limit: a file that is not the model fails."""
+    meaning = ((report.checkpoint or {}).get("reload") or {}).get("meaning")
+    if not meaning:
+        return []
+    gap = meaning["gap"]
+    file_ppl = "non-finite logits" if gap is None else f"{meaning['ppl_file']:.4g} (gap {gap:.2%})"
+    worst = ", ".join(t["name"] for t in meaning.get("differing_tensors", [])[:3]) or "none"
+    text = (
+        f"read-back: {meaning['reader']} scores the file {file_ppl} against {meaning['ppl_in_process']:.4g} in "
+        f"process, limit {meaning['max_gap']:.0%}; the tensors differing most: {worst}"
+    )
+    measured = sys.float_info.max if gap is None else float(gap)  # JSON has no inf
+    return [Criterion("read_back", measured, float(meaning["max_gap"]), bool(meaning["passed"]), text)]
 
 
 def apply_gate(
