@@ -90,15 +90,41 @@ def open_folder(folder: str | Path) -> ShardedFolder:
         return ShardedFolder(folder, {name: single for name in handle.keys()})  # noqa: SIM118
 
 
+def _init_buffers(model: Any, module: torch.nn.Module, name: str, device: str) -> None:
+    """Fill ``module``'s computed buffers (Gemma's embedding scale) with the model's own weight init, which skips
+    the loaded parameters (transformers' ``_is_hf_initialized`` flag)."""
+    meta = [key for key, buffer in module._buffers.items() if buffer is not None and buffer.is_meta]
+    for key in meta:  # NaN until the init fills it, so a buffer the init does not know is caught below
+        buffer = module._buffers[key]
+        module._buffers[key] = (
+            torch.full_like(buffer, float("nan"), device=device)
+            if buffer.is_floating_point()
+            else torch.zeros_like(buffer, device=device)
+        )
+    params = [p for p in module.parameters(recurse=False) if not getattr(p, "_is_hf_initialized", False)]
+    for param in params:
+        param._is_hf_initialized = True
+    try:
+        if hasattr(model, "_init_weights"):
+            model._init_weights(module)
+    finally:
+        for param in params:
+            del param._is_hf_initialized
+    unset = [key for key in meta if module._buffers[key].is_floating_point() and module._buffers[key].isnan().any()]
+    if unset:
+        raise ModelError(f"cannot rebuild {type(module).__name__} ({name}) buffers {unset} off the meta device")
+
+
 def _rebuild_buffers(model: torch.nn.Module, prefix: str, device: str) -> None:
-    """Recreate the modules outside the layers whose buffers are computed, not stored (rotary tables)."""
+    """Recreate the buffers outside the layers that are computed, not stored (rotary tables, Gemma's embed scale)."""
     for name, module in list(model.named_modules()):
         if name.startswith(f"{prefix}.") or not any(b.is_meta for b in module.buffers(recurse=False)):
             continue
         try:
             fresh = type(module)(config=model.config).to(device)
-        except TypeError as exc:
-            raise ModelError(f"cannot rebuild {type(module).__name__} ({name}) off the meta device: {exc}") from exc
+        except TypeError:  # not built from the config alone (Gemma's scaled embedding): keep it, fill its buffers
+            _init_buffers(model, module, name, device)
+            continue
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
 
