@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
-from deploy_opt.llm.quantize_engine import LayerSource, advance, decoder_layers, layer_prefix
+from deploy_opt.llm.layer_walk import advance, catch_layer_inputs, decoder_layers
+from deploy_opt.llm.quantize_engine import LayerSource, layer_prefix
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ModelError
 from dopt_common.files import regular_input
@@ -248,10 +249,10 @@ def checkpoint_source(checkpoint: ShardedFolder, model: Any, device: str = "cpu"
 
 @torch.no_grad()
 def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: Any, window: Any) -> dict[str, Any]:
-    """``checks.perplexity`` with one decoder layer resident at a time: every window advances through layer i
-    before layer i + 1 is read. Same windows, same scoring (no simulated KV cache: that needs the cached path)."""
+    """``checks.perplexity`` with one decoder layer resident at a time: every window advances through layer i (with
+    the arguments the model gives layer i) before layer i + 1 is read. Same windows, same scoring (no simulated KV
+    cache: that needs the cached path)."""
     from deploy_opt.llm.checks import perplexity_record, plan_windows, window_nll
-    from deploy_opt.llm.quantize_engine import catch_layer_inputs
 
     plan = plan_windows(tokenizer, docs, window)
     device = model.get_input_embeddings().weight.device
@@ -259,13 +260,13 @@ def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: A
     inputs = catch_layer_inputs(model, chunks)
     for index in range(len(decoder_layers(model))):
         layer = source.load(index)
-        advance(layer, inputs)
+        advance(layer, index, inputs)
         source.release(index, layer, {})
     norm, head = getattr(model.model, "norm", None), model.get_output_embeddings()
     if norm is None or head is None:
         raise ModelError(f"{type(model).__name__} has no model.norm and lm_head; streamed perplexity needs both")
     nll_sum, scored = 0.0, 0
-    for number, ((hidden, _), chunk, span) in enumerate(zip(inputs, chunks, plan.spans, strict=True)):
+    for number, (hidden, chunk, span) in enumerate(zip(inputs.hidden, chunks, plan.spans, strict=True)):
         nll, count = window_nll(head(norm(hidden)), chunk, span, number)
         nll_sum, scored = nll_sum + nll, scored + count
     return perplexity_record(plan, window, nll_sum, scored)
