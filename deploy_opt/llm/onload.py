@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
-from deploy_opt.llm.quantize_engine import LayerSource, advance, decoder_layers, layer_prefix
+from deploy_opt.llm.layer_walk import advance, catch_layer_inputs, decoder_layers
+from deploy_opt.llm.quantize_engine import LayerSource, layer_prefix
 from dopt_common.deps import require
 from dopt_common.errors import CheckpointError, ModelError
 from dopt_common.files import regular_input
@@ -90,15 +91,41 @@ def open_folder(folder: str | Path) -> ShardedFolder:
         return ShardedFolder(folder, {name: single for name in handle.keys()})  # noqa: SIM118
 
 
+def _init_buffers(model: Any, module: torch.nn.Module, name: str, device: str) -> None:
+    """Fill ``module``'s computed buffers (Gemma's embedding scale) with the model's own weight init, which skips
+    the loaded parameters (transformers' ``_is_hf_initialized`` flag)."""
+    meta = [key for key, buffer in module._buffers.items() if buffer is not None and buffer.is_meta]
+    for key in meta:  # NaN until the init fills it, so a buffer the init does not know is caught below
+        buffer = module._buffers[key]
+        module._buffers[key] = (
+            torch.full_like(buffer, float("nan"), device=device)
+            if buffer.is_floating_point()
+            else torch.zeros_like(buffer, device=device)
+        )
+    params = [p for p in module.parameters(recurse=False) if not getattr(p, "_is_hf_initialized", False)]
+    for param in params:
+        param._is_hf_initialized = True
+    try:
+        if hasattr(model, "_init_weights"):
+            model._init_weights(module)
+    finally:
+        for param in params:
+            del param._is_hf_initialized
+    unset = [key for key in meta if module._buffers[key].is_floating_point() and module._buffers[key].isnan().any()]
+    if unset:
+        raise ModelError(f"cannot rebuild {type(module).__name__} ({name}) buffers {unset} off the meta device")
+
+
 def _rebuild_buffers(model: torch.nn.Module, prefix: str, device: str) -> None:
-    """Recreate the modules outside the layers whose buffers are computed, not stored (rotary tables)."""
+    """Recreate the buffers outside the layers that are computed, not stored (rotary tables, Gemma's embed scale)."""
     for name, module in list(model.named_modules()):
         if name.startswith(f"{prefix}.") or not any(b.is_meta for b in module.buffers(recurse=False)):
             continue
         try:
             fresh = type(module)(config=model.config).to(device)
-        except TypeError as exc:
-            raise ModelError(f"cannot rebuild {type(module).__name__} ({name}) off the meta device: {exc}") from exc
+        except TypeError:  # not built from the config alone (Gemma's scaled embedding): keep it, fill its buffers
+            _init_buffers(model, module, name, device)
+            continue
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
 
@@ -222,10 +249,10 @@ def checkpoint_source(checkpoint: ShardedFolder, model: Any, device: str = "cpu"
 
 @torch.no_grad()
 def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: Any, window: Any) -> dict[str, Any]:
-    """``checks.perplexity`` with one decoder layer resident at a time: every window advances through layer i
-    before layer i + 1 is read. Same windows, same scoring (no simulated KV cache: that needs the cached path)."""
+    """``checks.perplexity`` with one decoder layer resident at a time: every window advances through layer i (with
+    the arguments the model gives layer i) before layer i + 1 is read. Same windows, same scoring (no simulated KV
+    cache: that needs the cached path)."""
     from deploy_opt.llm.checks import perplexity_record, plan_windows, window_nll
-    from deploy_opt.llm.quantize_engine import catch_layer_inputs
 
     plan = plan_windows(tokenizer, docs, window)
     device = model.get_input_embeddings().weight.device
@@ -233,13 +260,13 @@ def streamed_perplexity(model: Any, source: LayerSource, tokenizer: Any, docs: A
     inputs = catch_layer_inputs(model, chunks)
     for index in range(len(decoder_layers(model))):
         layer = source.load(index)
-        advance(layer, inputs)
+        advance(layer, index, inputs)
         source.release(index, layer, {})
     norm, head = getattr(model.model, "norm", None), model.get_output_embeddings()
     if norm is None or head is None:
         raise ModelError(f"{type(model).__name__} has no model.norm and lm_head; streamed perplexity needs both")
     nll_sum, scored, per_window = 0.0, 0, []
-    for number, ((hidden, _), chunk, span) in enumerate(zip(inputs, chunks, plan.spans, strict=True)):
+    for number, (hidden, chunk, span) in enumerate(zip(inputs.hidden, chunks, plan.spans, strict=True)):
         nll, count = window_nll(head(norm(hidden)), chunk, span, number)
         nll_sum, scored = nll_sum + nll, scored + count
         per_window.append((nll, count))

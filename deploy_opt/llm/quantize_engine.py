@@ -7,11 +7,12 @@ auto-gptq is archived and AutoAWQ deprecated; gptqmodel installs only with ``--n
 of deploy_opt needs goes through ``quantize_model`` and ``EngineResult``, so a library engine can replace this
 module alone. ``benchmarks/llm_gptq_crosscheck.py`` checks the GPTQ core against llm-compressor's on a real layer.
 
-The walk is GPTQ's sequential one (llm-compressor's "sequential pipeline"): catch the inputs of layer 0 with the
-keyword arguments the model passes it (position embeddings, attention mask, ...); then for each decoder layer
-run the float layer over every sample with hooks that accumulate each Linear's input Gram matrix H, quantize
-the layer's Linears from H, write the dequantized weights back in place, and run the now-quantized layer again
-to make the next layer's inputs, so later layers calibrate on the errors of earlier ones.
+The walk is GPTQ's sequential one (llm-compressor's "sequential pipeline"): catch the inputs of layer 0 and the
+keyword arguments the model passes each layer (position embeddings and attention mask, built per layer type:
+``llm/layer_walk.py``); then for each decoder layer run the float layer over every sample with hooks that
+accumulate each Linear's input Gram matrix H, quantize the layer's Linears from H, write the dequantized weights
+back in place, and run the now-quantized layer again to make the next layer's inputs, so later layers calibrate on
+the errors of earlier ones.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from calibrators.groupwise.rtn import (
     rtn_quantize,
     weight_error,
 )
-from dopt_common.errors import ConfigError, InputError, ModelError
+from deploy_opt.llm.layer_walk import advance, catch_layer_inputs, decoder_layers
+from dopt_common.errors import ConfigError, InputError
 
 log = logging.getLogger(__name__)
 METHODS = ("gptq", "awq", "awq-gptq", "rtn")
@@ -88,24 +90,9 @@ class EngineResult:
         }
 
 
-class _StopForward(Exception):
-    """Raised by the layer-0 hook once its inputs are caught."""
-
-
 def is_kept(name: str, keep: Iterable[str]) -> bool:
     """True when a ``keep`` pattern is a substring of ``name`` or matches it as a glob."""
     return any(pattern in name or fnmatch.fnmatchcase(name, pattern) for pattern in keep)
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """``model.model.layers`` of a Hugging Face decoder model, or ModelError."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
-        raise ModelError(
-            f"{type(model).__name__} has no model.model.layers; the LLM engine supports decoder models such as "
-            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
-        )
-    return layers
 
 
 def layer_prefix(model: torch.nn.Module) -> str:
@@ -142,31 +129,6 @@ def _check_samples(samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             raise InputError(f"calibration sample {index} has shape {tuple(sample.shape)}; expected [1, seq]")
         checked.append(sample.long())
     return checked
-
-
-def catch_layer_inputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
-    """(hidden_states, kwargs) that layer 0 receives for each sample (on the embeddings' device).
-
-    Layer 0 itself never runs, so it may still be on the meta device (``llm/onload.py``)."""
-    layer0 = decoder_layers(model)[0]
-    device = model.get_input_embeddings().weight.device
-    caught: list[tuple[torch.Tensor, dict]] = []
-
-    def hook(module, args, kwargs):
-        hidden = args[0] if args else kwargs.pop("hidden_states")
-        caught.append((hidden.detach(), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
-        raise _StopForward
-
-    handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        for sample in samples:
-            try:
-                model(input_ids=sample.to(device), use_cache=False)
-            except _StopForward:
-                pass
-    finally:
-        handle.remove()
-    return caught
 
 
 def _collect_stats(
@@ -301,7 +263,7 @@ def _prepare(model: torch.nn.Module, source: LayerSource | None) -> LayerSource:
 
 
 def _quantize_layer(
-    layer: torch.nn.Module, names: dict[str, str], inputs: list, settings: EngineSettings, codes: dict
+    layer: torch.nn.Module, names: dict[str, str], inputs: list[tuple], settings: EngineSettings, codes: dict
 ) -> list[LinearRecord]:
     """Quantize one layer's target Linears in place (their codes into ``codes``); their records.
 
@@ -329,13 +291,6 @@ def _quantize_layer(
         done = {local: _round_linear(layer, local, stats[leader[local]], settings)}
         records += _apply_codes(layer, names, done, codes, settings.method)
     return records
-
-
-def advance(layer: torch.nn.Module, inputs: list[tuple[torch.Tensor, dict]]) -> None:
-    """Replace each input by the layer's output, in place (one set of activations alive at a time)."""
-    for position, (hidden, kwargs) in enumerate(inputs):
-        out = layer(hidden, **kwargs)
-        inputs[position] = (out[0] if isinstance(out, tuple) else out, kwargs)
 
 
 @torch.no_grad()
@@ -380,9 +335,9 @@ def quantize_model(
         }
         codes: dict[str, QuantizedWeight] = {}
         if names:
-            records += _quantize_layer(layer, names, inputs, settings, codes)
+            records += _quantize_layer(layer, names, inputs.of_layer(index), settings, codes)
         if index + 1 < len(layers):
-            advance(layer, inputs)
+            advance(layer, index, inputs)
         source.release(index, layer, codes)
         if source.keep_codes:
             weights.update(codes)
