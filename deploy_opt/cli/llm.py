@@ -23,6 +23,10 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
         f"{ppl.before:.3f} → {ppl.after:.3f} ({ppl.increase:+.1%}), stability {_stability_word(report.stable)}"
     )
     print(f"  scheme: {(report.scheme or {}).get('reason', '')}")
+    if "reference_gptq" in report.sections:
+        from deploy_opt.llm.reference_gptq import reference_line
+
+        print(f"  {reference_line(report.sections['reference_gptq'])}")
     for line in result.gate.lines():
         print(f"  {line}")
     serve = report.serve or {}
