@@ -101,6 +101,7 @@ def _our_window_scores(loaded, window: PerplexityWindow) -> list[list[float]]:
     return scores
 
 
+@pytest.mark.slow
 def test_the_worker_gets_our_windows_and_scores_them_as_we_do(tiny_folder: Path, tmp_path: Path) -> None:
     os.environ["FAKE_LLMC_SEEN"] = str(tmp_path / "seen.json")
     config = _config(tiny_folder, _fake_python(tmp_path))
@@ -155,6 +156,7 @@ def test_the_report_quotes_both_increases_with_their_intervals() -> None:
     assert bare["quantized_vs_reference"] is None
 
 
+@pytest.mark.slow
 def test_a_missing_tool_is_one_line_and_the_run_goes_on(tiny_folder: Path, tmp_path: Path) -> None:
     config = _config(tiny_folder, tmp_path / "no-such-python")
     result = run_quantize_llm(config, tmp_path / "out", progress=False)
@@ -172,6 +174,7 @@ def test_the_reference_stays_off_by_default() -> None:
     assert reference_gptq.reference_before_quantization(config, None, WINDOW, None) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     reference_gptq.find_reference_python(None)[0] is None, reason="llm-compressor venv absent (the fake covers CI)"
 )
