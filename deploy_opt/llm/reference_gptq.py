@@ -170,7 +170,15 @@ def _run_worker(python: str, folder: Path) -> dict[str, Any]:
         lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         return not_run(f"{TOOL} failed (exit {run.returncode}): {(lines or ['no output'])[-1][:200]}")
     result = json.loads(result_path.read_text(encoding="utf-8"))
+    before, after = (_ppl(result[key]) for key in ("original_window_nll", "quantized_window_nll"))
+    log.info("reference GPTQ: perplexity %.3f -> %.3f (%+.2f%%)", before, after, 100 * (after / before - 1))
     return {**result, "wall_s": time.perf_counter() - start}
+
+
+def _ppl(windows: list[list[float]]) -> float:
+    import math
+
+    return math.exp(sum(n for n, _ in windows) / sum(t for _, t in windows))
 
 
 def reference_record(
@@ -214,17 +222,11 @@ def _paired(reference: Any, ours: Any) -> dict[str, Any] | None:
 
 def _side(fp: Any, q: Any) -> dict[str, Any] | None:
     """Perplexity before and after and the increase with its paired 95% interval, from per-window scores."""
-    import math
-
     from deploy_opt.evaluation.uncertainty import perplexity_increase_interval
 
     if not fp or not q or len(fp) != len(q):
         return None
-    tokens = sum(t for _, t in fp)
-    side = {
-        "ppl_original": math.exp(sum(n for n, _ in fp) / tokens),
-        "ppl_quantized": math.exp(sum(n for n, _ in q) / tokens),
-    }
+    side = {"ppl_original": _ppl(fp), "ppl_quantized": _ppl(q)}
     if len(fp) < 2:
         return side | {"increase": side["ppl_quantized"] / side["ppl_original"] - 1}
     interval = perplexity_increase_interval(fp, q)
