@@ -25,6 +25,10 @@ def cmd_quantize_llm(args: argparse.Namespace) -> int:
     print(f"  scheme: {(report.scheme or {}).get('reason', '')}")
     if ppl.original.get("protocol"):
         print(f"  perplexity protocol: {ppl.original['protocol']}")
+    if "reference_gptq" in report.sections:
+        from deploy_opt.llm.reference_gptq import reference_line
+
+        print(f"  {reference_line(report.sections['reference_gptq'])}")
     for line in result.gate.lines():
         print(f"  {line}")
     serve = report.serve or {}

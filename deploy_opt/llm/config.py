@@ -115,6 +115,10 @@ class LLMChecksConfig:
     # the KV memory saved at session_len tokens; the serve command then carries --quant-policy
     kv_cache: Literal["none", "int8", "int4"] = "none"
     session_len: int = 4096
+    # also run llm-compressor's GPTQ on the same calibration and evaluation windows and quote its perplexity
+    # increase beside ours (llm/reference_gptq.py); reference_python: a Python that has llmcompressor
+    reference_gptq: bool = False
+    reference_python: str | None = None
 
     def __post_init__(self) -> None:
         if self.session_len < 1:

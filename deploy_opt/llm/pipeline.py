@@ -116,6 +116,7 @@ def _run(
     config: LLMConfig, name: str, loaded: LoadedLLM, times: Timings, stage: Path, out_dir: Path, progress: bool
 ) -> tuple[LLMReport, GateResult]:
     from deploy_opt.llm.checks import PerplexityWindow, StabilitySettings, perplexity, stability_run
+    from deploy_opt.llm.reference_gptq import reference_before_quantization
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
     cal, checks = config.calibration, config.checks
@@ -133,6 +134,7 @@ def _run(
     with times.stage("perplexity_original"):
         original = perplexity(model, tokenizer, evaluation_docs, window)
         baseline = stability_run(model, tokenizer, pydoc_texts("prompts"), settings)
+    reference = reference_before_quantization(config, loaded, window, times)  # off by default
 
     with times.stage("quantize"):
         checkpoint = stage / "checkpoint"
@@ -158,7 +160,7 @@ def _run(
             reload = _gguf_read_back(model, tokenizer, engine["gguf"], checkpoint, evaluation_docs, window)
         else:
             reload = _check_reload(model, tokenizer, checkpoint, fmt)
-    measured = Measured(engine, fmt, original, quantized, stability, kv, reload)
+    measured = Measured(engine, fmt, original, quantized, stability, kv, reload, reference)
     return write_report(config, name, loaded, measured, times, stage, out_dir)
 
 

@@ -50,7 +50,7 @@ def model_source(config: LLMConfig) -> Path:
 @dataclass(frozen=True)
 class Measured:
     """What a run measured: the engine's summary and checkpoint format, perplexity before and after, the
-    stability and KV-cache checks (None when not run) and the checkpoint's read-back."""
+    stability and KV-cache checks (None when not run), the checkpoint's read-back and the reference GPTQ."""
 
     engine: dict[str, Any]
     fmt: str
@@ -59,14 +59,18 @@ class Measured:
     stability: dict[str, Any] | None
     kv: dict[str, Any] | None
     reload: dict[str, Any]
+    reference: dict[str, Any] | None = None  # llm/reference_gptq.py's result, when checks.reference_gptq
 
 
 def write_report(
     config: LLMConfig, name: str, loaded: LoadedLLM, measured: Measured, times: Timings, stage: Path, out_dir: Path
 ) -> tuple[LLMReport, GateResult]:
     """quantize_report.json and its page in ``stage``, with the gate's verdict."""
+    from deploy_opt.llm.reference_gptq import reference_section
+
     checks, scheme, fmt = config.checks, loaded.scheme, measured.fmt
     served = _serve_records(config, fmt, measured.engine, stage / "checkpoint", out_dir)
+    reference = reference_section(config, loaded, measured)
     typed = LLMReport(
         name=name,
         method=scheme.method,
@@ -95,6 +99,7 @@ def write_report(
             "seed": config.seed,
             "versions": _versions(),
             **served,  # serve_command, when servable
+            **({"reference_gptq": reference} if reference is not None else {}),
         },
     )
     limit = config.gate.max_ppl_increase

@@ -1,6 +1,7 @@
 """``report.html`` for a ``quantize-llm`` run and for a training run (``train run``), from their own files.
 
-- LLM: the gate verdict; perplexity before and after (and with the KV cache simulated); per-Linear weight and
+- LLM: the gate verdict; perplexity before and after (and with the KV cache simulated); the reference GPTQ beside
+  it when the run asked for one; per-Linear weight and
   output error by layer; the stability generations, FP and quantized side by side; the GGUF read-back; the serve
   command; the scheme and calibration; the run snapshot.
 - Training: loss, learning rate, gradient norm and optimizer state bytes over the steps (inline SVG), the evaluation,
@@ -59,6 +60,7 @@ def write_llm_page(folder: Path) -> Path:
                     ]
                 ),
             ),
+            html_parts.section("Reference GPTQ, same calibration and evaluation windows", _reference(report)),
             html_parts.section("KV cache", _kv(kv)),
             html_parts.section(
                 "Per-Linear error by layer",
@@ -91,6 +93,46 @@ def write_llm_page(folder: Path) -> Path:
         ]
     )
     return html_parts.write_page(folder / REPORT_NAME, f"{report.get('name', folder.name)} quantize-llm report", body)
+
+
+def _reference(report: dict[str, Any]) -> str:
+    """deploy_opt's increase beside the reference GPTQ's (``llm/reference_gptq.py``), or why it did not run."""
+    record = report.get("reference_gptq")
+    if not record:
+        return ""
+    if not record.get("ran"):
+        return f"<p>not run: {html_parts.esc(record.get('reason'))}</p>"
+    ours, ref = record.get("deploy_opt") or {}, record.get("reference") or {}
+    version = (record.get("versions") or {}).get("llmcompressor", "")
+    rows = [
+        (f"deploy_opt {ours.get('method')}", *_reference_row(ours)),
+        (f"{record.get('tool')} {version}", *_reference_row(ref)),
+    ]
+    return html_parts.table(
+        ("quantizer", "perplexity FP", "perplexity quantized", "increase", "95% CI"), rows, text_columns=(0, 4)
+    ) + html_parts.key_values(
+        [
+            ("reference settings", record.get("settings")),
+            ("windows, tokens", f"{record.get('windows')}, {record.get('tokens')}"),
+            ("deploy_opt's quantized perplexity over the reference's", _paired(record.get("quantized_vs_reference"))),
+            ("reference float perplexity vs deploy_opt's", html_parts.fmt(record.get("float_ppl_gap"), "+.4%")),
+            ("reference versions", json.dumps(record.get("versions") or {})),
+            ("reference quantize seconds", html_parts.fmt(record.get("quantize_s"), ".1f")),
+        ]
+    )
+
+
+def _paired(paired: dict[str, Any] | None) -> str | None:
+    if not paired:
+        return None
+    low, high = paired["ci95"]
+    return f"{paired['value']:+.2%} (95% CI {low:+.2%} to {high:+.2%}; below 0: deploy_opt's is better)"
+
+
+def _reference_row(side: dict[str, Any]) -> tuple[Any, ...]:
+    ci = side.get("ci95")
+    interval = f"{ci[0]:+.2%} to {ci[1]:+.2%}" if ci else "(no per-window scores)"
+    return (side.get("ppl_original"), side.get("ppl_quantized"), html_parts.fmt(side.get("increase"), "+.2%"), interval)
 
 
 def _kv(kv: dict[str, Any]) -> str:
