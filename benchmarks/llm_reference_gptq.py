@@ -9,8 +9,8 @@ names nowhere (neither its judge split nor its license calibration), 16 windows 
         [--reference-python benchmarks/corpus/.cache/llmcompressor-venv/bin/python]
 
 It runs ``run_quantize_llm`` with the defaults (awq-gptq, group 64, 128 windows of the mixed corpus, seed 0) and
-``checks.reference_gptq``, and prints the report's reference section. Until ``checks.perplexity`` records
-``window_nll`` itself, this script adds it (``_record_windows``) so that both intervals can be drawn.
+``checks.reference_gptq``, and prints the report's reference section (both intervals come from the records'
+``window_nll``).
 
 Measured 2026-12-06 (2 CPU threads, load average 4-9 from other work; llm-compressor 0.14.0.1 with
 compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0+cpu in its venv; deploy_opt with transformers 5.25.0),
@@ -38,26 +38,6 @@ from pathlib import Path
 TEXTS = tuple(f"/usr/share/common-licenses/{name}" for name in ("GFDL-1.2", "GPL-1", "LGPL-2", "CC0-1.0"))
 
 
-def _record_windows() -> None:
-    """Make ``checks.perplexity`` add per-window ``[summed NLL, tokens]`` (``window_nll``) when it does not yet."""
-    from deploy_opt.llm import checks
-
-    scored: list[list[float]] = []
-    window_nll, perplexity = checks.window_nll, checks.perplexity
-
-    def counting(*args, **kwargs):
-        nll, count = window_nll(*args, **kwargs)
-        scored.append([nll, count])
-        return nll, count
-
-    def recording(*args, **kwargs):
-        scored.clear()
-        record = perplexity(*args, **kwargs)
-        return record if "window_nll" in record else {**record, "window_nll": list(scored)}
-
-    checks.window_nll, checks.perplexity = counting, recording
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output root (a run folder lands inside)")
@@ -72,7 +52,6 @@ def main() -> None:
     from deploy_opt.llm.pipeline import run_quantize_llm
     from deploy_opt.llm.reference_gptq import reference_line
 
-    _record_windows()
     checks = {"eval_texts": args.texts, "eval_tokens": args.eval_tokens, "reference_gptq": True}
     if args.reference_python:
         checks["reference_python"] = args.reference_python

@@ -155,7 +155,7 @@ def evaluation_windows(tokenizer: Any, docs: Any, window: Any) -> list[dict[str,
     from deploy_opt.llm.checks import plan_windows
 
     plan = plan_windows(tokenizer, docs, window)
-    return [{"ids": plan.ids[begin:end], "fresh": fresh} for begin, end, fresh in plan.spans]
+    return [{"ids": plan.window(number), "fresh": fresh} for number, (_, _, fresh) in enumerate(plan.spans)]
 
 
 def _run_worker(python: str, folder: Path) -> dict[str, Any]:
