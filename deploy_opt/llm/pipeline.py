@@ -49,12 +49,14 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     import torch
 
     from deploy_opt.llm.pipeline_layers import choose_onload, load_layers, run_layers
+    from deploy_opt.llm.preflight import preflight
 
     seed_everything(config.seed)
     times = Timings()
     source = model_source(config)
     if config.name:  # known before loading: a folder that cannot be replaced is refused in the first second
         _check_output(run_dir(ensure_writable_dir(output_root), config.name, "--name"), source)
+    preflight(source, config.quantization.method)  # from the header alone: exit 2 in seconds, before any load
     onload = choose_onload(config.model.onload, source)
     with times.stage("load", explain=False):
         loaded = (load_layers if onload == "layers" else load_llm)(config, source)
