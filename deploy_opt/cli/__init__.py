@@ -23,6 +23,10 @@ from dopt_common.names import shorten_quoted, shown
 
 log = logging.getLogger("deploy_opt")
 FIRST_PARTY = ("deploy_opt", "calibrators", "exporters", "dopt_common")
+NOISY_LOGGERS = (
+    *("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"),
+    *("torchao", "torch.utils._pytree"),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:  # our own debug lines; other libraries' (matplotlib's font search, ...) stay at INFO
         for ours in FIRST_PARTY:
             logging.getLogger(ours).setLevel(logging.DEBUG)
-    for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
+    # Warnings a CPU user cannot act on: torchao's CUDA libraries that do not load, torch's pytree deprecations
+    # (torchao registers enums the old way). -v shows them.
+    for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING if args.verbose else logging.ERROR)
     if args.command is None:
         make_parser().print_help()
