@@ -127,25 +127,17 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         group: dict[str, Any],
         step: int,
         compile_: bool,
+        whole: bool = False,
     ) -> None:
-        """``block_kernel`` on whole blocks of one parameter, ``hyper`` as one tensor on its device (the CPU path)."""
+        """One fused kernel call. ``whole``: ``param_kernel`` on one whole flat parameter, ``hyper`` as 0-d CPU
+        tensors (the CUDA path); else ``block_kernel`` on whole blocks, ``hyper`` as one tensor on the parameter's
+        device (the CPU path)."""
         operands, options = self._kernel_operands(param, state, group)
-        hyper = self._hyper_tensor(group, step, param.device)
-        kernels.run_kernel(self.block_kernel, compile_, param, grad, *operands, hyper, *options)
-
-    def _run_param(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        step: int,
-        compile_: bool,
-    ) -> None:
-        """``param_kernel`` on one whole parameter, ``hyper`` as 0-d CPU tensors (the CUDA path)."""
-        operands, options = self._kernel_operands(param, state, group)
-        hyper, size = self._scalars(group, step), self.config.block_size
-        kernels.run_kernel(self.param_kernel, compile_, param, grad, *operands, hyper, *options, size)
+        if whole:
+            kernel, hyper, options = self.param_kernel, self._scalars(group, step), (*options, self.config.block_size)
+        else:
+            kernel, hyper = self.block_kernel, self._hyper_tensor(group, step, param.device)
+        kernels.run_kernel(kernel, compile_, param, grad, *operands, hyper, *options)
 
     def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
         """The kernels' ``hyper`` for a group at ``step`` (see ``kernels``)."""
@@ -274,7 +266,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             compile_ = self.compiles(local.numel(), local.device)
             if self.takes_per_param_kernel(local.device):
                 # detach(): as in _run_blocks, the kernel's in-place writes still land in the parameter's storage
-                self._run_param(local.detach().view(-1), grad.view(-1), state, group, step, compile_)
+                self._run_kernel(local.detach().view(-1), grad.view(-1), state, group, step, compile_, whole=True)
                 self.step_paths["fused"] += 1
                 return
             self._run_blocks(local, grad, state, group, step, compile_)

@@ -131,6 +131,26 @@ def _parts(flat: torch.Tensor, numel: int, block_size: int, scales: bool = False
 # parameter is one compiled call. A zero-padded tail in one [blocks, block_size] view was tried first: its
 # arithmetic is the same, but Inductor (torch 2.13, CPU) mis-scheduled the dynamic code's tail block that way
 # (tests/test_train_optim_fused.py compiles both on the CPU).
+def _on_whole_param(
+    blocks: Callable[..., None],
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    moments: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    block_size: int,
+    *after: Any,
+) -> None:
+    """``blocks`` on a flat parameter's whole blocks, then on its tail: parameter and gradient in fp32, each
+    moment's (codes, scales) cut the same way, ``after`` (hyper, options) passed on; the parameter written back."""
+    numel, work = param.numel(), param.float()
+    columns = [_parts(work, numel, block_size), _parts(grad.float(), numel, block_size)]
+    for codes, scales in moments:
+        columns += [_parts(codes, numel, block_size), _parts(scales, numel, block_size, scales=True)]
+    for part in zip(*columns, strict=True):
+        blocks(*part, *after)
+    if work is not param:
+        param.copy_(work)
+
+
 def adamw_param(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -143,17 +163,7 @@ def adamw_param(
     block_size: int,
 ) -> None:
     """AdamW on one whole parameter: flat ``param`` (any float dtype), ``grad`` and codes, ``[blocks]`` scales."""
-    numel, work = param.numel(), param.float()
-    for part in zip(
-        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
-        _parts(m_scales, numel, block_size, scales=True),
-        _parts(v_codes, numel, block_size),
-        _parts(v_scales, numel, block_size, scales=True),
-        strict=True,
-    ):
-        adamw_blocks(*part, hyper, code)
-    if work is not param:
-        param.copy_(work)
+    _on_whole_param(adamw_blocks, param, grad, ((m_codes, m_scales), (v_codes, v_scales)), block_size, hyper, code)
 
 
 def lion_param(
@@ -165,15 +175,7 @@ def lion_param(
     block_size: int,
 ) -> None:
     """Lion on one whole parameter (see ``adamw_param``)."""
-    numel, work = param.numel(), param.float()
-    for part in zip(
-        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
-        _parts(m_scales, numel, block_size, scales=True),
-        strict=True,
-    ):
-        lion_blocks(*part, hyper)
-    if work is not param:
-        param.copy_(work)
+    _on_whole_param(lion_blocks, param, grad, ((m_codes, m_scales),), block_size, hyper)
 
 
 def sgd_param(
@@ -186,15 +188,7 @@ def sgd_param(
     block_size: int,
 ) -> None:
     """SGD with momentum on one whole parameter (see ``adamw_param``)."""
-    numel, work = param.numel(), param.float()
-    for part in zip(
-        *(_parts(t, numel, block_size) for t in (work, grad.float(), m_codes)),
-        _parts(m_scales, numel, block_size, scales=True),
-        strict=True,
-    ):
-        sgd_blocks(*part, hyper, nesterov)
-    if work is not param:
-        param.copy_(work)
+    _on_whole_param(sgd_blocks, param, grad, ((m_codes, m_scales),), block_size, hyper, nesterov)
 
 
 _STATIC = frozenset({adamw_param, lion_param, sgd_param})  # compiled with dynamic=False
