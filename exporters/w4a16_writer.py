@@ -24,16 +24,8 @@ import torch
 from calibrators.groupwise.rtn import QuantizedWeight
 from dopt_common.errors import ConfigError, OutputError
 from dopt_common.files import replace_dir
-from exporters.lmdeploy import (
-    FORMATS,
-    architecture_of,
-    engine_problems,
-    pack_awq,
-    pack_gptq,
-    quantization_config,
-    requantize_advice,
-    serving_engine,
-)
+from exporters.lmdeploy import FORMATS, pack_awq, pack_gptq, quantization_config
+from exporters.lmdeploy_engines import architecture_of, engine_problems, requantize_advice, serving_engine
 from exporters.shards import DEFAULT_SHARD_BYTES, ShardWriter
 
 log = logging.getLogger(__name__)

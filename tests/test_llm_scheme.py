@@ -67,7 +67,7 @@ def test_bad_quantization_settings_name_the_field(quant: dict, match: str) -> No
 def test_auto_resolves_to_what_lmdeploy_serves(
     quant: dict, dims: dict, expected: tuple, engine: str | None, reason: str
 ) -> None:
-    from exporters.lmdeploy import serving_engine
+    from exporters.lmdeploy_engines import serving_engine
 
     scheme = resolve_scheme(LLMQuantConfig(**quant), dims)
     assert (scheme.method, scheme.group_size, scheme.desc_act, scheme.symmetric) == expected
@@ -83,7 +83,7 @@ def test_auto_resolves_to_what_lmdeploy_serves(
 
 @pytest.mark.parametrize("arch", ["MistralForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM"])
 def test_auto_writes_the_awq_layout_for_an_architecture_turbomind_lacks(arch: str) -> None:
-    from exporters.lmdeploy import serving_engine
+    from exporters.lmdeploy_engines import serving_engine
 
     scheme = resolve_scheme(LLMQuantConfig(), DIVIDES_128, arch)
     assert (scheme.method, scheme.layout, scheme.group_size, scheme.symmetric) == ("awq-gptq", "awq", 128, False)

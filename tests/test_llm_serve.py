@@ -151,6 +151,15 @@ def test_an_architecture_turbomind_lacks_goes_to_the_pytorch_engine(tmp_path: Pa
     assert forced.returncode == 2 and "serve with --backend pytorch" in forced.stderr
 
 
+def test_an_architecture_neither_engine_runs_is_refused_naming_the_gguf_route(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, "awq", 128, arch="NemotronForCausalLM")  # in no list of lmdeploy 0.18
+    result = _cli("serve", str(ckpt), "--dry-run")
+    assert result.returncode == 2 and not result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "not in the PyTorch engine's list" in line and "runs NemotronForCausalLM on neither engine" in line, line
+    assert "--format gguf" in line, line
+
+
 def test_forcing_the_pytorch_engine_on_a_float_folder_passes_no_model_format(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, None)
     result = _cli("serve", str(ckpt), "--dry-run", "--backend", "pytorch")

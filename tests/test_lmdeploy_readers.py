@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 import tiny_llama
 
-from exporters.lmdeploy import pytorch_engine_problems, turbomind_problems
+from exporters.lmdeploy_engines import pytorch_engine_problems, turbomind_problems
 from exporters.w4a16_writer import write_quantized_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -342,7 +342,7 @@ def _supported_archs(root: Path) -> set[str]:
 
 
 def test_our_turbomind_architectures_are_lmdeploy_s_and_the_cli_routes_by_them(lmd) -> None:
-    from exporters.lmdeploy import TURBOMIND_ARCHITECTURES
+    from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 
     root = _lmdeploy_root()
     assert set(TURBOMIND_ARCHITECTURES) == _supported_archs(root)

@@ -13,7 +13,9 @@
   q/k norms (Qwen3, Gemma 3) renormalise each head of q_proj/k_proj's output: no scale may be folded across them,
   so no group has q_proj or k_proj as its producer.
 
-A family with no AWQ groups (Nemotron's squared-ReLU MLP, Qwen3-Next's linear attention) is refused by AWQ.
+A family with no AWQ groups (Nemotron's squared-ReLU MLP, Qwen3-Next's linear attention) is refused by AWQ, and
+``method: auto`` quantizes it with GPTQ instead (``scheme.py``). Qwen3-Next is in the table for its GGUF norms
+only: ``quantize-llm`` refuses it (``not_quantized``).
 A layer class not in the table is treated as Llama-style when it has Llama's modules (``awq_layer.py``).
 """
 
@@ -46,6 +48,7 @@ class Architecture:
     awq_groups: tuple[ScaleGroup, ...] = ()
     qk_norms: tuple[str, ...] = ()
     permute_qk: bool = False  # llama.cpp stores q/k rows in its rotary order (LlamaModel.permute)
+    not_quantized: str = ""  # why quantize-llm refuses the family ("": it quantizes it)
 
 
 ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
@@ -93,6 +96,7 @@ ARCHITECTURES = (
         norm_offset_except=("linear_attn.norm.weight",),
         norm_form="1 + w",
         qk_norms=QK_NORMS,
+        not_quantized="its MoE experts are fused 3-D parameters, not Linears, which the W4A16 engine would leave float",
     ),
 )
 

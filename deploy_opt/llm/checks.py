@@ -358,8 +358,8 @@ def stability_run(
                 "flags": flags,
             }
         )
-        if flags:
-            log.warning("stability run %d (%s) flagged: %s", i, runs[-1]["mode"], ", ".join(flags))
+        if flags:  # info: whether it counts is judged against the FP model's run (stability_baseline.py)
+            log.info("stability run %d (%s) flagged: %s", i, runs[-1]["mode"], ", ".join(flags))
     flagged = sum(bool(r["flags"]) for r in runs)
     return {
         "ok": flagged == 0,

@@ -56,7 +56,7 @@ def run_quantize_llm(config: LLMConfig, output_root: Path, progress: bool = True
     source = model_source(config)
     if config.name:  # known before loading: a folder that cannot be replaced is refused in the first second
         _check_output(run_dir(ensure_writable_dir(output_root), config.name, "--name"), source)
-    preflight(source, config.quantization.method)  # from the header alone: exit 2 in seconds, before any load
+    preflight(source, config.quantization)  # from the header alone: exit 2 in seconds, before any load
     onload = choose_onload(config.model.onload, source)
     with times.stage("load", explain=False):
         loaded = (load_layers if onload == "layers" else load_llm)(config, source)

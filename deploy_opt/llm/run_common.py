@@ -133,12 +133,15 @@ def _serve_records(
 
 def plan_scheme(quant: LLMQuantConfig, model: Any) -> QuantScheme:
     """Resolve ``auto`` against the model's Linears and check the group divides each (before any long step)."""
+    from deploy_opt.llm.architectures import by_hf_architecture
     from deploy_opt.llm.quantize_engine import check_targets, target_linears
     from deploy_opt.llm.scheme import resolve_scheme
 
     targets = target_linears(model, quant.keep)
     architectures = getattr(getattr(model, "config", None), "architectures", None) or [None]
-    scheme = resolve_scheme(quant, {name: module.in_features for name, module in targets.items()}, architectures[0])
+    family = by_hf_architecture([name for name in architectures if name] or [type(model).__name__])
+    in_features = {name: module.in_features for name, module in targets.items()}
+    scheme = resolve_scheme(quant, in_features, architectures[0], family is None or bool(family.awq_groups))
     log.info("quantization scheme: %s", scheme.reason)
     if not scheme.method.startswith("torchao"):
         check_targets(targets, scheme.group_size)
@@ -231,8 +234,9 @@ def engine_settings(quant: LLMQuantConfig, scheme: QuantScheme) -> Any:
         bits=quant.bits,
         group_size=scheme.group_size,
         desc_act=scheme.desc_act,
-        sym=None if scheme.layout == "awq" else scheme.symmetric,
+        sym=scheme.symmetric,
         keep=quant.keep,
+        static_groups=scheme.static_groups,
     )
 
 

@@ -12,8 +12,12 @@ in sequential groups can write the AWQ layout. So ``auto`` is
   groups), and act-order GPTQ rounds inside them. On SmolLM2-135M at group 64 it measured better than AWQ's
   round-to-nearest and than symmetric GPTQ in the GPTQ layout (``benchmarks/llm_quantize.py``, README).
 
+- ``gptq`` (act-order rounding in static groups, asymmetric) in the AWQ layout, for a family the architecture table
+  gives no AWQ scale groups (``architectures.py``: Nemotron): its codes keep one scale and zero point per group in
+  sequential order, so the AWQ layout holds them and the PyTorch engine serves them; the reason says so.
+
 An explicit method is kept as given, in its own layout: awq and awq-gptq write AWQ, gptq and rtn write GPTQ (an
-act-order GPTQ still quantizes; ``serve`` refuses it with advice).
+act-order GPTQ still quantizes; ``quantize-llm`` warns in its first seconds, and ``serve`` refuses it with advice).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class QuantScheme:
     reason: str
     requested: Mapping[str, Any]
     layout: str = ""  # awq | gptq | gguf | torchao; "" takes the method's own (layout_of)
+    static_groups: bool = False  # gptq: act-order inside groups fixed before rounding (sequential g_idx)
 
     def __post_init__(self) -> None:
         if not self.layout:
@@ -55,6 +60,7 @@ class QuantScheme:
             "layout": self.layout,
             "group_size": self.group_size,
             "desc_act": self.desc_act,
+            "static_groups": self.static_groups,
             "symmetric": self.symmetric,
             "reason": self.reason,
             "requested": dict(self.requested),
@@ -90,12 +96,29 @@ def auto_group_size(in_features: Mapping[str, int]) -> tuple[int, str]:
     )
 
 
+def serving_config(scheme: QuantScheme, bits: int = 4) -> dict[str, Any]:
+    """The ``quantization_config`` the scheme's checkpoint will carry, as lmdeploy's engine rules read it."""
+    if scheme.layout == "awq":
+        return {"quant_method": "awq", "bits": bits, "group_size": scheme.group_size, "version": "gemm"}
+    return {
+        "quant_method": scheme.layout,
+        "bits": bits,
+        "group_size": scheme.group_size,
+        "desc_act": scheme.desc_act and not scheme.static_groups,
+        "sym": scheme.symmetric,
+    }
+
+
 def resolve_scheme(
-    quant: LLMQuantConfig, in_features: Mapping[str, int], architecture: str | None = None
+    quant: LLMQuantConfig,
+    in_features: Mapping[str, int],
+    architecture: str | None = None,
+    awq_groups: bool = True,
 ) -> QuantScheme:
-    """The scheme to quantize with, given the configured one, each target Linear's in_features and the model's
-    architecture (config.json's ``architectures[0]``; None: assumed TurboMind's)."""
-    from exporters.lmdeploy import TURBOMIND_ARCHITECTURES
+    """The scheme to quantize with, given the configured one, each target Linear's in_features, the model's
+    architecture (config.json's ``architectures[0]``; None: assumed TurboMind's) and whether the architecture table
+    gives its family AWQ scale groups."""
+    from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 
     requested = {"method": quant.method, "group_size": quant.group_size, "desc_act": quant.desc_act}
     if quant.format == "gguf":
@@ -111,6 +134,8 @@ def resolve_scheme(
         symmetric = quant.symmetric and not quant.method.startswith("awq")
         reason = f"method {quant.method} as configured; {group_reason}"
         return QuantScheme(quant.method, group, desc_act, symmetric, reason, requested)
+    if not awq_groups:
+        return _gptq_fallback(group, group_reason, architecture, requested)
     if group == TURBOMIND_GROUP_SIZE and (architecture is None or architecture in TURBOMIND_ARCHITECTURES):
         engine = "which lmdeploy's TurboMind and PyTorch engine both serve"
     elif group == TURBOMIND_GROUP_SIZE:
@@ -122,6 +147,17 @@ def resolve_scheme(
         f"AWQ layout at group {group}, {engine}; {group_reason}"
     )
     return QuantScheme("awq-gptq", group, False, False, reason, requested)
+
+
+def _gptq_fallback(group: int, group_reason: str, architecture: str | None, requested: Any) -> QuantScheme:
+    """auto on a family without AWQ scale groups: act-order GPTQ in static groups, asymmetric, in the AWQ layout."""
+    reason = (
+        f"method auto: gptq (act-order rounding in static groups, asymmetric) in the AWQ layout at group {group}, "
+        f"because the architecture table gives {architecture or 'this family'} no AWQ scale groups (AWQ cannot fold "
+        f"its scales); lmdeploy's PyTorch engine serves the AWQ layout; {group_reason}"
+    )
+    log.info("quantization scheme: AWQ cannot serve %s; falling back to GPTQ", architecture or "this family")
+    return QuantScheme("gptq", group, True, False, reason, requested, layout="awq", static_groups=True)
 
 
 def _gguf_scheme(quant: LLMQuantConfig, in_features: Mapping[str, int], requested: Mapping[str, Any]) -> QuantScheme:

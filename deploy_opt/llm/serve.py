@@ -57,7 +57,7 @@ def choose_backend(checkpoint: Path, backend: str) -> str:
 
     The architecture counts as well: lmdeploy's CLI runs TurboMind only for the architectures in its list, and
     sends any other to the PyTorch engine (which has no GPTQ), whatever ``--backend`` says."""
-    from exporters.lmdeploy import ENGINES, architecture_of, engine_problems, requantize_advice
+    from exporters.lmdeploy_engines import ENGINES, architecture_of, engine_problems, requantize_advice
 
     config = checkpoint_config(checkpoint)
     quant, architecture = config.get("quantization_config") or {}, architecture_of(config)
@@ -92,7 +92,7 @@ def model_format_args(checkpoint: Path, backend: str) -> list[str]:
 def serve_command(checkpoint: Path, serve: ServeConfig, lmdeploy: str = "lmdeploy") -> list[str]:
     """The exact ``lmdeploy serve api_server`` command line for ``checkpoint`` (ConfigError if no engine serves it,
     or ``serve.tp`` GPUs cannot split it)."""
-    from exporters.lmdeploy import tp_problems
+    from exporters.lmdeploy_engines import tp_problems
 
     backend = choose_backend(checkpoint, serve.backend)
     split = tp_problems(checkpoint_config(checkpoint), quantization_config(checkpoint), serve.tp)

@@ -35,6 +35,13 @@ def judge_against_baseline(baseline: dict[str, Any], quantized: dict[str, Any]) 
                 "fp_top_token_share": fp["top_token_share"],
             }
         )
+        if new:
+            log.warning(
+                "stability run %d (%s): %s, which the FP model's generation does not show",
+                len(runs) - 1,
+                q["mode"],
+                ", ".join(new),
+            )
         if excused:
             log.info(
                 "stability run %d: %s also in the FP model's generation, not counted", len(runs) - 1, ", ".join(excused)
