@@ -3,14 +3,17 @@
 The header is ``GGUF``, a uint32 version and two uint64 counts (tensors, metadata pairs). A hostile file that
 claims 2**62 tensors makes a reader allocate or loop for ever, so each count is capped at ``GGUF_COUNT_CAP``
 (1,000,000; real models have hundreds of tensors and a few dozen pairs) and must fit in the file's size.
+``gguf_tensor_types`` then counts the tensors by ggml type (Q4_K, Q6_K, F32, ...) from their infos alone.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from dopt_common.deps import require
 from dopt_common.errors import ModelError
 from dopt_common.files import regular_input
 from dopt_common.names import shown
@@ -65,3 +68,15 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
             f"but it is {size:,} bytes (truncated?)",
         )
     return GGUFHeader(version, tensors, pairs, order)
+
+
+def gguf_tensor_types(path: str | Path) -> dict[str, int]:
+    """How many tensors of each ggml type the GGUF at ``path`` holds (``{"Q4_K": 120, "Q6_K": 25, "F32": 65}``,
+    most first), from the tensor infos through a memory map: no tensor data is read."""
+    read_gguf_header(path)  # the counts are checked before the reader trusts them
+    gguf = require("gguf", purpose="reading a GGUF's tensor types", extra="llm")
+    try:
+        counts = Counter(tensor.tensor_type.name for tensor in gguf.GGUFReader(str(path), "r").tensors)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _bad(Path(path), f"has tensor infos the gguf package cannot read ({exc})") from exc
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
