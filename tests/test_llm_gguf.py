@@ -85,6 +85,8 @@ def test_gguf_export_reads_back_exactly_and_reloads_as_the_same_model(
     assert result.out_dir.name == f"tiny-{'gptq' if method == 'auto' else 'awq'}-g32"
     record = report["quantization"]["gguf"]
     assert report["checkpoint"]["format"] == "gguf" and record["types"] == [qtype]
+    assert report["model"]["tensor_types"] == {"F32": 21}  # the source's, read from its tensor infos
+    assert report["model"]["reference"].startswith("the F32 GGUF dequantized to float32 by the gguf package")
     assert record["read_back"]["exact"] and record["read_back"]["max_abs_diff"] == 0.0
     assert record["read_back"]["tensors_checked"] == 21  # every tensor of the file, not only the 14 quantized
     # AWQ folds its scales into the RMSNorms before the Linears: those go in as F32, the rest as the source had them.

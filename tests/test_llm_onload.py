@@ -157,6 +157,9 @@ def test_quantize_llm_layers_matches_memory_and_says_what_it_skipped(bf16_folder
     assert layers.report.perplexity.after == pytest.approx(memory.report.perplexity.after, rel=1e-4)
     assert layers.report.stable is None and "not run" in layers.report.stability["skipped"]
     assert layers.report.sections["model"]["onload"] == "layers"
+    for run in (memory, layers):  # a folder source: the perplexities are relative to its own weights
+        assert run.report.sections["model"]["reference"].startswith("the Hugging Face folder's weights in float32")
+        assert "tensor_types" not in run.report.sections["model"]
     assert [c.name for c in layers.gate.criteria] == ["max_ppl_increase"]  # no stability criterion
     assert "not run: layer-wise onloading" in (layers.out_dir / "report.html").read_text()
 

@@ -3,14 +3,17 @@
 The header is ``GGUF``, a uint32 version and two uint64 counts (tensors, metadata pairs). A hostile file that
 claims 2**62 tensors makes a reader allocate or loop for ever, so each count is capped at ``GGUF_COUNT_CAP``
 (1,000,000; real models have hundreds of tensors and a few dozen pairs) and must fit in the file's size.
+``gguf_tensor_types`` then counts the tensors by ggml type (Q4_K, Q6_K, F32, ...) from their infos alone.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from dopt_common.deps import require
 from dopt_common.errors import ModelError
 from dopt_common.files import regular_input
 from dopt_common.names import shown
@@ -132,3 +135,31 @@ class _Walker:
                     self.skip(inner, depth + 1)
         else:
             raise _bad(self.path, f"has a metadata value of unknown type {kind} at byte {self.at:,}")
+
+
+def gguf_tensor_types(path: str | Path) -> dict[str, int]:
+    """How many tensors of each ggml type the GGUF at ``path`` holds (``{"Q4_K": 120, "Q6_K": 25, "F32": 65}``,
+    most first), from the tensor infos through a memory map, past the metadata walked as ``read_gguf_metadata``
+    walks it: no tensor data is read, and a large vocabulary costs milliseconds."""
+    import mmap
+
+    gguf = require("gguf", purpose="reading a GGUF's tensor types", extra="llm")
+    header = read_gguf_header(path)
+    path = Path(path)
+    counts: Counter[str] = Counter()
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        reader = _Walker(data, header.byte_order, path)
+        for _ in range(header.pairs):
+            reader.string(limit=_MAX_KEY)
+            reader.skip(int(reader.unpack("I")))  # type: ignore[call-overload]
+        for _ in range(header.tensors):
+            reader.string(limit=_MAX_KEY)
+            dims = int(reader.unpack("I"))  # type: ignore[call-overload]
+            reader.take(8 * dims)
+            kind = int(reader.unpack("I"))  # type: ignore[call-overload]
+            reader.take(8)  # the data offset
+            try:
+                counts[gguf.GGMLQuantizationType(kind).name] += 1
+            except ValueError:
+                raise _bad(path, f"has a tensor of unknown ggml type {kind}") from None
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))

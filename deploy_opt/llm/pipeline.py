@@ -78,14 +78,15 @@ def _check_output(out_dir: Path, source: Path) -> None:
 
 def load_llm(config: LLMConfig, source: Path) -> LoadedLLM:
     """Load the model and texts and resolve ``auto`` (a group that cannot work fails here, before any long step)."""
-    from deploy_opt.llm.gguf_model import load_model_folder
+    from deploy_opt.llm.gguf_model import load_model_folder, model_reference
 
     model, tokenizer = load_model_folder(source)
+    reference = model_reference(Path(source))
     if config.model.device != "cpu":
         model = model.to(config.model.device)
     scheme = plan_scheme(config.quantization, model)
     evaluation_docs, selection = select_texts(config, tokenizer)
-    return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection)
+    return LoadedLLM(Path(source), model, tokenizer, scheme, evaluation_docs, selection, reference=reference)
 
 
 def default_run_name(model_path: str, scheme: QuantScheme) -> str:

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from deploy_opt.llm.config import LLMConfig
+from deploy_opt.llm.gguf_model import model_reference
 from deploy_opt.llm.run_common import (
     LoadedLLM,
     Measured,
@@ -105,9 +106,10 @@ def load_layers(config: LLMConfig, source: Path) -> LoadedLLM:
     shards = open_folder(source)  # the weights first: a damaged index fails before any tokenizer work
     tokenizer = load_auto_tokenizer(source, "model.hf")
     model = load_skeleton(shards, config.model.device)
+    reference = model_reference(source)
     scheme = plan_scheme(config.quantization, model)
     evaluation_docs, selection = select_texts(config, tokenizer)
-    return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers")
+    return LoadedLLM(source, model, tokenizer, scheme, evaluation_docs, selection, onload="layers", reference=reference)
 
 
 def run_layers(

@@ -14,6 +14,7 @@ from deploy_opt import __version__
 from deploy_opt.config.serve import ServeConfig
 from deploy_opt.llm.config import LLMConfig, LLMQuantConfig
 from deploy_opt.llm.corpus import MIXED, mixed_texts
+from deploy_opt.llm.gguf_model import ModelReference
 from deploy_opt.llm.scheme import QuantScheme
 from deploy_opt.llm.text_data import TextDoc, load_texts, pydoc_texts
 from deploy_opt.report.gate import GateResult, apply_ppl_gate, read_back_criteria
@@ -38,6 +39,7 @@ class LoadedLLM:
     evaluation_docs: list[TextDoc]
     selection: Any  # text_data.TextSelection
     onload: str = "memory"  # "layers": model is the skeleton of llm/onload.py, decoder layers on the meta device
+    reference: ModelReference | None = None  # what the perplexities are relative to (gguf_model.model_reference)
 
 
 def model_source(config: LLMConfig) -> Path:
@@ -91,6 +93,7 @@ def write_report(
                 "source": str(loaded.source),
                 "parameters": sum(p.numel() for p in loaded.model.parameters()),
                 "onload": loaded.onload,
+                **(loaded.reference.to_json() if loaded.reference is not None else {}),
             },
             "calibration": loaded.selection.to_report(),
             "quantization": measured.engine,

@@ -47,6 +47,8 @@ def write_llm_page(folder: Path) -> Path:
                 [
                     ("scheme", (report.get("scheme") or {}).get("reason")),
                     ("model", (report.get("model") or {}).get("source")),
+                    ("reference", (report.get("model") or {}).get("reference")),
+                    ("source tensor types", _tensor_types(report)),
                     ("checkpoint", (report.get("checkpoint") or {}).get("format")),
                 ]
             ),
@@ -93,6 +95,12 @@ def write_llm_page(folder: Path) -> Path:
         ]
     )
     return html_parts.write_page(folder / REPORT_NAME, f"{report.get('name', folder.name)} quantize-llm report", body)
+
+
+def _tensor_types(report: dict[str, Any]) -> str | None:
+    """A GGUF source's tensor types as 'Q4_K 120, Q6_K 25, F32 65' (None for a Hugging Face folder)."""
+    types = (report.get("model") or {}).get("tensor_types")
+    return ", ".join(f"{name} {count}" for name, count in types.items()) if isinstance(types, dict) else None
 
 
 def _reference(report: dict[str, Any]) -> str:
