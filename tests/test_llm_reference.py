@@ -189,3 +189,24 @@ def test_real_llm_compressor_quantizes_and_scores_our_windows(tiny_folder: Path)
     original = perplexity(loaded.model, loaded.tokenizer, loaded.evaluation_docs, WINDOW)
     record = reference_gptq.reference_record(raw, original, original, "rtn")
     assert abs(record["float_ppl_gap"]) < 1e-4 and record["reference"]["increase"] != 0
+
+
+@pytest.mark.parametrize(("method", "symmetric"), [("auto", False), ("gptq", True), ("awq", False)])
+def test_the_reference_quantizes_with_the_run_s_symmetry(method: str, symmetric: bool) -> None:
+    """The default's AWQ-layout codes carry zero points, so its reference is asymmetric GPTQ (W4A16_ASYM): a
+    symmetric reference would lose far more at 4 bits and flatter the run."""
+    import types
+
+    import transformers
+
+    from deploy_opt.llm.config import LLMQuantConfig
+    from deploy_opt.llm.run_common import plan_scheme
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4
+    )
+    model = transformers.LlamaForCausalLM(config)
+    scheme = plan_scheme(LLMQuantConfig(method=method), model)
+    settings = reference_gptq.reference_settings(types.SimpleNamespace(model=model, scheme=scheme), ("lm_head",))
+    assert settings.symmetric is symmetric and settings.group_size == scheme.group_size == 64
+    assert ("asymmetric" not in settings.describe()) is symmetric

@@ -128,3 +128,41 @@ def test_gguf_format_fixes_group_32_and_picks_the_block_type() -> None:
     assert (mixed.layout, mixed.symmetric, auto.layout) == ("gguf", False, "gguf") and "Q4_1" in mixed.reason
     with pytest.raises(ConfigError, match="blocks of 32 do not divide"):
         resolve_scheme(LLMQuantConfig(format="gguf"), {"odd": 48})
+
+
+def test_auto_falls_back_to_static_group_gptq_in_the_awq_layout_where_awq_has_no_groups(tmp_path) -> None:
+    """A family the architecture table gives no AWQ scale groups: auto says so and writes act-order GPTQ in static
+    groups, asymmetric, whose codes the AWQ layout holds and lmdeploy's PyTorch engine serves."""
+    import transformers
+
+    from deploy_opt.llm.quantize_engine import quantize_model
+    from deploy_opt.llm.run_common import engine_settings
+    from deploy_opt.llm.scheme import serving_config
+    from exporters.lmdeploy import read_quantized_weights
+    from exporters.lmdeploy_engines import serving_engine
+    from exporters.w4a16_writer import write_quantized_checkpoint
+
+    scheme = resolve_scheme(LLMQuantConfig(), DIVIDES_128, "LlamaForCausalLM", awq_groups=False)
+    assert (scheme.method, scheme.layout, scheme.group_size) == ("gptq", "awq", 128)
+    assert scheme.desc_act and scheme.static_groups and not scheme.symmetric
+    assert "no AWQ scale groups" in scheme.reason and scheme.to_json()["static_groups"] is True
+    assert serving_engine(serving_config(scheme), "LlamaForCausalLM") in ("turbomind", "pytorch")
+    settings = engine_settings(LLMQuantConfig(), scheme)
+    assert (settings.method, settings.desc_act, settings.static_groups, settings.symmetric) == (
+        "gptq",
+        True,
+        True,
+        False,
+    )
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    samples = [torch.randint(0, 64, (1, 32)) for _ in range(4)]
+    weights = quantize_model(model, samples, settings, progress=False).weights
+    folder = write_quantized_checkpoint(model, weights, tmp_path / "checkpoint", fmt=scheme.layout)
+    back, _ = read_quantized_weights(folder)
+    for name, qw in weights.items():
+        assert not qw.act_order and torch.equal(qw.g_idx.long(), torch.arange(qw.shape[1]) // 128), name
+        torch.testing.assert_close(back[name].dequantize(), model.get_submodule(name).weight, rtol=2e-3, atol=1e-5)

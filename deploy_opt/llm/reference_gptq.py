@@ -1,9 +1,12 @@
 """A reference GPTQ beside deploy_opt's own (``checks.reference_gptq``, ``--reference-gptq``; off by default).
 
 llm-compressor's ``GPTQModifier`` quantizes the same float model, on the same calibration token windows, the same
-Linears (deploy_opt's targets: ``keep`` left out) and the run's group size, W4A16 integer weights, symmetric,
-act-order ``static`` (columns visited by decreasing Hessian diagonal, groups kept as stored), dampening 0.01,
-blocks of 128. It runs in a Python that has it, often its own venv (it pins its own transformers):
+Linears (deploy_opt's targets: ``keep`` left out), the run's group size and the run's symmetry (the default's
+AWQ-layout codes carry zero points, so its reference is asymmetric: llm-compressor's W4A16_ASYM; a symmetric run's
+is W4A16), W4A16 integer weights, act-order ``static`` (columns visited by decreasing Hessian diagonal, groups kept
+as stored), dampening 0.01, blocks of 128. Symmetry matters more than the algorithm at 4 bits: on SmolLM2-135M at
+group 64 symmetric GPTQ loses +41.7% perplexity and asymmetric +12.9% (README), so comparing an asymmetric run with
+a symmetric reference would flatter it. It runs in a Python that has it, often its own venv (it pins its own transformers):
 ``checks.reference_python``, else this Python, else ``benchmarks/corpus/.cache/llmcompressor-venv`` (made by
 ``benchmarks/llm_reference_venv.sh``). Where none has it, the run goes on and the report says so in one line.
 
@@ -136,7 +139,7 @@ def reference_settings(loaded: Any, keep: tuple[str, ...]) -> ReferenceSettings:
     from deploy_opt.llm.quantize_engine import target_linears
 
     targets = tuple(sorted(target_linears(loaded.model, keep)))
-    return ReferenceSettings(group_size=loaded.scheme.group_size, targets=targets)
+    return ReferenceSettings(group_size=loaded.scheme.group_size, targets=targets, symmetric=loaded.scheme.symmetric)
 
 
 def model_folder(loaded: Any, scratch: Path) -> Path:
