@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import time
 from pathlib import Path
@@ -158,12 +159,17 @@ def test_stability_run_flags_a_repeated_token(tiny, hooked) -> None:
         assert run["top_token_share"] == 1.0
 
 
-def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, hooked) -> None:
+def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, hooked, caplog) -> None:
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
     hooked(_repeat)
-    baseline = _stability(tiny, generations=2)
-    quantized = _stability(tiny, generations=2)  # "quantized": the same habit as the FP model
+    with caplog.at_level(logging.INFO):
+        baseline = _stability(tiny, generations=2)
+        quantized = _stability(tiny, generations=2)  # "quantized": the same habit as the FP model
+        judge_against_baseline(baseline, quantized)
+    # nothing a user can act on: the FP model's own habit is information, not a warning
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("flagged" in r.message for r in caplog.records)
     assert not baseline["ok"] and not quantized["ok"]  # judged alone, both would be flagged
     judged = judge_against_baseline(baseline, quantized)
     assert judged["ok"] and judged["flagged"] == 0 and judged["excused"] == 2 and judged["flagged_raw"] == 2
@@ -172,13 +178,15 @@ def test_a_model_that_repeats_in_fp_too_is_not_flagged_for_it(tiny, hooked) -> N
     assert run["fp_text"] == run["text"] and run["fp_flags"] == run["flags"]
 
 
-def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, hooked) -> None:
+def test_degeneration_the_fp_model_does_not_show_is_flagged(tiny, hooked, caplog) -> None:
     from deploy_opt.llm.stability_baseline import judge_against_baseline
 
     hooked(_varied(tiny))
     baseline = _stability(tiny, generations=2)
     hooked(_repeat)
-    judged = judge_against_baseline(baseline, _stability(tiny, generations=2))
+    with caplog.at_level(logging.WARNING):
+        judged = judge_against_baseline(baseline, _stability(tiny, generations=2))
+    assert sum("which the FP model's generation does not show" in r.message for r in caplog.records) == 2
     assert not judged["ok"] and judged["flagged"] == 2 and judged["excused"] == 0
     assert "dominant_token" in judged["runs"][0]["new_flags"] and judged["runs"][0]["fp_flags"] == []
     # NaN is flagged even when the FP model has it too.
