@@ -1,47 +1,26 @@
 """lmdeploy 0.18's own weight readers, run on the CPU over GPTQ and AWQ checkpoints our writer made.
 
-lmdeploy's code comes from its wheel, installed without dependencies (``pip install --no-deps lmdeploy==0.18.0``)
-or unpacked into a folder named by ``DEPLOY_OPT_LMDEPLOY_SRC`` (the folder holding ``lmdeploy/``). Without it the
-tests skip, unless ``DEPLOY_OPT_REQUIRE_LMDEPLOY=1`` (CI), where they fail.
-
-What runs, unchanged from lmdeploy 0.18.0's files:
-
-- TurboMind: ``turbomind/checkpoint.py`` ``create_checkpoint`` (a ``SafetensorsCheckpoint`` over our
-  model.safetensors) and ``Prefix``; ``turbomind/weight_format.py`` ``WeightFormatResolver.resolve``,
-  ``GPTQFormat``/``AWQFormat``/``TrivialFormat`` ``.accepts`` and ``.normalize``, and ``AWQFormat.dequant``;
-  ``turbomind/builders/linear.py`` ``_build_linear`` (what ``TextModel._linear`` runs for every Linear); and
-  ``turbomind/converter.py`` ``_validate_quant_group_size`` with ``_SUPPORTED_GROUP_SIZES`` and
-  ``_DEFAULT_GROUP_SIZES``, compiled from the file's own source (converter.py imports the CUDA extension).
-- PyTorch engine: ``pytorch/config.py`` ``QuantizationConfig.from_config`` and ``_patch_quantization_config``;
-  ``pytorch/weight_loader/model_weight_loader.py`` ``ModelWeightLoader`` (its safetensors iterator) and
-  ``load_weight``; ``pytorch/nn/linear/awq.py`` ``AwqLinear.create_weights``; ``pytorch/backends/default/
-  awq_modules.py`` ``dequantize_gemm`` and ``DefaultLinearW4A16Impl.forward`` (the non-CUDA W4A16 Linear).
-
-What is stood in for, because it cannot load without CUDA or pulls the serving stack:
-
-- the package ``__init__`` files of ``lmdeploy`` (fastapi, ray, ...), ``lmdeploy.turbomind`` (loads the
-  extension), ``lmdeploy.turbomind.builders``, ``lmdeploy.pytorch.nn`` and ``lmdeploy.pytorch.nn.linear``
-  (zmq, ...) are empty packages, so only the modules above execute;
-- ``lmdeploy.turbomind._tm``, the ``_turbomind`` extension (it links libcuda.so.1), is an enum of the
-  ``DataType`` names the weight formats declare;
-- ``SafetensorsCheckpoint.get``/``pop`` end in ``tensor.cuda()``; ``torch.Tensor.cuda`` is the identity here.
+What runs of lmdeploy, and what is stood in for, is in ``tests/lmdeploy_source.py``; without lmdeploy's source
+the tests skip, unless ``DEPLOY_OPT_REQUIRE_LMDEPLOY=1`` (CI), where they fail.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import enum
-import importlib
-import importlib.util
-import os
-import re
-import sys
-import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tiny_llama
+from lmdeploy_source import (
+    checkpoint_tensors,
+    cpu_tensors,
+    lmdeploy_readers,
+    lmdeploy_root,
+    pytorch_engine_awq,
+    turbomind_linear,
+)
 
 from exporters.lmdeploy_engines import pytorch_engine_problems, turbomind_problems
 from exporters.w4a16_writer import write_quantized_checkpoint
@@ -50,112 +29,28 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.lmdeploy
 
-LMDEPLOY_SERIES = "0.18."
-EMPTY_PACKAGES = ("", "cli", "turbomind", "turbomind.builders", "pytorch.nn", "pytorch.nn.linear")
-TM_DATA_TYPES = (
-    "TYPE_INVALID",
-    "TYPE_FP16",
-    "TYPE_BF16",
-    "TYPE_FP32",
-    "TYPE_UINT4",
-    "TYPE_UINT8",
-    "TYPE_INT32",
-    "TYPE_GENERIC_FLOAT",
-    "TYPE_FP8_E4M3",
-    "TYPE_FP4_E2M1",
-)
-CONVERTER_NAMES = ("_DEFAULT_GROUP_SIZES", "_SUPPORTED_GROUP_SIZES", "_validate_quant_group_size")
 
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("DEPLOY_OPT_REQUIRE_LMDEPLOY") == "1":
-        pytest.fail(f"{reason} (DEPLOY_OPT_REQUIRE_LMDEPLOY=1)")
-    pytest.skip(reason)
-
-
-def _lmdeploy_root() -> Path:
-    """The ``lmdeploy/`` source folder of a 0.18 wheel, found without importing it."""
-    hint = "pip install --no-deps 'lmdeploy==0.18.0', or unpack its wheel and set DEPLOY_OPT_LMDEPLOY_SRC"
-    if os.environ.get("DEPLOY_OPT_LMDEPLOY_SRC"):
-        root = Path(os.environ["DEPLOY_OPT_LMDEPLOY_SRC"]) / "lmdeploy"
-    else:
-        spec = importlib.util.find_spec("lmdeploy")
-        root = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
-    if root is None or not (root / "version.py").is_file():
-        _unavailable(f"lmdeploy's source is not here; {hint}")
-    found = re.search(r"__version__ = ['\"]([^'\"]+)", (root / "version.py").read_text())
-    version = found.group(1) if found else "unknown"
-    if not version.startswith(LMDEPLOY_SERIES):
-        _unavailable(f"lmdeploy {version} is installed; these tests follow 0.18; {hint}")
-    return root
-
-
-def _tm_stub() -> types.ModuleType:
-    """Stands in for the ``_turbomind`` CUDA extension: only the DataType names the weight formats use."""
-    stub = types.ModuleType("lmdeploy.turbomind._tm")
-    stub.DataType = enum.Enum("DataType", TM_DATA_TYPES)
-    return stub
-
-
-def _converter_rules(root: Path) -> dict:
-    """The group-size rules of ``turbomind/converter.py``, compiled from its own source text."""
-    tree = ast.parse((root / "turbomind" / "converter.py").read_text(), "converter.py")
-    picked = [
-        node
-        for node in tree.body
-        if isinstance(node, (ast.Assign, ast.FunctionDef))
-        and (getattr(node, "name", None) or node.targets[0].id) in CONVERTER_NAMES
-    ]
-    assert len(picked) == len(CONVERTER_NAMES), "lmdeploy's converter.py no longer defines the group-size rules"
-    namespace: dict = {}
-    exec(compile(ast.Module(body=picked, type_ignores=[]), str(root / "turbomind" / "converter.py"), "exec"), namespace)
-    return namespace
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    # Tiny tensors: a second thread only waits for the first, and on a busy 2-core machine (CI runs two pytest
+    # workers) each op then took 20 ms instead of 0.1 ms.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def lmd():
-    """lmdeploy 0.18's reader functions, imported from its files with the package stand-ins above."""
-    root = _lmdeploy_root()
-    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "lmdeploy"}
-    for name in saved:
-        del sys.modules[name]
-    try:
-        for dotted in EMPTY_PACKAGES:
-            name = f"lmdeploy.{dotted}" if dotted else "lmdeploy"
-            package = types.ModuleType(name)
-            package.__path__ = [str(root.joinpath(*dotted.split(".")))]
-            sys.modules[name] = package
-        tm = sys.modules["lmdeploy.turbomind"]._tm = sys.modules["lmdeploy.turbomind._tm"] = _tm_stub()
-        try:
-            modules = {
-                short: importlib.import_module(f"lmdeploy.{short}")
-                for short in (
-                    "turbomind.checkpoint",
-                    "turbomind.weight_format",
-                    "turbomind.builders.linear",
-                    "pytorch.config",
-                    "pytorch.weight_loader.model_weight_loader",
-                    "pytorch.nn.linear.awq",
-                    "pytorch.backends.default.awq_modules",
-                    "cli.utils",
-                )
-            }
-        except ModuleNotFoundError as exc:
-            _unavailable(f"lmdeploy's readers import {exc.name}, which is not installed; pip install {exc.name}")
-        yield types.SimpleNamespace(
-            tm=tm,
-            rules=_converter_rules(root),
-            **{short.rsplit(".", 1)[-1]: module for short, module in modules.items()},
-        )
-    finally:
-        for name in [name for name in sys.modules if name.split(".")[0] == "lmdeploy"]:
-            del sys.modules[name]
-        sys.modules.update(saved)
+    """lmdeploy 0.18's reader functions, imported from its files with the package stand-ins."""
+    with lmdeploy_readers() as readers:
+        yield readers
 
 
 @pytest.fixture
-def cpu_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+def cpu_checkpoint():
+    with cpu_tensors():
+        yield
 
 
 # ---------- our checkpoints ----------
@@ -194,21 +89,11 @@ def _ours(model, name: str) -> torch.Tensor:
 # ---------- TurboMind ----------
 
 
-def _turbomind_linear(lmd, folder: Path, name: str, fmt: str, group: int):
-    """What TurboMind's converter does for one Linear: resolve its tensors to a format, then _build_linear."""
-    wf = lmd.weight_format
-    quantized = wf.GPTQFormat(block_in=group) if fmt == "gptq" else wf.AWQFormat(block_in=group)
-    resolver = wf.WeightFormatResolver(formats=[quantized, wf.TrivialFormat(weight_dtype=lmd.tm.DataType.TYPE_FP16)])
-    checkpoint = lmd.checkpoint.create_checkpoint(str(folder))
-    resolved, available = resolver.resolve(lmd.checkpoint.Prefix(checkpoint, name))
-    return resolved, lmd.linear._build_linear(resolved, available)
-
-
 @pytest.mark.parametrize(("fmt", "group"), [("gptq", 128), ("awq", 128)])
 def test_turbomind_reads_our_codes_and_dequantizes_to_our_weights(lmd, checkpoints, cpu_checkpoint, fmt, group):
     folder, weights, model = checkpoints[fmt, group, False]
     for name, qw in weights.items():
-        resolved, linear = _turbomind_linear(lmd, folder, name, fmt, group)
+        resolved, linear = turbomind_linear(lmd, folder, name, fmt, group)
         assert resolved.name == fmt, name
         tensors = linear.tensors  # TurboMind's layout: weight [in, out] codes, scales and zeros [groups, out]
         assert torch.equal(tensors["weight"].long(), qw.qweight.t().long()), name
@@ -217,14 +102,14 @@ def test_turbomind_reads_our_codes_and_dequantizes_to_our_weights(lmd, checkpoin
         # AWQFormat.dequant is TurboMind's one dequantizer of this layout (GPTQFormat normalizes to the same one).
         weight = lmd.weight_format.AWQFormat.dequant(resolved, tensors, torch.float16)["weight"]
         torch.testing.assert_close(weight.float(), _ours(model, name), rtol=2e-3, atol=1e-5)
-    resolved, _ = _turbomind_linear(lmd, folder, "lm_head", fmt, group)
+    resolved, _ = turbomind_linear(lmd, folder, "lm_head", fmt, group)
     assert resolved.name == "trivial"  # the kept lm_head is a plain fp16 weight to TurboMind
 
 
 def test_turbomind_ignores_g_idx_so_act_order_gptq_is_misread(lmd, checkpoints, cpu_checkpoint):
     folder, weights, model = checkpoints["gptq", 64, True]
     name = next(name for name, qw in weights.items() if qw.act_order)
-    resolved, linear = _turbomind_linear(lmd, folder, name, "gptq", 64)
+    resolved, linear = turbomind_linear(lmd, folder, name, "gptq", 64)
     assert ".g_idx" not in resolved.suffix_map
     weight = lmd.weight_format.AWQFormat.dequant(resolved, linear.tensors, torch.float16)["weight"]
     assert not torch.allclose(weight.float(), _ours(model, name), rtol=2e-3, atol=1e-5)
@@ -259,17 +144,11 @@ def test_pytorch_engine_loads_our_awq_and_its_linear_matches_ours(lmd, checkpoin
     quant = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
     assert (quant.quant_method, quant.bits, quant.group_size) == ("awq", 4, group)
     assert not pytorch_engine_problems({"quant_method": "awq", "bits": 4, "group_size": group})
-    loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
-    tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
+    tensors = checkpoint_tensors(lmd, folder)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     for name, qw in weights.items():
         out_features, in_features = qw.shape
-        params = lmd.awq.AwqLinear.create_weights(
-            None, in_features, out_features, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
-        )[:3]
-        for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
-            lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])  # asserts the shapes agree
-        qweight, scales, qzeros = params
+        qweight, scales, qzeros = pytorch_engine_awq(lmd, tensors, name, qw.shape, quant.group_size)
         weight = lmd.awq_modules.dequantize_gemm(qweight, qzeros, scales, quant.bits, quant.group_size)
         torch.testing.assert_close(weight.float(), _ours(model, name), rtol=2e-3, atol=1e-5)
         impl = lmd.awq_modules.DefaultLinearW4A16Impl(in_features, out_features, quant.bits, quant.group_size)
@@ -301,16 +180,9 @@ def test_static_group_act_order_gptq_packs_as_awq_and_the_pytorch_engine_reads_i
         assert torch.equal(qw.g_idx, (torch.arange(qw.shape[1]) // 64).to(qw.g_idx.dtype))
     folder = write_quantized_checkpoint(model, weights, tmp_path / "checkpoint", fmt="awq")
     quant = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
-    loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
-    tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
+    tensors = checkpoint_tensors(lmd, folder)
     for name, qw in weights.items():
-        out_features, in_features = qw.shape
-        params = lmd.awq.AwqLinear.create_weights(
-            None, in_features, out_features, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
-        )[:3]
-        for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
-            lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])
-        qweight, scales, qzeros = params
+        qweight, scales, qzeros = pytorch_engine_awq(lmd, tensors, name, qw.shape, quant.group_size)
         weight = lmd.awq_modules.dequantize_gemm(qweight, qzeros, scales, quant.bits, quant.group_size).float()
         # Our codes with the fp16 scales the file holds: lmdeploy's dequantization is exactly that.
         g = qw.g_idx.long()
@@ -344,7 +216,7 @@ def _supported_archs(root: Path) -> set[str]:
 def test_our_turbomind_architectures_are_lmdeploy_s_and_the_cli_routes_by_them(lmd) -> None:
     from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 
-    root = _lmdeploy_root()
+    root = lmdeploy_root()
     assert set(TURBOMIND_ARCHITECTURES) == _supported_archs(root)
     assert {"MistralForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM"}.isdisjoint(TURBOMIND_ARCHITECTURES)
     serve_source = (root / "cli" / "serve.py").read_text()  # every --backend but pytorch goes through autoget
@@ -422,14 +294,8 @@ def test_auto_on_a_mistral_writes_awq_that_the_pytorch_engine_reads(lmd, tmp_pat
     folder = tmp_path / "out" / "mistral" / "checkpoint"
     quant = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
     assert (quant.quant_method, quant.bits, quant.group_size) == ("awq", 4, 128)
-    loader = lmd.model_weight_loader.ModelWeightLoader(str(folder))
-    tensors = {key: t for path in loader._shard_paths for key, t in loader._get_weights_iterator(path)}
+    tensors = checkpoint_tensors(lmd, folder)
     name = "model.layers.0.mlp.down_proj"
-    params = lmd.awq.AwqLinear.create_weights(
-        None, 256, 128, quant.bits, quant.group_size, False, torch.float16, torch.device("cpu")
-    )[:3]
-    for suffix, param in zip(("qweight", "scales", "qzeros"), params, strict=True):
-        lmd.model_weight_loader.load_weight(param, tensors[f"{name}.{suffix}"])  # asserts the shapes agree
-    qweight, scales, qzeros = params
+    qweight, scales, qzeros = pytorch_engine_awq(lmd, tensors, name, (128, 256), quant.group_size)
     weight = lmd.awq_modules.dequantize_gemm(qweight, qzeros, scales, quant.bits, quant.group_size)
     assert weight.shape == (256, 128) and torch.isfinite(weight.float()).all()
