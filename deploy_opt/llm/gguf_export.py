@@ -6,7 +6,7 @@
 - **The in-memory model is the file's model:** before the checks run, each quantized Linear is set to exactly what
   its GGUF blocks decode to (fp16 ``d`` and ``m``), so the perplexity and stability measured are the file's.
 - **Metadata and the other tensors** (embeddings, norms) come from the source GGUF byte for byte
-  (``exporters.gguf.write_gguf``). A Hugging Face folder (Llama, Mistral, Qwen2; byte-level BPE tokenizer) is
+  (``exporters.gguf.write_gguf``). A Hugging Face folder (``hf_gguf.WRITTEN``; byte-level BPE tokenizer) is
   first written as an F32 GGUF source the way llama.cpp's ``convert_hf_to_gguf.py`` lays one out (``hf_gguf.py``).
 - **Read back once** with the gguf package's own dequantizer: every tensor is compared with the in-memory weight
   (q/k rows put back from llama.cpp's rotary order) and then copied into the model, so the checks measure the
@@ -205,13 +205,15 @@ def read_back(
         n_head = _qk_heads(gguf_name, arch, heads)
         if n_head is not None:
             values = unpermute_qk(values, n_head)
-        values = np.array(values, dtype=np.float32) - np.float32(norm_offset(arch, hf_name))  # a writable copy
-        read = torch.from_numpy(values)
-        diff = float((read - param.detach().float().cpu()).abs().max())
+        stored, offset = np.asarray(values, dtype=np.float32), np.float32(norm_offset(arch, hf_name))
+        ours = param.detach().float().cpu().numpy()
+        # float32 ``w`` and ``1 + w`` do not round-trip both ways: a norm is as written if the file holds the
+        # model's ``1 + w`` (a folder source) or reads back as its ``w`` (a GGUF source, as transformers loaded it)
+        diff = 0.0 if np.array_equal(stored, ours + offset) else float(np.abs(stored - offset - ours).max())
         worst = max(worst, diff)
         if diff:
             inexact.append(hf_name)
-        param.data.copy_(read)
+        param.data.copy_(torch.from_numpy(stored - offset))  # what transformers' reader loads
     return {
         "tensors_checked": len(names),
         "exact": not inexact,

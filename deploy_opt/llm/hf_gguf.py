@@ -23,7 +23,13 @@ from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
-WRITTEN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM")  # hparams known here
+WRITTEN = (  # hparams known here
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "NemotronForCausalLM",
+)
 CONTROL, NORMAL = 3, 1  # gguf.TokenType
 
 
@@ -50,6 +56,8 @@ def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -
     _write_hparams(writer, config, name)
     if arch == "gemma3":
         _write_gemma3_hparams(writer, config)
+    elif arch == "nemotron":
+        _write_nemotron_hparams(writer, config)
     _write_tokenizer(writer, tokenizer)
     by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
     table = gguf.get_tensor_name_map(by_name[arch], config.num_hidden_layers)
@@ -81,13 +89,13 @@ def _write_hparams(writer: Any, config: Any, name: str) -> None:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    rope = getattr(config, "rope_parameters", None) or {}
-    rope = rope.get("full_attention", rope)  # Gemma 3: one rotary per layer type; GGUF holds the global one
+    rope = _rope(config)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    # transformers reads this key as Nemotron's ``norm_eps`` too (GGUF_CONFIG_MAPPING); llama.cpp reads its own
+    writer.add_layer_norm_rms_eps(getattr(config, "rms_norm_eps", None) or config.norm_eps)
     writer.add_vocab_size(config.vocab_size)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))  # Nemotron: part
     writer.add_file_type(0)  # ALL_F32: the quantized tensors are packed in later
 
 
@@ -98,6 +106,36 @@ def _write_gemma3_hparams(writer: Any, config: Any) -> None:
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_sliding_window(config.sliding_window)
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get("full_attention", rope)  # Gemma 3: one rotary per layer type; GGUF holds the global one
+
+
+def _write_nemotron_hparams(writer: Any, config: Any) -> None:
+    """What llama.cpp's NemotronModel adds: the LayerNorm epsilon it reads and the rotary scaling type."""
+    gguf = require("gguf", purpose="--format gguf", extra="llm")
+    writer.add_layer_norm_eps(config.norm_eps)
+    rope = _rope(config)
+    factor = rope.get("partial_rotary_factor", 0.5)
+    if factor != 0.5:  # transformers' GGUF_CONFIG_MAPPING drops rope.dimension_count; llama.cpp reads it
+        log.warning(
+            "Nemotron's partial_rotary_factor is %s: llama.cpp reads it from the file, transformers' GGUF reader "
+            "assumes 0.5, so the read-back check scores the file with another rotary than llama.cpp runs",
+            factor,
+        )
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    elif kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+    else:
+        raise ConfigError(
+            f"--format gguf writes Nemotron with no or linear rotary scaling, as llama.cpp's converter does; this "
+            f"model's rope_type is {kind!r}; fix: convert it with llama.cpp's convert_hf_to_gguf.py and pass the .gguf"
+        )
 
 
 def _write_tokenizer(writer: Any, tokenizer: Any) -> None:

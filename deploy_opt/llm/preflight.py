@@ -199,7 +199,8 @@ def _route(scheme: QuantScheme, header: Header, quant: LLMQuantConfig) -> str | 
     if not served_architecture(header.model_class):
         raise ConfigError(
             f"lmdeploy 0.18 runs {header.model_class} on neither engine (TurboMind nor PyTorch), so the lmdeploy "
-            "format cannot serve it; fix: --format gguf from a .gguf source, served by llama.cpp or Ollama"
+            "format cannot serve it; fix: --format gguf (from a .gguf, or from a Hugging Face folder of a family "
+            "it writes, Nemotron among them), served by llama.cpp or Ollama"
         )
     problems = engine_problems(qconfig, header.model_class)
     log.warning(
