@@ -26,7 +26,7 @@ from lmdeploy_source import checkpoint_tensors, cpu_tensors, lmdeploy_readers, p
 from deploy_opt.llm import awq_layer
 from deploy_opt.llm.architectures import ARCHITECTURES, by_layer
 from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model, target_linears
-from exporters.lmdeploy import TURBOMIND_ARCHITECTURES
+from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 from exporters.w4a16_writer import write_quantized_checkpoint
 
 transformers = pytest.importorskip("transformers")
