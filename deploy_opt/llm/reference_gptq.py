@@ -6,9 +6,9 @@ AWQ-layout codes carry zero points, so its reference is asymmetric: llm-compress
 is W4A16), W4A16 integer weights, act-order ``static`` (columns visited by decreasing Hessian diagonal, groups kept
 as stored), dampening 0.01, blocks of 128. Symmetry matters more than the algorithm at 4 bits: on SmolLM2-135M at
 group 64 symmetric GPTQ loses +41.7% perplexity and asymmetric +12.9% (README), so comparing an asymmetric run with
-a symmetric reference would flatter it. It runs in a Python that has it, often its own venv (it pins its own transformers):
-``checks.reference_python``, else this Python, else ``benchmarks/corpus/.cache/llmcompressor-venv`` (made by
-``benchmarks/llm_reference_venv.sh``). Where none has it, the run goes on and the report says so in one line.
+a symmetric reference would flatter it. It runs in a Python that has it, often its own venv (it pins its own
+transformers): ``checks.reference_python``, else this Python, else ``benchmarks/corpus/.cache/llmcompressor-venv``
+(made by ``benchmarks/llm_reference_venv.sh``). Where none has it, the run goes on and the report says so in one line.
 
 The float model goes to the worker (``reference_worker.py``) as a Hugging Face folder (the source folder, or the
 loaded model saved to a temporary one before deploy_opt quantizes it), the token ids as JSON. The worker scores
