@@ -45,9 +45,20 @@ def _fp16(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).detach().contiguous()
 
 
+def find_decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """``model.model.layers`` of a Hugging Face decoder, or ``model.model.language_model.layers`` of one with a
+    vision tower beside it (Gemma3ForConditionalGeneration); None when neither holds layers."""
+    inner = getattr(model, "model", None)
+    for holder in (inner, getattr(inner, "language_model", None)):
+        layers = getattr(holder, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+            return layers
+    return None
+
+
 def _layer_prefix(model: torch.nn.Module) -> str | None:
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    layers = find_decoder_layers(model)
+    if layers is None:
         return None
     return next(name for name, module in model.named_modules() if module is layers)
 
@@ -170,7 +181,7 @@ def write_quantized_checkpoint(
     writer = CheckpointWriter(folder, fmt, max_shard_bytes)
     try:
         prefix = _layer_prefix(model)
-        layers = getattr(model.model, "layers", []) if prefix else []
+        layers = find_decoder_layers(model) or []
         for index, layer in enumerate(layers):
             name = f"{prefix}.{index}"
             writer.add_layer(name, layer, {k: v for k, v in weights.items() if k.startswith(f"{name}.")})

@@ -9,7 +9,9 @@ layout. Each checkpoint is read back by lmdeploy 0.18's own reader for it (``tes
 PyTorch engine's ``AwqLinear`` + ``dequantize_gemm`` for the AWQ layout, TurboMind's weight formats for GPTQ.
 
 The layer norms carry four outlier channels (gain 8), as trained LLMs do, so AWQ's search picks scales far from
-1 and a wrong fold shows. Nemotron and Qwen3-Next are left to their own change (``NOT_HERE``).
+1 and a wrong fold shows. Gemma 3 is tested twice: as Gemma3ForCausalLM and as Gemma3ForConditionalGeneration (the
+language model of 4B and up, beside a vision tower, which stays float). Nemotron and Qwen3-Next are left to their
+own change (``NOT_HERE``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lmdeploy_source import checkpoint_tensors, cpu_tensors, lmdeploy_readers, p
 
 from deploy_opt.llm import awq_layer
 from deploy_opt.llm.architectures import ARCHITECTURES, by_layer
+from deploy_opt.llm.layer_walk import decoder_layers
 from deploy_opt.llm.quantize_engine import EngineSettings, quantize_model, target_linears
 from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 from exporters.w4a16_writer import write_quantized_checkpoint
@@ -78,11 +81,12 @@ FAMILIES = {
     "gemma": Family("GemmaForCausalLM", ATTENTION + MLP, LLAMA_FOLDS, one_plus_w=True),
     "gemma2": Family("Gemma2ForCausalLM", ATTENTION + MLP, GEMMA2_FOLDS, one_plus_w=True),
     "gemma3": Family("Gemma3ForCausalLM", ATTENTION + MLP, GEMMA2_FOLDS, one_plus_w=True),
+    # Gemma 3 of 4B and up: the language model beside a vision tower (model.model.language_model.layers)
+    "gemma3-vl": Family("Gemma3ForConditionalGeneration", ATTENTION + MLP, GEMMA2_FOLDS, one_plus_w=True),
 }
 NOT_HERE = {
     "NemotronForCausalLM": "another change covers it (no AWQ groups)",
     "Qwen3NextForCausalLM": "another change covers it (no AWQ groups)",
-    "Gemma3ForConditionalGeneration": "the multimodal class: the engine walks model.model.layers, which it lacks",
 }
 
 
@@ -133,6 +137,26 @@ def _config(family: str, kv_heads: int):
     if family == "gemma3":
         return transformers.Gemma3TextConfig(
             sliding_window=16, layer_types=[SLIDING, FULL], query_pre_attn_scalar=32, **small
+        )
+    if family == "gemma3-vl":  # a one-layer SigLIP beside the language model; only the latter is quantized
+        text = transformers.Gemma3TextConfig(
+            sliding_window=16, layer_types=[SLIDING, FULL], query_pre_attn_scalar=32, **small
+        )
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        )
+        return transformers.Gemma3Config(
+            text_config=text,
+            vision_config=vision,
+            mm_tokens_per_image=4,
+            image_token_index=255,
+            boi_token_index=253,
+            eoi_token_index=254,
         )
     configs = {
         "llama": transformers.LlamaConfig,
@@ -198,7 +222,7 @@ def _quantize(family: str, method: Method, folder: Path) -> Quantized:
     """Quantize ``family``'s model with ``method`` and write it, recording every fold AWQ makes."""
     float_model = _model(family, method.kv_heads)
     model = copy.deepcopy(float_model)
-    index = {id(layer): i for i, layer in enumerate(model.model.layers)}
+    index = {id(layer): i for i, layer in enumerate(decoder_layers(model))}
     folds, fold_scales = [], awq_layer.fold_scales
 
     def record(layer, group, scales, form="w"):
@@ -245,7 +269,7 @@ def test_every_family_of_the_table_is_here_or_named_with_a_reason() -> None:
     table = {name for arch in ARCHITECTURES for name in arch.hf_architectures}
     assert table == {spec.architecture for spec in FAMILIES.values()} | set(NOT_HERE)
     for family, spec in FAMILIES.items():  # each model's decoder layer finds its own entry (no Llama fallback)
-        layer = transformers.AutoModelForCausalLM.from_config(_config(family, 2)).model.layers[0]
+        layer = decoder_layers(transformers.AutoModelForCausalLM.from_config(_config(family, 2)))[0]
         arch = by_layer(type(layer).__name__)
         assert arch is not None and spec.architecture in arch.hf_architectures, family
         assert (arch.norm_form == "1 + w") == spec.one_plus_w, family
@@ -258,9 +282,12 @@ def test_every_linear_of_the_family_is_quantized_and_written(quantized: Quantize
     from safetensors import safe_open
 
     model, spec = quantized.model, FAMILIES[quantized.family]
-    expected = {f"model.layers.{i}.{local}" for i in range(LAYERS) for local in spec.linears}
-    linears = {name for name, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert {f"model.layers.{name}" for name in linears} == expected  # the family has no other Linear
+    layers = decoder_layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    assert prefix == ("model.language_model.layers" if quantized.family == "gemma3-vl" else "model.layers")
+    expected = {f"{prefix}.{i}.{local}" for i in range(LAYERS) for local in spec.linears}
+    linears = {name for name, m in layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {f"{prefix}.{name}" for name in linears} == expected  # the family has no other Linear
     assert set(target_linears(model, ("embed_tokens", "lm_head"))) == expected == set(quantized.weights)
     with safe_open(str(quantized.folder / "model.safetensors"), "pt") as file:
         keys = set(file.keys())
@@ -275,6 +302,9 @@ def test_every_linear_of_the_family_is_quantized_and_written(quantized: Quantize
 # ---------- read back by lmdeploy ----------
 
 
+PACKED = (".qweight", ".qzeros", ".scales", ".g_idx")  # a quantized Linear's tensors; everything else is float
+
+
 def _read_back(lmd, quantized: Quantized) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(Linear name → lmdeploy's dequantized weight [in, out], every other tensor) as the engine that serves the
     layout reads them: TurboMind for GPTQ, the PyTorch engine for AWQ."""
@@ -283,7 +313,7 @@ def _read_back(lmd, quantized: Quantized) -> tuple[dict[str, torch.Tensor], dict
         with cpu_tensors():
             checkpoint = lmd.checkpoint.create_checkpoint(str(folder))
             linears = {name: turbomind_weight(lmd, folder, name, "gptq", group) for name in quantized.weights}
-            rest = {key: checkpoint.get(key) for key in checkpoint.keys() if key.endswith((".weight", ".bias"))}
+            rest = {key: checkpoint.get(key) for key in checkpoint.keys() if not key.endswith(PACKED)}
     else:
         config = lmd.config.QuantizationConfig.from_config(transformers.AutoConfig.from_pretrained(folder))
         assert (config.quant_method, config.bits, config.group_size) == ("awq", 4, group)
@@ -291,7 +321,7 @@ def _read_back(lmd, quantized: Quantized) -> tuple[dict[str, torch.Tensor], dict
         linears = {
             name: pytorch_engine_weight(lmd, tensors, name, qw.shape, group) for name, qw in quantized.weights.items()
         }
-        rest = {key: t for key, t in tensors.items() if key.endswith((".weight", ".bias"))}
+        rest = {key: t for key, t in tensors.items() if not key.endswith(PACKED)}
     return linears, rest
 
 
@@ -344,7 +374,7 @@ def _replay(quantized: Quantized, swap_form: bool = False) -> torch.nn.Module:
         for index, group, scales, form in quantized.folds:
             if swap_form:
                 form = "w" if form == "1 + w" else "1 + w"
-            awq_layer.fold_scales(model.model.layers[index], group, scales, form)
+            awq_layer.fold_scales(decoder_layers(model)[index], group, scales, form)
     return model
 
 

@@ -223,6 +223,20 @@ def test_our_turbomind_architectures_are_lmdeploy_s_and_the_cli_routes_by_them(l
     assert "if backend != 'pytorch':" in serve_source and "autoget_backend(args.model_path" in serve_source
 
 
+def test_our_pytorch_engine_architectures_are_lmdeploy_s_module_map(lmd) -> None:
+    """``pytorch/models/module_map.py`` is plain dictionaries: run as it is, its MODULE_MAP's keys are the model
+    classes the PyTorch engine builds; every family deploy_opt quantizes but Nemotron is among them."""
+    from deploy_opt.llm.architectures import ARCHITECTURES
+    from exporters.lmdeploy_engines import PYTORCH_ARCHITECTURES, served_architecture
+
+    namespace: dict = {}
+    source = lmdeploy_root() / "pytorch" / "models" / "module_map.py"
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    assert set(PYTORCH_ARCHITECTURES) == set(namespace["MODULE_MAP"])
+    unserved = {arch.family for arch in ARCHITECTURES if not served_architecture(arch.hf_architectures[0])}
+    assert unserved == {"Nemotron"}
+
+
 def test_lmdeploy_s_own_argument_parser_takes_our_serve_command(lmd, tmp_path: Path) -> None:
     """The flags and values ``serve`` passes, parsed by lmdeploy 0.18's own ArgumentHelper (cli/utils.py)."""
     import argparse

@@ -65,16 +65,18 @@ class LayerInputs:
 
 
 def decoder_layers(model: Any) -> Any:
-    """``model.model.layers`` of a Hugging Face decoder model, or ModelError."""
-    import torch
+    """``model.model.layers`` of a Hugging Face decoder model, or ``model.model.language_model.layers`` of one
+    that also has a vision tower (Gemma3ForConditionalGeneration: only the language model's layers are walked and
+    quantized); else ModelError."""
+    from exporters.w4a16_writer import find_decoder_layers
 
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
-        raise ModelError(
-            f"{type(model).__name__} has no model.model.layers; the LLM engine supports decoder models such as "
-            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
-        )
-    return layers
+    layers = find_decoder_layers(model)
+    if layers is not None:
+        return layers
+    raise ModelError(
+        f"{type(model).__name__} has no model.model.layers (nor model.model.language_model.layers); the LLM engine "
+        "supports decoder models such as LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+    )
 
 
 def _stub(index: int, count: int, caught: list, as_tuple: bool):
