@@ -138,3 +138,14 @@ def test_a_gguf_whose_metadata_runs_past_its_end_is_a_model_error(tmp_path: Path
     path.write_bytes(bytes(data))
     with pytest.raises(ModelError, match="running past its end"):
         read_header(path)
+
+
+def test_layer_wise_onload_of_a_model_with_a_vision_tower_is_refused_up_front(tmp_path: Path) -> None:
+    from deploy_opt.llm.pipeline_layers import choose_onload
+
+    folder = _folder(tmp_path, ["Gemma3ForConditionalGeneration"])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vision_config": {"hidden_size": 32}}))
+    with pytest.raises(ConfigError, match="also holds a vision tower.*fix: set model.onload: memory"):
+        choose_onload("layers", folder)
+    assert choose_onload("auto", folder) == "memory"  # the 4 GB file would otherwise call for layers

@@ -72,9 +72,15 @@ def choose_onload(onload: str, source: Path) -> str:
             f"model.onload layers reads a Hugging Face folder's safetensors; '{source}' is not one; fix: convert "
             "it to a folder, or set model.onload: memory"
         )
+    vision = is_folder and _has_vision_tower(source)
+    if onload == "layers" and vision:
+        raise ConfigError(
+            f"model.onload layers reads decoder-only folders; '{source.name}' also holds a vision tower, whose "
+            "checkpoint names the layer-wise reader does not map; fix: set model.onload: memory"
+        )
     if onload != "auto":
         return onload
-    if not is_folder or not any(source.glob("*.safetensors")):
+    if not is_folder or not any(source.glob("*.safetensors")) or vision:
         return "memory"
     need, have = 2 * float32_bytes(source), available_bytes()
     choice = "layers" if need > have else "memory"
@@ -82,6 +88,16 @@ def choose_onload(onload: str, source: Path) -> str:
         "model.onload auto: %s (2 x float32 model %.1f GiB, %.1f GiB available)", choice, need / 2**30, have / 2**30
     )
     return choice
+
+
+def _has_vision_tower(folder: Path) -> bool:
+    """Whether the folder's config.json describes a vision tower beside the language model (Gemma 3 of 4B and up)."""
+    import json
+
+    try:
+        return "vision_config" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _refuse_whole_model_outputs(config: LLMConfig) -> None:
