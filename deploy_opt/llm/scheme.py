@@ -92,7 +92,7 @@ def auto_group_size(in_features: Mapping[str, int]) -> tuple[int, str]:
     name, n = _blocker(in_features, AUTO_GROUP_SIZES[-1])  # type: ignore[misc]
     raise ConfigError(
         f"quantization.group_size auto: none of 128, 64, 32 divides {name} (in_features {n}); "
-        "set --group-size to a power of two that divides every layer, or -1"
+        "fix: set --group-size to a power of two that divides every layer, or -1"
     )
 
 
