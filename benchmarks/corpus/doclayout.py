@@ -15,32 +15,20 @@ detections per page; ``--save-example PNG`` writes one page.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
+
+UNSEEN_TEXTS = Path(__file__).resolve().parents[1] / "unseen" / "texts.py"  # sentences shared with unseen/
 
 PAGE_W, PAGE_H, SIDE, PAD = 850, 1100, 1024, 114
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 24, 24
 MARGIN = 70
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        folder = Path(__file__).parent if name != "texts" else Path(__file__).parent.parent / "unseen"
-        spec = importlib.util.spec_from_file_location(key, folder / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def _font(name: str, size: int) -> Any:
@@ -150,7 +138,7 @@ class _Page:
         return True
 
     def picture(self) -> bool:
-        images = _sibling("images")
+        images = sibling(__file__, "images")
         height = int(self.width * float(self.rng.uniform(0.45, 0.75)))
         if not self.room(height + 40):
             return False
@@ -197,7 +185,7 @@ def pages(
     """The ``split``'s pages ("calibration", "evaluation" or "test"), one per batch, as input ``name`` through
     ``prep`` (this detector's ``preprocess`` when None; ``picodet.py`` renders the same pages for its own); only
     the ``first`` ones when given."""
-    texts, images = _sibling("texts"), _sibling("images")
+    texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
     sentences, photos, count, prefix, offset = {
         "calibration": (texts.license_sentences, images.CALIBRATION, CALIBRATION_SAMPLES, "license", 0),
         "evaluation": (texts.comment_sentences, images.EVALUATION, EVALUATION_SAMPLES, "comment", 500),
@@ -230,12 +218,12 @@ def main() -> None:
     parser.add_argument("--save-example", metavar="PNG", help="write the first evaluation page")
     args = parser.parse_args()
     if args.save_example:
-        texts, images = _sibling("texts"), _sibling("images")
+        texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
         render(texts.comment_sentences(), images.EVALUATION, 500).save(args.save_example)
     if args.check:
-        model = _sibling("packages").prepare("yolo-doclaynet")
+        model = sibling(__file__, "packages").prepare("yolo-doclaynet")
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
-            counts = _sibling("people").detection_counts(model, data)
+            counts = sibling(__file__, "people").detection_counts(model, data)
             found = sum(c > 0 for c in counts.values())
             print(
                 f"doclaynet {split}: {found}/{len(counts)} pages with detections, {sum(counts.values())} "

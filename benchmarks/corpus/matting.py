@@ -35,13 +35,12 @@ gate's 1 point.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 SIDE, RATIO, THRESHOLD, FLOOR = 512, 0.5, 0.5, 0.05
 STATES = ("r1i", "r2i", "r3i", "r4i")
@@ -51,18 +50,6 @@ CALIBRATION_MIX = ("astronaut", "camera", "chelsea", "astronaut", "camera", "roc
 EVALUATION_MIX = ("grace_hopper", "coffee", "grace_hopper", "motorcycle", "grace_hopper", "flower", "color")
 CALIBRATION_SEED, EVALUATION_SEED, TEST_SEED = 31, 32, 33
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def _prune(graph: Any) -> None:
@@ -104,7 +91,7 @@ def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its one-frame variant (``VARIANT``) into ``cache``; return the variant."""
     import onnx
 
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     cache = cache or packages.CACHE
     model = frame_model(onnx.load(str(packages.prepare("rvm-matting", cache))))
     onnx.checker.check_model(model)
@@ -125,7 +112,7 @@ def mask_iou(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 
 def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> list[Item]:
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     samples = images.crops(names, count, SIDE, seed)
     pixels = np.stack([images.to_chw(image) for _, image in samples])
     ids = [sample_id for sample_id, _ in samples]
@@ -165,7 +152,7 @@ def save_example(model: Path, names: tuple[str, ...], out: Path) -> None:
     """A PNG of one evaluation-sized crop per photograph in ``names``, each beside its FP32 alpha."""
     from PIL import Image
 
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     session = _session(model)
     rows = []
     for _, image in images.crops(names, len(names), SIDE, EVALUATION_SEED):
@@ -187,11 +174,11 @@ def main() -> None:
     model = prepare()
     print(f"wrote {model}")
     if args.save_example:
-        save_example(model, _sibling("images").PEOPLE, args.save_example)
+        save_example(model, sibling(__file__, "images").PEOPLE, args.save_example)
     if not args.check:
         return
-    images = _sibling("images")
-    original = _sibling("packages").FILES["rvm-matting"].path()
+    images = sibling(__file__, "images")
+    original = sibling(__file__, "packages").FILES["rvm-matting"].path()
     for name in images.PEOPLE:
         src = images.to_chw(images.load(name).resize((SIDE, SIDE)))[None]
         print(f"{name}: max abs alpha difference from the packaged file {max_difference(original, model, src)}")

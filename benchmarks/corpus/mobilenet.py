@@ -15,13 +15,12 @@ ImageNet classes 281-285) and the share of evaluation crops whose FP32 top-1 pro
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 SIDE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -29,18 +28,6 @@ CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 128, 128
 # (expansion t, output channels c, repeats n, first stride s), torchvision's inverted_residual_setting
 SETTING = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def _conv_bn_relu(nn: Any, cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> Any:
@@ -101,12 +88,12 @@ def build() -> Any:
 
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged checkpoint into ``.cache/`` (where mobilenet-v2.yaml's checkpoint points)."""
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     return packages.prepare("mobilenet-v2", cache or packages.CACHE)
 
 
 def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> list[Item]:
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     samples = images.crops(names, count, SIDE, seed)
     pixels = np.stack([images.to_chw(image, MEAN, STD) for _, image in samples])
     ids = [sample_id for sample_id, _ in samples]
@@ -117,24 +104,24 @@ def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> 
 
 def calibration_data(batch_size: int = 16) -> list[Item]:
     """128 crops of the calibration photographs, [batch, 3, 224, 224]."""
-    return _batches(_sibling("images").CALIBRATION, CALIBRATION_SAMPLES, 31, batch_size)
+    return _batches(sibling(__file__, "images").CALIBRATION, CALIBRATION_SAMPLES, 31, batch_size)
 
 
 def evaluation_data(batch_size: int = 16) -> list[Item]:
     """128 crops of the evaluation photographs (none of them in calibration)."""
-    return _batches(_sibling("images").EVALUATION, EVALUATION_SAMPLES, 32, batch_size)
+    return _batches(sibling(__file__, "images").EVALUATION, EVALUATION_SAMPLES, 32, batch_size)
 
 
 def test_data(batch_size: int = 16) -> list[Item]:
     """128 other crops of the evaluation photographs (seed 33), never shown to a build."""
-    return _batches(_sibling("images").EVALUATION, EVALUATION_SAMPLES, 33, batch_size)
+    return _batches(sibling(__file__, "images").EVALUATION, EVALUATION_SAMPLES, 33, batch_size)
 
 
 def check() -> None:
     """Print chelsea's top-5 ImageNet classes and the FP32 confidence on the evaluation crops."""
     import torch
 
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     model = build()
     model.load_state_dict(torch.load(prepare(), map_location="cpu", weights_only=True), strict=True)
     cat = torch.from_numpy(images.to_chw(images.load("chelsea").resize((SIDE, SIDE)), MEAN, STD)[None])

@@ -34,12 +34,11 @@ synthetic voice more than it removes noise (``python nsnet2.py --check`` prints 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 RATE, WINDOW, HOP, BINS = 16000, 320, 160, 161
 SAMPLES = 3 * RATE
@@ -52,21 +51,9 @@ FLOOR_DBFS = -70.0  # a recording's own noise floor, white, under every mixture
 Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged ONNX file into ``cache`` (the corpus cache by default); return the copy."""
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     return packages.prepare("nsnet2", cache or packages.CACHE)
 
 
@@ -131,7 +118,7 @@ def _noise(rng: np.random.Generator, kind: str) -> np.ndarray:
 def clip(seed: int, f0_range: tuple[float, float], snr_db: float, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """One 3 s clip as float32 (noisy mixture, clean speech): a voice, ``kind`` noise at ``snr_db`` and the floor."""
     rng = np.random.default_rng(seed)
-    voice = _sibling("vad")._voice(rng, SAMPLES, rng.uniform(*f0_range))  # vad.py's syllable generator
+    voice = sibling(__file__, "vad")._voice(rng, SAMPLES, rng.uniform(*f0_range))  # vad.py's syllable generator
     clean = voice / np.sqrt(np.mean(voice**2)) * 10 ** (rng.uniform(-33, -23) / 20)
     noisy = clean + _noise(rng, kind) * np.sqrt(np.mean(clean**2)) / 10 ** (snr_db / 20)
     noisy += rng.normal(size=SAMPLES) * 10 ** (FLOOR_DBFS / 20)  # no bin of a recording is digital silence

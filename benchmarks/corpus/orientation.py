@@ -14,13 +14,14 @@ side resized to 256 (Lanczos), a 224 × 224 centre crop, x/255, ImageNet mean/st
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
+
+UNSEEN_TEXTS = Path(__file__).resolve().parents[1] / "unseen" / "texts.py"  # sentences shared with unseen/
 
 SHORT, SIDE = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -29,19 +30,6 @@ CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 256, 256
 ROTATIONS = (0, 270, 180, 90)
 FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "DejaVuSerif-Bold.ttf")
 Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
-
-
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        folder = Path(__file__).parent if name != "texts" else Path(__file__).parent.parent / "unseen"
-        spec = importlib.util.spec_from_file_location(key, folder / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def render_block(text: str, index: int) -> Any:
@@ -102,17 +90,17 @@ def _batches(sentences: list[str], count: int, prefix: str, batch_size: int, off
 
 def calibration_data(batch_size: int = 16) -> list[Item]:
     """256 rotated blocks of Debian license text (labels 0, 1, 2, 3 in turn)."""
-    return _batches(_sibling("texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
+    return _batches(sibling(UNSEEN_TEXTS, "texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
 
 
 def evaluation_data(batch_size: int = 16) -> list[Item]:
     """256 rotated blocks of standard-library comments (labels 0, 1, 2, 3 in turn)."""
-    return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
+    return _batches(sibling(UNSEEN_TEXTS, "texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
 
 
 def test_data(batch_size: int = 16) -> list[Item]:
     """256 other blocks (comments from the far end of the list, other wrap widths), never shown to a build."""
-    sentences = _sibling("texts").comment_sentences()[::-1]
+    sentences = sibling(UNSEEN_TEXTS, "texts").comment_sentences()[::-1]
     return _batches(sentences, EVALUATION_SAMPLES, "test", batch_size, offset=5000)
 
 
@@ -123,13 +111,13 @@ def main() -> None:
     parser.add_argument("--save-example", metavar="PNG", help="write one rendered block, turned 90 degrees")
     args = parser.parse_args()
     if args.save_example:
-        text = " ".join(_sibling("texts").comment_sentences(3))
+        text = " ".join(sibling(UNSEEN_TEXTS, "texts").comment_sentences(3))
         render_block(text, 0).rotate(90, expand=True, fillcolor=(255, 255, 255)).save(args.save_example)
     if args.check:
         import onnxruntime as ort
 
         session = ort.InferenceSession(
-            str(_sibling("packages").prepare("orientation")), providers=["CPUExecutionProvider"]
+            str(sibling(__file__, "packages").prepare("orientation")), providers=["CPUExecutionProvider"]
         )
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             predicted = np.concatenate([session.run(None, inputs)[0].argmax(1) for inputs, _, _ in data])

@@ -14,12 +14,11 @@ No labels: ``detection_f1`` (deploy_opt's built-in) scores each image's detectio
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 SIDE = 320
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 192
@@ -29,20 +28,8 @@ CALIBRATION_SEED, EVALUATION_SEED, TEST_SEED = 11, 12, 13
 Item = tuple[dict[str, np.ndarray], None, list[str]]
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> list[Item]:
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     samples = images.crops(names, count, SIDE, seed)
     pixels = np.stack([images.to_chw(image) for _, image in samples])
     ids = [sample_id for sample_id, _ in samples]
@@ -104,7 +91,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="FP32 detections per image, both splits")
     if not parser.parse_args().check:
         return
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     for label, model in (
         ("3.4.2 320n", packages.prepare("yolo-nudenet")),
         ("3.0.8 best", packages.prepare_nudenet_308()),

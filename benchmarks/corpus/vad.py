@@ -22,12 +22,11 @@ package's default threshold) equals the FP32 model's. It reads the first output,
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 RATE, FRAME, CONTEXT, FRAMES = 16000, 512, 64, 64
 CLIPS = 8  # per split: 8 × 64 = 512 frames, deploy_opt's default calibration sample count
@@ -38,24 +37,12 @@ VOWELS = ((730, 1090, 2440), (530, 1840, 2480), (270, 2290, 3010), (570, 840, 24
 Item = tuple[dict[str, np.ndarray], None, list[str]]
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    key = f"corpus_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its zero-state variant (``VARIANT``) into ``cache``; return the variant."""
     import onnx
     from onnx import numpy_helper
 
-    packages = _sibling("packages")
+    packages = sibling(__file__, "packages")
     cache = cache or packages.CACHE
     model = onnx.load(str(packages.prepare("vad", cache)))
     for name in ("h", "c"):

@@ -24,13 +24,14 @@ floored at 0.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_PP-OCRv4_rec_infer.onnx"
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -40,23 +41,14 @@ CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 256, 256
 Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    spec = importlib.util.spec_from_file_location(f"unseen_{name}", Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def packaged_model() -> Path:
     """The recogniser's path inside the installed ``rapidocr_onnxruntime`` package."""
-    return _sibling("textdir").packaged_model(MODEL_FILE)
+    return sibling(__file__, "textdir").packaged_model(MODEL_FILE)
 
 
 def prepare(cache: Path = CACHE) -> Path:
     """Copy the packaged ONNX file to ``cache`` (where textrec.yaml's model.onnx points) and return its path."""
-    return _sibling("textdir").prepare(cache, MODEL_FILE)
+    return sibling(__file__, "textdir").prepare(cache, MODEL_FILE)
 
 
 @lru_cache(maxsize=1)
@@ -101,7 +93,7 @@ def _fitting(text: str, index: int, textdir: ModuleType) -> tuple[str, Any]:
 
 
 def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> list[Item]:
-    textdir = _sibling("textdir")
+    textdir = sibling(__file__, "textdir")
     pairs = [_fitting(line, i, textdir) for i, line in enumerate(textdir._lines(sentences, count))]
     pixels = np.stack([textdir.preprocess(image, WIDTH) for _, image in pairs])  # RapidOCR's resize_norm_img
     labels = np.stack([encode(text) for text, _ in pairs])
@@ -114,17 +106,17 @@ def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> 
 
 def calibration_data(batch_size: int = 32) -> list[Item]:
     """256 rendered lines of Debian license text as ``(inputs, labels, ids)`` batches."""
-    return _batches(_sibling("texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
+    return _batches(sibling(__file__, "texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
 
 
 def evaluation_data(batch_size: int = 32) -> list[Item]:
     """256 rendered lines of Python standard-library comments; labels are the characters' class indices."""
-    return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
+    return _batches(sibling(__file__, "texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
 
 
 def test_data(batch_size: int = 32) -> list[Item]:
     """256 other rendered lines (comments from the far end of the list), never shown to a build."""
-    return _batches(_sibling("texts").comment_sentences()[::-1], EVALUATION_SAMPLES, "test", batch_size)
+    return _batches(sibling(__file__, "texts").comment_sentences()[::-1], EVALUATION_SAMPLES, "test", batch_size)
 
 
 def fp32_char_accuracy(data: list[Item], model: Path | None = None) -> float:
