@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from deploy_opt.build.benchmark import tiled
+from dopt_common.timer import StopRule, median_ms, runner, time_rounds
 
 log = logging.getLogger(__name__)
 THREADS = 2
@@ -101,12 +102,6 @@ def fixed_batch(path: Path) -> int | None:
     return model_fixed_batch(path)
 
 
-def feed_of_size(inputs: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-    """Real samples tiled along the batch axis to exactly ``size`` rows (as the build's benchmark does)."""
-    reps = -(-size // len(next(iter(inputs.values()))))
-    return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in inputs.items()}
-
-
 def latency(
     artifacts: dict[str, Path], feed: dict[str, np.ndarray], settle_s: float = 5.0, budget_s: float = 20.0
 ) -> dict:
@@ -122,17 +117,9 @@ def latency(
         except Exception as exc:  # noqa: BLE001 - reported in the row
             results[name] = f"cannot run: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             sessions.pop(name, None)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    start = time.perf_counter()
-    for done in range(2000):
-        elapsed = time.perf_counter() - start
-        if (done >= 10 and elapsed > settle_s) or (done >= 5 and elapsed > budget_s):
-            break
-        for name, s in sessions.items():
-            begin = time.perf_counter()
-            s.run(None, feed)
-            times[name].append((time.perf_counter() - begin) * 1e3)
-    results |= {name: statistics.median(t) for name, t in times.items()}
+    rule = StopRule(min_rounds=10, min_seconds=settle_s, max_seconds=budget_s, floor_rounds=5, max_rounds=2000)
+    times = time_rounds({name: runner(s.run, None, feed) for name, s in sessions.items()}, rule)
+    results |= {name: median_ms(t) for name, t in times.items()}
     log.info(
         "latency at batch %d: %s",
         len(next(iter(feed.values()))),
@@ -145,7 +132,7 @@ def speedups(artifacts: dict[str, Path], fp32: str, first: dict[str, np.ndarray]
     """{artifact: {batch: speedup or error}} at each batch size, FP32 timed in the same loop."""
     out: dict[str, dict[int, Any]] = {name: {} for name in artifacts}
     for size in sizes:
-        medians = latency(artifacts, feed_of_size(first, size))
+        medians = latency(artifacts, tiled(first, size))
         base = medians.get(fp32)
         for name in artifacts:
             value = medians.get(name)

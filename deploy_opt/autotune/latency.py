@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ import numpy as np
 
 from deploy_opt.evaluation.uncertainty import Interval, speedup_interval
 from dopt_common.ort import create_session
+from dopt_common.timer import StopRule, median_ms, runner, time_rounds, warm_up
 
 
 @dataclass(frozen=True)
@@ -44,31 +44,26 @@ class LatencyProbe:
         """(median one-thread CPU ms of ``model``, FP32 median ÷ its median); ``scale`` stretches the limits."""
         single = self.fp32_single if self.fp32_single is not None else self.fp32
         times, fp32_times = self._rounds(create_session(model, threads=1), single, time.thread_time, scale)
-        ms = statistics.median(times)
-        return ms, statistics.median(fp32_times) / ms
+        ms = median_ms(times)
+        return ms, median_ms(fp32_times) / ms
 
     def speedup_interval(self, model: bytes, scale: float = 1.0) -> tuple[float, Interval]:
         """(median wall ms of ``model``, the speedup with its 95% interval from the interleaved rounds as pairs)."""
         session = create_session(model, threads=self.threads)
         times, fp32_times = self._rounds(session, self.fp32, time.perf_counter, scale)
-        return statistics.median(times), speedup_interval(fp32_times, times)
+        return median_ms(times), speedup_interval(fp32_times, times)
 
     def _rounds(self, session: Any, fp32: Any, clock: Callable[[], float], scale: float) -> tuple[list, list]:
-        """Milliseconds of ``session`` and of ``fp32`` on ``clock``, one of each per round, alternately."""
-        for s in (session, fp32):
-            s.run(None, self.feed)
-        times: dict[int, list[float]] = {0: [], 1: []}
-        spent = 0.0
-        while True:
-            for key, s in ((0, session), (1, fp32)):
-                begin = clock()
-                s.run(None, self.feed)
-                took = clock() - begin
-                times[key].append(took * 1e3)
-                spent += took
-            rounds = len(times[0])
-            if rounds >= 3 and spent > self.max_seconds * scale:
-                break
-            if rounds >= self.min_rounds and spent > self.min_seconds * scale:
-                break
-        return times[0], times[1]
+        """Milliseconds of ``session`` and of ``fp32`` on ``clock``, one of each per round, alternately; the rounds
+        count the time the runs themselves took on that clock."""
+        runs = {"model": runner(session.run, None, self.feed), "fp32": runner(fp32.run, None, self.feed)}
+        warm_up(runs, 1)
+        rule = StopRule(
+            min_rounds=self.min_rounds,
+            min_seconds=self.min_seconds * scale,
+            max_seconds=self.max_seconds * scale,
+            floor_rounds=3,
+            count="spent",
+        )
+        times = time_rounds(runs, rule, clock)
+        return times["model"], times["fp32"]

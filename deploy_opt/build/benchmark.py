@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import onnx
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.evaluation.sources import Batch
 from deploy_opt.evaluation.uncertainty import NOISY_WIDTH, speedup_interval
+from dopt_common.timer import StopRule, deciles, median_ms, runner, time_rounds, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +35,13 @@ class Latency:
 
 def feed_of_size(batch: Batch, size: int) -> dict[str, np.ndarray]:
     """Real samples tiled along the batch axis to exactly ``size`` rows."""
-    reps = -(-size // batch.size)
-    return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in batch.inputs.items()}
+    return tiled(batch.inputs, size)
+
+
+def tiled(inputs: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """Each input's rows repeated along the batch axis to exactly ``size`` rows."""
+    reps = -(-size // len(next(iter(inputs.values()))))
+    return {k: np.ascontiguousarray(np.concatenate([v] * reps, axis=0)[:size]) for k, v in inputs.items()}
 
 
 def fixed_batch(model_path: Path) -> int | None:
@@ -87,30 +91,21 @@ def measure(
     Past ``max_seconds`` (and at least ``MIN_REPEATS`` rounds) it stops early; below ``MIN_SECONDS`` it goes on
     past ``repeats`` (up to 100 times as many). The repeats done are recorded.
     """
-    started = time.perf_counter()
-    for session in sessions.values():
-        for _ in range(warmup):
-            session.run(None, feed)
-            if max_seconds is not None and time.perf_counter() - started > max_seconds / 4:
-                break  # a slow model needs few warm-up runs
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    started = time.perf_counter()
-    for done in range(repeats * 100):
-        elapsed = time.perf_counter() - started
-        if done >= repeats and elapsed > min(MIN_SECONDS, max_seconds or MIN_SECONDS):
-            break
-        if max_seconds is not None and done >= MIN_REPEATS and elapsed > max_seconds:
-            break
-        for name, session in sessions.items():
-            start = time.perf_counter()
-            session.run(None, feed)
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: _summarize(values) for name, values in times.items()}
+    runs = {name: runner(session.run, None, feed) for name, session in sessions.items()}  # type: ignore[attr-defined]
+    warm_up(runs, warmup, None if max_seconds is None else max_seconds / 4)
+    rule = StopRule(
+        min_rounds=repeats,
+        min_seconds=min(MIN_SECONDS, max_seconds or MIN_SECONDS),
+        max_seconds=max_seconds,
+        floor_rounds=MIN_REPEATS,
+        max_rounds=repeats * 100,
+    )
+    return {name: _summarize(values) for name, values in time_rounds(runs, rule).items()}
 
 
 def _summarize(times: list[float]) -> Latency:
-    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
-    return Latency(statistics.median(times), deciles[0], deciles[-1], len(times), tuple(times))
+    low, high = deciles(times)
+    return Latency(median_ms(times), low, high, len(times), tuple(times))
 
 
 def _measured_pairs(

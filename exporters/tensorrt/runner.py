@@ -10,8 +10,6 @@ only if a call needs more. The execute alone is timed, between two events record
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ import numpy as np
 
 from dopt_common.deps import require
 from dopt_common.errors import ExportError
+from dopt_common.timer import fixed, median_ms, time_rounds, warm_up
+from dopt_common.timer import runner as timed
 
 log = logging.getLogger(__name__)
 
@@ -204,22 +204,18 @@ def engine_runner(engine_path: str | Path) -> EngineRunner:
 
 def time_runner(runner: EngineRunner, feeds: Mapping[str, np.ndarray], repeats: int = 50, warmup: int = 5) -> float:
     """Median CUDA-event milliseconds of the engine's execute alone (no copies, no allocation), after warm-up."""
-    for _ in range(warmup):
+
+    def execute() -> float:
         runner(feeds)
-    times = []
-    for _ in range(repeats):
-        runner(feeds)
-        times.append(runner.last_execute_ms)
-    return float(statistics.median(times))
+        return runner.last_execute_ms
+
+    runs = {"engine": execute}
+    warm_up(runs, warmup)
+    return median_ms(time_rounds(runs, fixed(repeats))["engine"])
 
 
 def wall_median_ms(run: Callable[[Any], Any], feeds: Any, repeats: int = 50, warmup: int = 5) -> float:
     """Median wall-clock milliseconds of ``run(feeds)`` after warm-up (host copies included)."""
-    for _ in range(warmup):
-        run(feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(feeds)
-        times.append((time.perf_counter() - start) * 1000)
-    return float(statistics.median(times))
+    runs = {"run": timed(run, feeds)}
+    warm_up(runs, warmup)
+    return median_ms(time_rounds(runs, fixed(repeats))["run"])

@@ -19,6 +19,7 @@ import onnx
 
 from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from dopt_common.errors import ConfigError
+from dopt_common.timer import fixed, median_ms, runner, time_rounds, warm_up
 
 log = logging.getLogger(__name__)
 # A head feeds a graph output through these only: it is the classifier or LM head.
@@ -143,13 +144,8 @@ def median_latency_ms(session_factory: Callable[[onnx.ModelProto], Any], feed: d
     """A function timing a model: median of a few runs after one warm-up (a rough per-step figure)."""
 
     def measure(model: onnx.ModelProto) -> float:
-        session = session_factory(model)
-        session.run(None, feed)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            session.run(None, feed)
-            times.append((time.perf_counter() - start) * 1e3)
-        return float(np.median(times))
+        runs = {"model": runner(session_factory(model).run, None, feed)}
+        warm_up(runs, 1)
+        return median_ms(time_rounds(runs, fixed(5))["model"])
 
     return measure
