@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,16 @@ def assert_qat_no_worse_than_its_start(build: dict) -> None:
     assert decided["drop"] <= start["drop"] + 1e-9, qat["rows"]
     shipped = {"qat": "qat", "ptq_all_int8": "ptq_all_int8"}.get(qat["shipped"], "ptq")
     assert decided["drop"] == pytest.approx(qat["rows"][shipped]["drop"])
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """torch on one thread for a module of tiny tensors: a second thread only waits for the first, and on a busy
+    2-core machine (CI runs two pytest workers) each op then took 20 ms instead of 0.1 ms. Use it with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

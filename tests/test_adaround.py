@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +22,8 @@ from dopt_common.ort import create_session
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+pytestmark = pytest.mark.usefixtures("one_thread")
 ORIENTATION_LAYERS = ("Conv.0", "Conv.9", "Conv.14")  # 3x3 stride 2, 3x3 depthwise, 1x1 256 -> 256
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _orientation_model() -> onnx.ModelProto:

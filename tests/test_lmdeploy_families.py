@@ -17,7 +17,6 @@ own change (``NOT_HERE``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from exporters.lmdeploy_engines import TURBOMIND_ARCHITECTURES
 from exporters.w4a16_writer import write_quantized_checkpoint
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.lmdeploy
+pytestmark = [pytest.mark.lmdeploy, pytest.mark.usefixtures("one_thread")]
 
 ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -186,16 +185,6 @@ def _model(family: str, kv_heads: int) -> torch.nn.Module:
                 gain[torch.randperm(param.numel(), generator=gen)[:4]] *= OUTLIER_GAIN
             param.copy_(gain - offset)
     return model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only waits for the first, and on a busy 2-core machine (CI runs two pytest
-    # workers) each op then took 20 ms instead of 0.1 ms.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

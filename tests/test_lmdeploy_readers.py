@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,17 +26,7 @@ from exporters.w4a16_writer import write_quantized_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.lmdeploy
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only waits for the first, and on a busy 2-core machine (CI runs two pytest
-    # workers) each op then took 20 ms instead of 0.1 ms.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.lmdeploy, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")
