@@ -196,7 +196,7 @@ def test_init_takes_detection_f1_only_for_a_single_yolo_head(tmp_path: Path, out
     import onnx
     from onnx import TensorProto, helper
 
-    from deploy_opt.pipeline.starter import write_starter
+    from deploy_opt.cli.starter import write_starter
 
     names = [f"out{i}" for i in range(outputs)]
     nodes = [helper.make_node("Reshape", ["x", "shape"], [n]) for n in names]
@@ -218,7 +218,7 @@ def test_init_takes_detection_f1_only_for_a_single_yolo_head(tmp_path: Path, out
 
 
 def test_init_names_what_it_cannot_read(tmp_path: Path) -> None:
-    from deploy_opt.pipeline.starter import write_starter
+    from deploy_opt.cli.starter import write_starter
 
     model = tiny_onnx_model(tmp_path)
     (tmp_path / "one").mkdir()

@@ -92,7 +92,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from deploy_opt.pipeline.starter import write_starter
+    from deploy_opt.cli.starter import write_starter
     from dopt_common.errors import InputError
 
     if not args.data:
