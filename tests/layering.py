@@ -33,7 +33,7 @@ HEAVY_ALLOWED = (
     "deploy_opt.llm.gguf_export",
     "deploy_opt.train",
     "deploy_opt.demo",
-    "deploy_opt.analysis.onnx_torch",
+    "deploy_opt.onnx_torch",
     "deploy_opt.analysis.sensitivity.noise",
 )
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx_torch_cases import OP_CASES, floats, single_node_model
 
-from deploy_opt.analysis.onnx_torch import (
+from deploy_opt.onnx_torch import (
     UnsupportedOpError,
     run_graph,
     run_node,
@@ -336,7 +336,7 @@ def test_every_attribute_of_every_supported_opset_is_taken() -> None:
     An attribute it did not take would make unsupported_ops name the operator; only Constant's string and sparse
     values are left out on purpose.
     """
-    from deploy_opt.analysis.onnx_torch.graph import _entries
+    from deploy_opt.onnx_torch.graph import _entries
 
     gaps = []
     for schema in onnx.defs.get_all_schemas_with_history():

@@ -22,7 +22,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, unsupported_ops
+from deploy_opt.onnx_torch import initializer_tensors, run_graph, unsupported_ops
 from dopt_common.ort import create_session
 from exporters.onnx.checks import simplify_onnx
 from exporters.onnx.export import export_onnx

@@ -18,7 +18,6 @@ from typing import Any
 
 import onnx
 
-from deploy_opt.analysis.onnx_torch import unsupported_ops
 from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.build.calibrate import ActivationRanges
@@ -30,6 +29,7 @@ from deploy_opt.config.model import InputSpec
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.sources import Batch
+from deploy_opt.onnx_torch import unsupported_ops
 from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student

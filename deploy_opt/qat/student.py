@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from calibrators.scales.format import ScaleFile, TensorScale
-from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, unsupported_ops
+from deploy_opt.onnx_torch import initializer_tensors, run_graph, unsupported_ops
 from deploy_opt.qat.fake_quant import CODE_RANGES, fake_quantize, fake_quantize_weight, lsq_factor
 from dopt_common.deps import require
 from dopt_common.errors import InputError

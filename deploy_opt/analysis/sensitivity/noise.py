@@ -11,7 +11,7 @@ per probe gives ``Jᵀ v`` for all nodes at once, and each node then needs one d
 Samples run one at a time, so every sample and probe is an independent draw. For the cosine metric the probes
 are projected orthogonal to the output (only that part of the noise moves the angle). The result is the
 predicted noise power relative to the output's power, ``||P J e||² / ||y||²``; for cosine × 100 the predicted
-drop is 50 times that (:func:`predicted_drop`). The graph runs in torch (:mod:`deploy_opt.analysis.onnx_torch`).
+drop is 50 times that (:func:`predicted_drop`). The graph runs in torch (:mod:`deploy_opt.onnx_torch`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import onnx
 
-from deploy_opt.analysis.onnx_torch import initializer_tensors, model_opset, run_graph, run_node, unsupported_ops
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode
 from deploy_opt.evaluation.sources import Batch, single_rows
+from deploy_opt.onnx_torch import initializer_tensors, model_opset, run_graph, run_node, unsupported_ops
 from dopt_common.deps import require
 
 log = logging.getLogger(__name__)

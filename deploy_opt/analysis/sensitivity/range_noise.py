@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 
 from calibrators.qparams import activation_scale
-from deploy_opt.analysis.onnx_torch import initializer_tensors, run_graph, unsupported_ops
 from deploy_opt.analysis.sensitivity.noise import probe
+from deploy_opt.onnx_torch import initializer_tensors, run_graph, unsupported_ops
 from dopt_common.deps import require
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy_opt.analysis.onnx_torch._common import OpSpec, axes_of, ints
+from deploy_opt.onnx_torch._common import OpSpec, axes_of, ints
 
 _COORDINATE_MODES = (
     "half_pixel",

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from deploy_opt.analysis.onnx_torch._common import OpSpec, axes_of, ints, one_of
+from deploy_opt.onnx_torch._common import OpSpec, axes_of, ints, one_of
 
 _SELU_ALPHA = 1.67326319217681884765625
 _SELU_GAMMA = 1.05070102214813232421875

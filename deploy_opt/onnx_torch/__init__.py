@@ -13,8 +13,8 @@ outside what the evaluator implements is named up front by :func:`unsupported_op
 
 from __future__ import annotations
 
-from deploy_opt.analysis.onnx_torch._common import UnsupportedOpError, to_tensor
-from deploy_opt.analysis.onnx_torch.graph import (
+from deploy_opt.onnx_torch._common import UnsupportedOpError, to_tensor
+from deploy_opt.onnx_torch.graph import (
     InputHook,
     NodeHook,
     initializer_tensors,

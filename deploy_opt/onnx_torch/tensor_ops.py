@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
 
-from deploy_opt.analysis.onnx_torch._common import (
+from deploy_opt.onnx_torch._common import (
     OpSpec,
     UnsupportedOpError,
     axes_of,

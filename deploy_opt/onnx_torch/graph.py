@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from deploy_opt.analysis.onnx_torch._common import (
+from deploy_opt.onnx_torch._common import (
     OpSpec,
     UnsupportedOpError,
     known_dtype,
@@ -40,10 +40,10 @@ _WIDENED_TYPES = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
 @functools.cache
 def _op_table() -> dict[str, OpSpec]:
     """Operator type → how to run it (built once: the hot path runs a node at a time)."""
-    from deploy_opt.analysis.onnx_torch.math_ops import OPS as MATH_OPS
-    from deploy_opt.analysis.onnx_torch.nn_ops import OPS as NN_OPS
-    from deploy_opt.analysis.onnx_torch.resize import OPS as RESIZE_OPS
-    from deploy_opt.analysis.onnx_torch.tensor_ops import OPS as TENSOR_OPS
+    from deploy_opt.onnx_torch.math_ops import OPS as MATH_OPS
+    from deploy_opt.onnx_torch.nn_ops import OPS as NN_OPS
+    from deploy_opt.onnx_torch.resize import OPS as RESIZE_OPS
+    from deploy_opt.onnx_torch.tensor_ops import OPS as TENSOR_OPS
 
     return {**MATH_OPS, **TENSOR_OPS, **NN_OPS, **RESIZE_OPS}
 

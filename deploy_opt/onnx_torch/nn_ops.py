@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from deploy_opt.analysis.onnx_torch._common import OpSpec, all_of, dtype_attr, one_of, torch_dtype
+from deploy_opt.onnx_torch._common import OpSpec, all_of, dtype_attr, one_of, torch_dtype
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
