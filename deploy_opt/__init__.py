@@ -6,10 +6,11 @@ The public API, loaded lazily so that ``import deploy_opt`` stays light::
     config, profile = load_build_config("my_build.yaml")
     result = run_build(config, profile, Path("reports"))
 
-Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``evaluation/`` (batches, metrics and
-evaluation, shared by every stage), ``build/`` (one module per stage), ``pipeline/`` (their composition),
-``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build records, plots), ``cli/``, and the
-``llm/``, ``train/`` and ``demo/`` companions.
+Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``data/`` (the data sources and batches)
+and ``evaluation/`` (metrics and evaluation), shared by every stage, ``build/`` (one module per stage),
+``pipeline/`` (their composition), ``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build
+records, plots), ``cli/``, ``backend_tables/`` (the operator tables compat reads), and the ``llm/``, ``train/``
+and ``demo/`` companions.
 """
 
 from __future__ import annotations

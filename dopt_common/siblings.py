@@ -1,7 +1,7 @@
 """Load a module that sits beside another file, by path, once per process.
 
 Build configs name data functions as ``path/to/file.py:function`` and load that file by path, not through
-``sys.path`` (``deploy_opt/evaluation/sources.py``). Such a file reaches its neighbours (``images.py`` beside
+``sys.path`` (``deploy_opt/data/sources.py``). Such a file reaches its neighbours (``images.py`` beside
 ``saliency.py`` in ``benchmarks/corpus/``) the same way: ``sibling(__file__, "images")``. Each neighbour is
 executed once and kept in ``sys.modules`` as ``<folder>_<name>`` (``corpus_images``), so every file that asks for
 it shares one module and its caches.

@@ -1,4 +1,4 @@
-"""Regenerate deploy_opt/data/ort_cpu_kernels.json from the installed onnxruntime CPU wheel's own registry.
+"""Regenerate deploy_opt/backend_tables/ort_cpu_kernels.json from the installed onnxruntime CPU wheel's own registry.
 
 The compatibility report reads the CPU kernels from the installed onnxruntime. Where that registry cannot be read
 (onnxruntime-gpu 1.31 dies with a segmentation fault reading it when TensorRT's libraries are missing; see
@@ -33,7 +33,7 @@ OPEN_END = 2**31 - 1
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "deploy_opt" / "data" / "ort_cpu_kernels.json")
+    parser.add_argument("--out", type=Path, default=REPO / "deploy_opt" / "backend_tables" / "ort_cpu_kernels.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import onnxruntime

@@ -1,4 +1,4 @@
-"""Regenerate deploy_opt/data/ort_cuda_kernels.json from ONNX Runtime's published kernel table.
+"""Regenerate deploy_opt/backend_tables/ort_cuda_kernels.json from ONNX Runtime's published kernel table.
 
 ONNX Runtime generates ``docs/OperatorKernels.md`` from its registered kernels (tools/python/gen_opkernel_doc.py).
 The CPU wheel has no CUDA kernels in its registry, so the compatibility report reads the CUDA section of that
@@ -85,7 +85,7 @@ def parse_kernels(lines: list[str]) -> list[list[object]]:
 def write_kernel_table(
     out: Path, provider: str, ort_version: str, source: str, generated_by: str, kernels: list[list[object]]
 ) -> None:
-    """deploy_opt/data/ort_*_kernels.json (format deploy_opt.ort_kernels/1), one kernel a line: diffs stay
+    """deploy_opt/backend_tables/ort_*_kernels.json (format deploy_opt.ort_kernels/1), one kernel a line: diffs stay
     readable when the table is regenerated for a newer ORT."""
     head = {
         "format": "deploy_opt.ort_kernels/1",
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("table", type=Path, help="ONNX Runtime's docs/OperatorKernels.md")
     parser.add_argument("--ort-version", required=True, help="VERSION_NUMBER of the commit the table came from")
     parser.add_argument("--source", required=True, help="repository, commit and date of the table")
-    parser.add_argument("--out", type=Path, default=REPO / "deploy_opt" / "data" / "ort_cuda_kernels.json")
+    parser.add_argument("--out", type=Path, default=REPO / "deploy_opt" / "backend_tables" / "ort_cuda_kernels.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     kernels = parse_kernels(provider_section(args.table.read_text(encoding="utf-8"), PROVIDER))

@@ -1,4 +1,4 @@
-"""Regenerate deploy_opt/data/tensorrt_operators.csv and tensorrt_versions.csv from onnx-tensorrt's tables.
+"""Regenerate deploy_opt/backend_tables/tensorrt_operators.csv and tensorrt_versions.csv from onnx-tensorrt's tables.
 
 Input: a CSV with the columns ``tensorrt,operator,supported,types,restrictions``, one row per TensorRT version
 and ONNX operator, transcribed from ``docs/operators.md`` of github.com/onnx/onnx-tensorrt on the release
@@ -75,7 +75,7 @@ def render_csv(rows: list[dict[str, str]], columns: tuple[str, ...]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, help="onnx-tensorrt operator CSV (tensorrt,operator,supported,...)")
-    parser.add_argument("--out-dir", type=Path, default=REPO / "deploy_opt" / "data")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "deploy_opt" / "backend_tables")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = read_rows(args.source)

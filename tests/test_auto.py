@@ -371,9 +371,9 @@ def test_a_coarse_metric_s_tie_is_ordered_by_output_fidelity() -> None:
 
 def test_the_scorer_s_fidelity_is_the_output_sqnr_against_fp32(tmp_path: Path) -> None:
     from deploy_opt.analysis.sensitivity.analyze import SubsetScorer
+    from deploy_opt.data.sources import Batch
     from deploy_opt.evaluation.metrics import resolve_metric
     from deploy_opt.evaluation.numerics import sqnr_db
-    from deploy_opt.evaluation.sources import Batch
 
     x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     weight = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 3.0]], np.float32)

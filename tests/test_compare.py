@@ -17,7 +17,7 @@ from calibrators.scales.format import ScaleFile
 from deploy_opt.analysis.compare import SAMPLES_FILE, compare_backends, fixed_samples, output_metrics
 from deploy_opt.analysis.comparison import ComparedModels, Comparison
 from deploy_opt.config.build import CompareConfig, resolve_config
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from dopt_common.errors import ConfigError
 from dopt_common.files import sha256_file
 from exporters.ort.qdq import write_ort_qdq

@@ -11,6 +11,7 @@ from PIL import Image
 
 from deploy_opt.config.data import DataConfig, PreprocessConfig
 from deploy_opt.config.model import InputSpec
+from deploy_opt.data.sources import iter_batches
 from deploy_opt.evaluation.metrics import resolve_metric
 from deploy_opt.evaluation.sequence_metrics import (
     char_accuracy,
@@ -20,7 +21,6 @@ from deploy_opt.evaluation.sequence_metrics import (
     top5,
     word_accuracy,
 )
-from deploy_opt.evaluation.sources import iter_batches
 from dopt_common.errors import InputError
 
 IMAGE = (InputSpec("x", ("batch", 3, 8, 8), "float32"),)

@@ -13,9 +13,7 @@ from bad_inputs import write_data_module
 from calibrators.activations.minmax import MinMaxObserver
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.evaluate import Runner, evaluate
-from deploy_opt.evaluation.metrics import resolve_metric
-from deploy_opt.evaluation.sources import (
+from deploy_opt.data.sources import (
     Batch,
     check_inputs,
     load_checkpoint,
@@ -23,6 +21,8 @@ from deploy_opt.evaluation.sources import (
     resolve_callable,
     to_batch,
 )
+from deploy_opt.evaluation.evaluate import Runner, evaluate
+from deploy_opt.evaluation.metrics import resolve_metric
 from dopt_common.errors import CalibrationError, CheckpointError, InputError, NumericsError, SourceError
 
 PIXELS = (InputSpec("pixels", ("batch", 64), "float32"),)
@@ -82,7 +82,7 @@ def test_file_factory_loads_and_is_in_eval_mode(data_dir: Path) -> None:
 
 
 def test_a_data_function_that_raises_is_a_source_error(tmp_path: Path) -> None:
-    from deploy_opt.evaluation.sources import iter_batches
+    from deploy_opt.data.sources import iter_batches
 
     (tmp_path / "flaky.py").write_text(
         "def data():\n    yield ({'x': __import__('numpy').zeros((1, 2), 'float32')}, None)\n"

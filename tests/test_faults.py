@@ -19,7 +19,7 @@ from conftest import build_tiny
 from deploy_opt.cli import main, resource_fault
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.loader import build_dataclass
-from deploy_opt.evaluation.sources import call_user, iter_batches, resolve_callable
+from deploy_opt.data.sources import call_user, iter_batches, resolve_callable
 from deploy_opt.llm.config import LLMConfig
 from dopt_common.errors import ConfigError, ModelError, OutputError, ReportError, SourceError
 from dopt_common.files import ensure_writable_dir
@@ -375,7 +375,7 @@ def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -
     import numpy as np
 
     from deploy_opt.build.benchmark import compare
-    from deploy_opt.evaluation.sources import Batch
+    from deploy_opt.data.sources import Batch
 
     fp32, int8 = _CountingSession(), _CountingSession()
     batch = Batch({"x": np.ones((1, 4), np.float32)}, None)

@@ -20,7 +20,7 @@ from conftest import write_config
 from deploy_opt.cli import main
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.sources import iter_batches
+from deploy_opt.data.sources import iter_batches
 from dopt_common.errors import InputError
 
 VECTOR = (InputSpec("x", ("batch", tiny_onnx.FEATURES), "float32"),)
@@ -197,7 +197,7 @@ def test_an_image_over_max_pixels_is_refused_from_its_header(tmp_path: Path, wid
 def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path: Path) -> None:
     from PIL import Image
 
-    from deploy_opt.evaluation.images import decode
+    from deploy_opt.data.images import decode
 
     wide = np.array([[0, 257 * 100, 65535, 257 * 7]], dtype=np.uint16)
     Image.fromarray(wide).save(tmp_path / "wide.png")

@@ -17,7 +17,7 @@ from onnx import helper
 from deploy_opt.analysis.sensitivity.analyze import analyzed_nodes
 from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
 from deploy_opt.config.profiles import load_build_config
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from deploy_opt.pipeline.build import run_build
 
 HERE = Path(__file__).resolve().parent

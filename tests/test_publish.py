@@ -201,7 +201,7 @@ def test_with_wait_a_second_run_waits_for_the_first(tmp_path: Path) -> None:
 def test_nan_in_the_evaluation_data_is_blamed_on_the_data(tmp_path: Path) -> None:
     import numpy as np
 
-    from deploy_opt.evaluation.sources import InputSpec, to_batch
+    from deploy_opt.data.sources import InputSpec, to_batch
     from dopt_common.errors import InputError
 
     x = np.zeros((4, 16), np.float32)

@@ -14,8 +14,8 @@ from conftest import assert_qat_no_worse_than_its_start, build_tiny  # noqa: E40
 
 from calibrators.scales.format import load_scale_file  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
+from deploy_opt.data.sources import Batch  # noqa: E402
 from deploy_opt.evaluation.metrics import resolve_metric  # noqa: E402
-from deploy_opt.evaluation.sources import Batch  # noqa: E402
 from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_reference, fake_quantize_weight  # noqa: E402
 from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402

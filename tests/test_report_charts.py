@@ -20,7 +20,7 @@ from deploy_opt.analysis.comparison import ComparedModels
 from deploy_opt.autotune.candidates import Candidate
 from deploy_opt.autotune.trials import AutoSearch, Trial
 from deploy_opt.config.build import CompareConfig
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from deploy_opt.pipeline.qat import auto_search_reason
 from deploy_opt.report import build_page, charts
 from deploy_opt.report.calibration_plot import histogram_figure, plotted_tensors

@@ -11,7 +11,7 @@ import pytest
 from conftest import build_tiny, write_config
 
 from deploy_opt.build.splits import split_evaluation
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution, speedup_interval, split_indices
 from deploy_opt.report.gate import apply_gate
 

@@ -38,7 +38,7 @@ def load_data(config_path: Path, split: str) -> list[Item]:
     ``test`` is the held-out split no build sees: the function named like the evaluation one with ``test_data``
     for ``evaluation_data`` (``people.py:evaluation_data_single`` → ``people.py:test_data_single``).
     """
-    from deploy_opt.evaluation.sources import resolve_callable
+    from deploy_opt.data.sources import resolve_callable
 
     config = load_config(config_path)
     names = [spec["name"] for spec in config["model"]["inputs"]]

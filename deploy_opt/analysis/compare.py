@@ -32,9 +32,9 @@ from deploy_opt.analysis.comparison import (
     Runner,
 )
 from deploy_opt.config.build import CompareConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
 from deploy_opt.evaluation.numerics import json_db, power_db
-from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import InputError, one_line
 from dopt_common.files import atomic_path, sha256_file, write_json
 from dopt_common.ort import create_session

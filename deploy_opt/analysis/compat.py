@@ -102,10 +102,11 @@ def check_compat(
             "ort_cpu": cpu.source,
             "ort_cuda": graph.cuda.source,
             "int8_cpu": "the ORT CPU registry: QLinear<Op>/<Op>Integer/Q<Op> kernels, or <Op> kernels taking int8",
-            "tensorrt": "deploy_opt/data/tensorrt_operators.csv: onnx-tensorrt docs/operators.md, branches "
+            "tensorrt": "deploy_opt/backend_tables/tensorrt_operators.csv: onnx-tensorrt docs/operators.md, branches "
             + ", ".join(v.branch for v in data.tensorrt_versions()),
             "tensorrt_target": {"version": tensorrt.version, "basis": basis},
-            "min_ort": "deploy_opt/data/ort_opset_support.csv: ORT release -> opset (ORT's compatibility page)",
+            "min_ort": "deploy_opt/backend_tables/ort_opset_support.csv: ORT release -> opset "
+            "(ORT's compatibility page)",
             "shape_inference": inference,
         },
         warnings=(*_model_warnings(graph), *dynamic_warning(rows)),

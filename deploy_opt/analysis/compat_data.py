@@ -1,6 +1,6 @@
 """The facts behind the compatibility report: ORT kernel registries, TensorRT's operator table, ORT's opset table.
 
-Sources (see deploy_opt/data/README.md): the CPU kernels come from the installed onnxruntime's own registry
+Sources (see deploy_opt/backend_tables/README.md): the CPU kernels come from the installed onnxruntime's own registry
 (``data/ort_cpu_kernels.json`` where that registry cannot be read, see ``ort_registry``); the CUDA kernels from
 that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json`` (ORT's published
 docs/OperatorKernels.md); TensorRT from ``data/tensorrt_*.csv`` (onnx-tensorrt's operator
@@ -127,11 +127,11 @@ def shown_domain(domain: str) -> str:
 
 def _data_text(name: str) -> str:
     try:
-        return resources.files("deploy_opt").joinpath("data", name).read_text(encoding="utf-8")
+        return resources.files("deploy_opt").joinpath("backend_tables", name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as exc:
         raise ReportError(
             f"deploy_opt's data file 'data/{name}' is missing ({exc}); fix: reinstall deploy_opt, or regenerate it "
-            "with the script named in deploy_opt/data/README.md"
+            "with the script named in deploy_opt/backend_tables/README.md"
         ) from exc
 
 
@@ -199,7 +199,7 @@ def _published_kernels(provider: str, why: str) -> KernelTable | None:
         Kernel(op, normal_domain(domain), since, until, {k: tuple(v) for k, v in types.items()})
         for op, domain, since, until, types in data["kernels"]
     ]
-    source = f"deploy_opt/data/{name}: ONNX Runtime {data['ort_version']} ({data['source']}); {why}"
+    source = f"deploy_opt/backend_tables/{name}: ONNX Runtime {data['ort_version']} ({data['source']}); {why}"
     return KernelTable(provider, source, data["ort_version"], _index(kernels))
 
 

@@ -1,6 +1,6 @@
 """TensorRT's operator restrictions: what each clause of onnx-tensorrt's "restrictions" column means for one node.
 
-The clauses come from the operator table in ``deploy_opt/data/tensorrt_operators.csv``; an unknown clause is
+The clauses come from the operator table in ``deploy_opt/backend_tables/tensorrt_operators.csv``; an unknown clause is
 reported as unchecked, never guessed.
 """
 

@@ -23,8 +23,8 @@ from deploy_opt.build.benchmark import feed_of_size
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.evaluation.uncertainty import standard_error
 from dopt_common.clock import WorkClock, work_seconds
 from dopt_common.ort import create_session

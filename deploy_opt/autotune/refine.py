@@ -14,7 +14,7 @@ from deploy_opt.autotune.context import Base, SearchContext, most_accurate, payi
 from deploy_opt.autotune.intensity import intensity_groups, reduction_lengths
 from deploy_opt.autotune.islands import Islands
 from deploy_opt.autotune.trials import Trial, fastest
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 
 
 def fallback_bases(ctx: SearchContext, bases: list[Base]) -> list[Base]:

@@ -49,8 +49,8 @@ from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.build.quantize import quantize
 from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from dopt_common.clock import WorkClock
 from exporters.ort.graph import PLACEMENTS
 

@@ -20,7 +20,7 @@ from calibrators.scales.format import ScaleFile
 from deploy_opt.build.benchmark import feed_of_size
 from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.config.build import BuildConfig
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from dopt_common.errors import DeployOptError
 from exporters.aimet import write_aimet_encodings
 from exporters.tensorrt.cache import write_trt_cache

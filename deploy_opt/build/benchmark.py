@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from deploy_opt.config.build import BuildConfig
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.uncertainty import NOISY_WIDTH, speedup_interval
 from dopt_common.timer import StopRule, deciles, median_ms, runner, time_rounds, warm_up
 

@@ -26,8 +26,8 @@ from calibrators.activations.streaming import StreamingObserver
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
 from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.data.sources import single_rows
 from deploy_opt.evaluation.numerics import json_db, noise_db
-from deploy_opt.evaluation.sources import single_rows
 from deploy_opt.report.calibration_plot import widest
 from dopt_common.clock import work_seconds
 

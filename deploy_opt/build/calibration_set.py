@@ -19,7 +19,7 @@ import numpy as np
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
+from deploy_opt.data.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import onnx.version_converter
 
 from deploy_opt.config.build import BuildConfig, ExportConfig
 from deploy_opt.config.model import DTYPES, InputSpec
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
-from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx

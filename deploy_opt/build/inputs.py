@@ -14,8 +14,8 @@ from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.build.hf_model import load_hf_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.labels import CLASS_METRICS, output_classes
-from deploy_opt.evaluation.sources import Batch, iter_batches, load_torch_model
+from deploy_opt.data.labels import CLASS_METRICS, output_classes
+from deploy_opt.data.sources import Batch, iter_batches, load_torch_model
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
 

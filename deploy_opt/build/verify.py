@@ -18,7 +18,7 @@ from deploy_opt.analysis.compat_report import write_compat
 from deploy_opt.build.backends import write_backend_artifacts
 from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.config.build import BuildConfig, CompareConfig
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The ``data:`` section: where calibration, evaluation, validation and training samples come from, and the metric.
 
-A source is a ``module:function`` (the data contract in ``evaluation/sources.py``) or a path, read by its type
-(``evaluation/files.py``): an ``.npy``/``.npz`` of arrays, an image folder (``preprocess:`` says how images become
+A source is a ``module:function`` (the data contract in ``data/sources.py``) or a path, read by its type
+(``data/files.py``): an ``.npy``/``.npz`` of arrays, an image folder (``preprocess:`` says how images become
 the input tensor), a ``.txt`` (one sample a line) or ``.jsonl`` (``text`` and an optional ``label``) tokenized with
 ``tokenizer:``.
 """

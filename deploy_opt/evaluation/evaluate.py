@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric, RunningMean
-from deploy_opt.evaluation.sources import Batch
 from dopt_common.errors import NumericsError
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from deploy_opt.data.labels import check_class_labels
+from deploy_opt.data.sources import resolve_callable, user_code
 from deploy_opt.evaluation.detection import detection_f1, detection_map50
-from deploy_opt.evaluation.labels import check_class_labels
 from deploy_opt.evaluation.sequence_metrics import char_accuracy, perplexity, psnr, top5, word_accuracy
-from deploy_opt.evaluation.sources import resolve_callable, user_code
 from dopt_common.errors import InputError
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from deploy_opt.evaluation.labels import check_class_labels
+from deploy_opt.data.labels import check_class_labels
 from deploy_opt.evaluation.numerics import power_db
 from dopt_common.errors import InputError
 

@@ -24,8 +24,8 @@ from deploy_opt.build.summary import MetricsRecord, metric_record, sensitivity_s
 from deploy_opt.build.verify import Verification, compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric, resolve_metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.pipeline.precision import (
     Precision,
     auto_precision,

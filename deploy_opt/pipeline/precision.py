@@ -30,8 +30,8 @@ from deploy_opt.build.dynamic import quantize_dynamic
 from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.report.calibration_plot import plot_histograms
 
 

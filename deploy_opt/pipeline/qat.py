@@ -26,9 +26,9 @@ from deploy_opt.build.inputs import training_batches
 from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.onnx_torch import unsupported_ops
 from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model

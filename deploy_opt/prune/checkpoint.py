@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.evaluation.sources import call_user, resolve_callable
+from deploy_opt.data.sources import call_user, resolve_callable
 from dopt_common.errors import CheckpointError
 
 FORMAT = "deploy_opt.pruned/1"

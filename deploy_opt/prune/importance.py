@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_opt.evaluation.sources import Batch
+from deploy_opt.data.sources import Batch
 from deploy_opt.prune.structure import torch_pruning
 from deploy_opt.qat.losses import label_loss
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.config.qat import QATConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from deploy_opt.onnx_torch import initializer_tensors, run_graph
 from deploy_opt.qat.loop import LoopSettings, Trainee, TrainingRun, run_distillation, split_minibatches
 from deploy_opt.qat.student import Student, run_student

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from deploy_opt.evaluation.sources import call_user, resolve_callable
+from deploy_opt.data.sources import call_user, resolve_callable
 from dopt_common.errors import SourceError
 
 Batch = tuple[Any, Any]

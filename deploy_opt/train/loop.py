@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from deploy_opt.evaluation.sources import call_user, resolve_callable
+from deploy_opt.data.sources import call_user, resolve_callable
 from deploy_opt.train.checkpoint import CHECKPOINT_NAME, Progress, read_checkpoint, restore_checkpoint, save_checkpoint
 from deploy_opt.train.config import OptimizerConfig, TrainConfig
 from deploy_opt.train.data import TrainData, batch_size_of, evaluate, load_train_data, run_model

@@ -28,9 +28,9 @@ import onnx
 from deploy_opt.analysis.sensitivity.noise import predicted_drop, propagated_noise
 from deploy_opt.analysis.sensitivity.record import NodeSensitivity, SensitivityRecord, SubsetMetric
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, make_variant, quantized_nodes
+from deploy_opt.data.sources import Batch, select_rows
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, power_db, relative_noise, sqnr_db
-from deploy_opt.evaluation.sources import Batch, select_rows
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)

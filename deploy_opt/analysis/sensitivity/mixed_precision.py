@@ -27,8 +27,8 @@ from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.evaluation.sources import Batch
 from dopt_common.files import write_json
 from dopt_common.ort import create_session
 from exporters.onnx.module_names import module_paths

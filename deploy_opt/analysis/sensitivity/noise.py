@@ -23,7 +23,7 @@ from typing import Any
 import onnx
 
 from deploy_opt.analysis.sensitivity.variants import QuantizedNode
-from deploy_opt.evaluation.sources import Batch, single_rows
+from deploy_opt.data.sources import Batch, single_rows
 from deploy_opt.onnx_torch import initializer_tensors, model_opset, run_graph, run_node, unsupported_ops
 from dopt_common.deps import require
 

@@ -31,11 +31,11 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.arrays import open_array_file
-from deploy_opt.evaluation.dataset_folder import dataset_items
-from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
-from deploy_opt.evaluation.images import IMAGE_SUFFIXES, load_image
-from deploy_opt.evaluation.text_files import (
+from deploy_opt.data.arrays import open_array_file
+from deploy_opt.data.dataset_folder import dataset_items
+from deploy_opt.data.file_rows import Item, StratifiedItem, cast_array
+from deploy_opt.data.images import IMAGE_SUFFIXES, load_image
+from deploy_opt.data.text_files import (
     TOKEN_INPUTS,
     load_tokenizer,
     read_texts,

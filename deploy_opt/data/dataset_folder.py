@@ -18,9 +18,9 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.file_rows import Item, StratifiedItem, cast_array
-from deploy_opt.evaluation.images import preprocess_image
-from deploy_opt.evaluation.text_files import TOKEN_INPUTS, load_tokenizer, text_labels, tokenize
+from deploy_opt.data.file_rows import Item, StratifiedItem, cast_array
+from deploy_opt.data.images import preprocess_image
+from deploy_opt.data.text_files import TOKEN_INPUTS, load_tokenizer, text_labels, tokenize
 from dopt_common.deps import require
 from dopt_common.errors import DeployOptError, InputError, one_line
 from dopt_common.names import shown

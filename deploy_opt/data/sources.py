@@ -24,9 +24,9 @@ import numpy as np
 
 from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
-from deploy_opt.evaluation.file_rows import StratifiedItem
-from deploy_opt.evaluation.files import file_items, file_path
-from deploy_opt.evaluation.labels import CLASS_METRICS, check_class_labels
+from deploy_opt.data.file_rows import StratifiedItem
+from deploy_opt.data.files import file_items, file_path
+from deploy_opt.data.labels import CLASS_METRICS, check_class_labels
 from dopt_common.errors import CheckpointError, DeployOptError, InputError, SourceError, one_line
 from dopt_common.names import shown
 
