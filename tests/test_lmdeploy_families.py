@@ -10,8 +10,8 @@ PyTorch engine's ``AwqLinear`` + ``dequantize_gemm`` for the AWQ layout, TurboMi
 
 The layer norms carry four outlier channels (gain 8), as trained LLMs do, so AWQ's search picks scales far from
 1 and a wrong fold shows. Gemma 3 is tested twice: as Gemma3ForCausalLM and as Gemma3ForConditionalGeneration (the
-language model of 4B and up, beside a vision tower, which stays float). Nemotron and Qwen3-Next are left to their
-own change (``NOT_HERE``).
+language model of 4B and up, beside a vision tower, which stays float). Nemotron (no lmdeploy engine: its GGUF
+route is tested elsewhere) and Qwen3-Next (refused) are named with their reasons (``NOT_HERE``).
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ FAMILIES = {
     "gemma3-vl": Family("Gemma3ForConditionalGeneration", ATTENTION + MLP, GEMMA2_FOLDS, one_plus_w=True),
 }
 NOT_HERE = {
-    "NemotronForCausalLM": "another change covers it (no AWQ groups)",
-    "Qwen3NextForCausalLM": "another change covers it (no AWQ groups)",
+    "NemotronForCausalLM": "lmdeploy runs it on no engine: tests/test_llm_gguf_nemotron.py reads its GGUF back",
+    "Qwen3NextForCausalLM": "quantize-llm refuses it: its MoE experts are fused 3-D parameters, not Linears",
 }
 
 
