@@ -126,3 +126,12 @@ def norm_offset(gguf_arch: str, hf_name: str) -> float:
     if arch is None or not hf_name.endswith("norm.weight") or hf_name.endswith(arch.norm_offset_except):
         return 0.0
     return arch.norm_offset
+
+
+def qk_heads(gguf_arch: str, gguf_name: str, heads: tuple[int, int]) -> int | None:
+    """The head count llama.cpp permutes the rows of GGUF tensor ``gguf_name`` by in a ``gguf_arch`` model (q:
+    ``heads[0]``, k: the kv heads ``heads[1]``; ``permute_qk`` families only), or None where it keeps them."""
+    arch = by_gguf_arch(gguf_arch)
+    if arch is None or not arch.permute_qk or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    return heads[0] if "attn_q" in gguf_name else heads[1]

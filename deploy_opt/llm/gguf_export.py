@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from calibrators.groupwise.rtn import QuantizedWeight
-from deploy_opt.llm.architectures import by_gguf_arch, norm_offset
+from deploy_opt.llm.architectures import norm_offset, qk_heads
 from dopt_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _export(model: torch.nn.Module, weights: dict[str, QuantizedWeight], source:
     for hf_name, weight in weights.items():
         codes, d, m, qtype = block_params(weight)
         gguf_name = names[hf_name]
-        n_head = _qk_heads(gguf_name, arch, heads)
+        n_head = qk_heads(arch, gguf_name, heads)
         if n_head is not None:
             codes, d, m = (permute_qk(a, n_head) for a in (codes, d, m))
         packed[gguf_name] = pack_q4_0(codes, d) if qtype == "Q4_0" else pack_q4_1(codes, d, m)
@@ -161,7 +161,7 @@ def changed_floats(
             continue  # e.g. a tied lm_head: the file has token_embd only
         names[module + ".weight" if name.endswith(".weight") else name] = mapped
         values = tensor.detach().float().cpu().numpy()
-        n_head = _qk_heads(mapped, arch, heads)
+        n_head = qk_heads(arch, mapped, heads)
         if n_head is not None:
             values = permute_qk(values, n_head)
         offset, source = np.float32(norm_offset(arch, name)), stored[mapped].reshape(values.shape)
@@ -174,14 +174,6 @@ def changed_floats(
             "%d unquantized tensors differ from the source GGUF (e.g. AWQ's folded norms): written as F32", len(changed)
         )
     return changed, names
-
-
-def _qk_heads(gguf_name: str, arch: str, heads: tuple[int, int]) -> int | None:
-    """The head count llama.cpp permutes this tensor's rows by (q: heads, k: kv heads), or None for the rest."""
-    entry = by_gguf_arch(arch)
-    if entry is None or not entry.permute_qk or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-        return None
-    return heads[0] if "attn_q" in gguf_name else heads[1]
 
 
 def _head_counts(model: torch.nn.Module) -> tuple[int, int]:
@@ -202,7 +194,7 @@ def read_back(
     for hf_name, gguf_name in names.items():
         param = params[hf_name if hf_name in params else hf_name.removesuffix(".weight") + ".weight"]
         values = tensors[gguf_name].reshape(param.shape)
-        n_head = _qk_heads(gguf_name, arch, heads)
+        n_head = qk_heads(arch, gguf_name, heads)
         if n_head is not None:
             values = unpermute_qk(values, n_head)
         stored, offset = np.asarray(values, dtype=np.float32), np.float32(norm_offset(arch, hf_name))

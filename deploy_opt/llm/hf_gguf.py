@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_opt.llm.architectures import by_hf_architecture, norm_offset
+from deploy_opt.llm.architectures import by_hf_architecture, norm_offset, qk_heads
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
 
@@ -70,8 +70,9 @@ def write_hf_gguf(model: Any, tokenizer: Any, path: Path, name: str = "model") -
         if gguf_name is None:
             raise ConfigError(f"--format gguf: no GGUF name for {hf_name} in a {arch} model")
         values = tensor.detach().float().cpu().numpy() + np.float32(norm_offset(arch, hf_name))
-        if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            values = permute_qk(values, heads if "attn_q" in gguf_name else kv_heads)
+        n_head = qk_heads(arch, gguf_name, (heads, kv_heads))
+        if n_head is not None:
+            values = permute_qk(values, n_head)
         writer.add_tensor(gguf_name, np.ascontiguousarray(values, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 AWQ_METHODS = ("awq", "awq-gptq")
 # HF config keys → the sizes a decoder layer's Linears read (GGUF: "<arch>.<key>")
 CONFIG_KEYS = {
-    "hidden": ("hidden_size",),
-    "intermediate": ("intermediate_size",),
-    "heads": ("num_attention_heads",),
-    "head_dim": ("head_dim",),
+    "hidden": "hidden_size",
+    "intermediate": "intermediate_size",
+    "heads": "num_attention_heads",
+    "head_dim": "head_dim",
 }
 GGUF_KEYS = {
     "hidden": "embedding_length",
@@ -79,7 +79,7 @@ def read_header(source: Path) -> Header:
                 f"'{config}' cannot be read as a model config ({exc}); fix: point at the model folder"
             ) from None
         text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
-        sizes = {key: _int(text.get(names_[0])) for key, names_ in CONFIG_KEYS.items()}
+        sizes = {key: _int(text.get(name)) for key, name in CONFIG_KEYS.items()}
         arch = by_hf_architecture(names)
         return Header(", ".join(names) or "(none)", arch, names[0] if names else None, _known(sizes))
     return _gguf_header(source)
