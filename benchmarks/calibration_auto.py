@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from deploy_opt.autotune.candidates import Candidate, configured
-from deploy_opt.build import calibrate
-from deploy_opt.build.inputs import load_inputs
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.stages import calibrate
+from deploy_opt.stages.inputs import load_inputs
 
 
 def cpu_flags() -> str:

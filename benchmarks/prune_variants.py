@@ -17,13 +17,13 @@ import functools
 import json
 import logging
 
-from deploy_opt.build.inputs import load_inputs
 from deploy_opt.config.loader import parse_override
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.evaluation.metrics import resolve_metric
 from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure
+from deploy_opt.stages.inputs import load_inputs
 
 
 def _forward(model, inputs, names):

@@ -1,7 +1,7 @@
 """The one latency timer: warm-up, interleaved rounds and a stop rule, in milliseconds.
 
 Every timing site of the project runs through ``time_rounds``: the build's benchmark
-(``deploy_opt/build/benchmark.py``), the auto search's probe (``deploy_opt/autotune/latency.py``), the fallback
+(``deploy_opt/stages/benchmark.py``), the auto search's probe (``deploy_opt/autotune/latency.py``), the fallback
 search's rough step (``deploy_opt/analysis/sensitivity/fallback.py``), TensorRT's runner
 (``exporters/tensorrt/runner.py``) and the corpus (``benchmarks/corpus/measure.py``). They differ only in their
 ``StopRule`` and clock, which each states where it calls this. It lives in ``dopt_common`` because exporters may

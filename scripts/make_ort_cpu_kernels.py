@@ -2,7 +2,7 @@
 
 The compatibility report reads the CPU kernels from the installed onnxruntime. Where that registry cannot be read
 (onnxruntime-gpu 1.31 dies with a segmentation fault reading it when TensorRT's libraries are missing; see
-deploy_opt/analysis/ort_registry.py) the report falls back to this file. Run it with the CPU wheel installed:
+exporters/ort/registry.py) the report falls back to this file. Run it with the CPU wheel installed:
 
     python scripts/make_ort_cpu_kernels.py
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from make_ort_cuda_kernels import write_kernel_table  # noqa: E402
 
-from deploy_opt.analysis.ort_registry import registry_rows  # noqa: E402
+from exporters.ort.registry import registry_rows  # noqa: E402
 
 log = logging.getLogger("make_ort_cpu_kernels")
 PROVIDER = "CPUExecutionProvider"

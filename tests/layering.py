@@ -3,7 +3,7 @@
 - ``calibrators`` and ``exporters`` (and ``dopt_common``) never import ``deploy_opt``, not even inside a function;
 - torch, transformers and tensorrt are imported at module top level only where ``HEAVY_ALLOWED`` says;
 - the first-party modules have no import cycles (imports at module level and inside functions both count);
-- nor have the packages of ``deploy_opt`` (``deploy_opt.build``, ``deploy_opt.evaluation``, ...): one package may
+- nor have the packages of ``deploy_opt`` (``deploy_opt.stages``, ``deploy_opt.evaluation``, ...): one package may
   use another, never both ways, even through modules that form no module cycle;
 - every stage function the build pipeline composes returns a typed result, not a loose ``dict`` or a tuple;
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
@@ -40,7 +40,7 @@ HEAVY_ALLOWED = (
 
 MAX_FUNCTION_LINES = 80
 PIPELINE = Path("deploy_opt/pipeline/build.py")  # the composition whose stages must return typed results
-STAGE_PACKAGES = ("deploy_opt.build", "deploy_opt.pipeline")
+STAGE_PACKAGES = ("deploy_opt.stages", "deploy_opt.pipeline")
 FMT_SKIP = "# fmt: " + "skip"  # split, so this file does not carry the marker it forbids
 
 
@@ -128,7 +128,7 @@ def _loose(annotation: ast.expr | None) -> bool:
 
 
 def package_of(module: str) -> str:
-    """``deploy_opt.build.quantize`` -> ``deploy_opt.build``; modules directly under a package stand alone."""
+    """``deploy_opt.stages.quantize`` -> ``deploy_opt.stages``; modules directly under a package stand alone."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "deploy_opt" and len(parts) > 2 else module
 

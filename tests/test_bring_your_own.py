@@ -19,10 +19,10 @@ import pytest
 from photo_folders import orientation_onnx, skimage_photo, write_photo_folder
 from PIL import Image
 
-from deploy_opt.build.calibrate import calibrate_activations
-from deploy_opt.build.inputs import load_inputs
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.pipeline.build import run_build
+from deploy_opt.stages.calibrate import calibrate_activations
+from deploy_opt.stages.inputs import load_inputs
 
 ORIENTATION = orientation_onnx()
 if ORIENTATION is None and os.environ.get("DEPLOY_OPT_REQUIRE_ORIENTATION") == "1":  # CI: never skip these

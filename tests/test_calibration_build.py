@@ -14,10 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
 from calibrators.scales.format import load_scale_file
-from deploy_opt.build.calibrate import calibrate_activations
-from deploy_opt.build.calibration_set import choose_calibration
 from deploy_opt.config.profiles import load_build_config
 from deploy_opt.pipeline.build import run_build
+from deploy_opt.stages.calibrate import calibrate_activations
+from deploy_opt.stages.calibration_set import choose_calibration
 from dopt_common.errors import CalibrationError, InputError, NumericsError
 
 TINY = """
@@ -65,7 +65,7 @@ def _our_ranges(tmp_path: Path, model: Path, calibration: str) -> dict:
 
 
 def _specs(model: Path):
-    from deploy_opt.build.export import input_specs_from_onnx
+    from deploy_opt.stages.export import input_specs_from_onnx
 
     return input_specs_from_onnx(onnx.load(str(model)))
 
@@ -280,7 +280,7 @@ def test_auto_measures_both_schemes_in_one_pass_and_rescheme_reuses_it(
 ) -> None:
     """method auto's propagated noise is measured for both activation schemes at once: rescheme then chooses
     the other scheme's ranges without running the model again, exactly as a fresh choice for that scheme."""
-    from deploy_opt.build import calibrate
+    from deploy_opt.stages import calibrate
 
     def config_for(scheme: str):  # noqa: ANN202 - a BuildConfig
         config, _ = _config(tmp_path, tiny_model, "  method: auto", [f"quantization.activations={scheme}"])

@@ -74,7 +74,7 @@ def test_auto_stratifies_by_class_labels_only() -> None:
 
     import numpy as np
 
-    from deploy_opt.build.calibration_set import _key_function
+    from deploy_opt.stages.calibration_set import _key_function
 
     config = SimpleNamespace(calibration=SimpleNamespace(stratify="auto"), base_dir=".")
     assert _key_function(config, np.array([0, 1, 1]))[0] == "label"

@@ -60,11 +60,11 @@ def test_usage_errors_name_the_module_form_when_run_as_a_module() -> None:
     assert result.returncode == 2 and result.stderr.startswith("usage: python -m deploy_opt gate")
 
 
-@pytest.mark.parametrize(("flags", "line"), [([], "INFO hello"), (["-v"], "INFO deploy_opt.build.stage: hello")])
+@pytest.mark.parametrize(("flags", "line"), [([], "INFO hello"), (["-v"], "INFO deploy_opt.stages.stage: hello")])
 def test_log_lines_show_module_paths_only_with_verbose(flags: list[str], line: str) -> None:
     code = (
         "import logging\nfrom deploy_opt.cli import main\n"
-        f"main({[*flags, 'profiles']!r})\nlogging.getLogger('deploy_opt.build.stage').info('hello')\n"
+        f"main({[*flags, 'profiles']!r})\nlogging.getLogger('deploy_opt.stages.stage').info('hello')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
@@ -74,9 +74,9 @@ def test_log_lines_show_module_paths_only_with_verbose(flags: list[str], line: s
 def test_verbose_shows_our_debug_lines_and_not_other_libraries() -> None:
     code = (
         "import logging\nfrom deploy_opt.cli import main\nmain(['-v', 'profiles'])\n"
-        "logging.getLogger('deploy_opt.build.stage').debug('ours')\n"
+        "logging.getLogger('deploy_opt.stages.stage').debug('ours')\n"
         "logging.getLogger('matplotlib.font_manager').debug('theirs')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert "DEBUG deploy_opt.build.stage: ours" in result.stderr and "theirs" not in result.stderr
+    assert "DEBUG deploy_opt.stages.stage: ours" in result.stderr and "theirs" not in result.stderr

@@ -251,7 +251,7 @@ def _clear_kernel_caches() -> None:
 def test_a_gpu_build_reads_its_registry_in_a_child_process(monkeypatch, tiny_model: Path) -> None:
     """onnxruntime-gpu lists more providers than the CPU wheel: its registry is read in a child process (the
     child here runs the real CPU wheel), and gives the same CPU kernels as the in-process read."""
-    from deploy_opt.analysis import ort_registry
+    from exporters.ort import registry as ort_registry
 
     in_process = ort_registry.registry_rows()
     calls = []
@@ -266,7 +266,7 @@ def test_a_registry_read_that_dies_falls_back_to_the_published_tables(monkeypatc
     """onnxruntime-gpu 1.31 without TensorRT's libraries segfaults reading its registry (seen on an H200): the
     child dies by signal 11 (subprocess.run's CompletedProcess has returncode -11), and the report reads the CPU
     and CUDA kernels from data/ instead of failing the build."""
-    from deploy_opt.analysis import ort_registry
+    from exporters.ort import registry as ort_registry
 
     died = ort_registry.subprocess.CompletedProcess(args=[], returncode=-11, stdout="", stderr="")
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])

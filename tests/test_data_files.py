@@ -318,8 +318,8 @@ def test_detection_map50_is_voc_all_point_ap_per_image() -> None:
 def test_the_sampler_balances_over_a_named_column(tmp_path: Path) -> None:
     import tiny_onnx
 
-    from deploy_opt.build.calibration_set import choose_calibration
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.stages.calibration_set import choose_calibration
 
     tiny_onnx.make_model(tmp_path / "tiny.onnx")
     x = np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32)

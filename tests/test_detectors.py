@@ -184,8 +184,8 @@ def test_an_error_inside_a_stage_names_the_stage_and_the_time_spent() -> None:
 
 
 def test_a_model_that_fixes_its_batch_is_timed_at_that_batch_only(tmp_path: Path) -> None:
-    from deploy_opt.build.benchmark import fixed_batch, respect_fixed_batch
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.stages.benchmark import fixed_batch, respect_fixed_batch
 
     dynamic = onnx.load(str(_dfl_model(tmp_path / "dynamic.onnx")))
     dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1  # an Ultralytics static export: [1, ...]

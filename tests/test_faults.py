@@ -374,8 +374,8 @@ class _CountingSession:
 def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -> None:
     import numpy as np
 
-    from deploy_opt.build.benchmark import compare
     from deploy_opt.data.sources import Batch
+    from deploy_opt.stages.benchmark import compare
 
     fp32, int8 = _CountingSession(), _CountingSession()
     batch = Batch({"x": np.ones((1, 4), np.float32)}, None)
@@ -400,8 +400,8 @@ def test_align_verify_on_a_truncated_model_exits_2_not_3(tmp_path: Path, capsys)
 def test_a_nan_score_is_bad_numbers_exit_2_not_a_gate_verdict() -> None:
     from types import SimpleNamespace
 
-    from deploy_opt.build.summary import metric_record
     from deploy_opt.evaluation.metrics import resolve_metric
+    from deploy_opt.stages.summary import metric_record
     from dopt_common.errors import NumericsError
 
     scores = SimpleNamespace(values={"ort_fp32": 99.0, "ort_int8": float("nan")}, samples=8)

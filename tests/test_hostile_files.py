@@ -207,7 +207,7 @@ def test_init_with_a_file_that_is_not_onnx_is_exit_2(blob: bytes, guess: str, tm
 def test_build_with_a_hf_folder_whose_safetensors_is_damaged_is_refused(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from deploy_opt.build.hf_model import load_hf_model
+    from deploy_opt.stages.hf_model import load_hf_model
     from dopt_common.errors import CheckpointError
 
     folder = tmp_path / "bert"

@@ -104,8 +104,8 @@ benchmark: {{enabled: false}}
 
 
 def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Path) -> None:
-    from deploy_opt.build.export import import_onnx
     from deploy_opt.config.build import ExportConfig
+    from deploy_opt.stages.export import import_onnx
 
     model = onnx.load(str(foreign_onnx.make_model(tmp_path / "inline.onnx")))
     elsewhere = tmp_path / "vendor"

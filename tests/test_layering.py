@@ -26,12 +26,12 @@ def tree(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "path,code,expected",
     [
-        ("calibrators/bad.py", "def f():\n    from deploy_opt.build import sources\n", "never import deploy_opt"),
+        ("calibrators/bad.py", "def f():\n    from deploy_opt.stages import sources\n", "never import deploy_opt"),
         ("exporters/bad.py", "import deploy_opt\n", "never import deploy_opt"),
-        ("deploy_opt/build/bad.py", "import torch\n", "top-level import of torch"),
+        ("deploy_opt/stages/bad.py", "import torch\n", "top-level import of torch"),
         ("deploy_opt/analysis/compat_extra.py", "from tensorrt import Builder\n", "top-level import of tensorrt"),
         ("deploy_opt/config/bad.py", "import deploy_opt.report.gate\n", "import cycle"),
-        ("deploy_opt/build/long.py", "def f():\n" + "    x = 1\n" * 80, "f is 81 lines (at most 80)"),
+        ("deploy_opt/stages/long.py", "def f():\n" + "    x = 1\n" * 80, "f is 81 lines (at most 80)"),
         ("calibrators/wide.py", "x = [1,  2]  " + "# fmt: " + "skip\n", "let ruff format lay it out"),
     ],
 )
@@ -60,7 +60,7 @@ def test_a_package_cycle_fails_without_a_module_cycle(tree: Path) -> None:
     "loose", ["dict", "dict[str, Any]", "tuple[Path, int]", "dict[str, dict[str, float]] | None", "Any"]
 )
 def test_a_stage_returning_a_loose_record_fails(tree: Path, loose: str) -> None:
-    summary = tree / "deploy_opt/build/summary.py"
+    summary = tree / "deploy_opt/stages/summary.py"
     text = summary.read_text()
     typed = "def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:"
     assert typed in text
@@ -70,7 +70,7 @@ def test_a_stage_returning_a_loose_record_fails(tree: Path, loose: str) -> None:
 
 
 def test_heavy_imports_inside_functions_are_allowed(tree: Path) -> None:
-    (tree / "deploy_opt/build/lazy.py").write_text("def f():\n    import torch\n    return torch\n")
+    (tree / "deploy_opt/stages/lazy.py").write_text("def f():\n    import torch\n    return torch\n")
     assert violations(tree) == []
 
 

@@ -15,9 +15,9 @@ from conftest import assert_qat_no_worse_than_its_start, build_tiny  # noqa: E40
 from calibrators.scales.format import load_scale_file  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
 from deploy_opt.data.sources import Batch  # noqa: E402
+from deploy_opt.distill.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.evaluation.metrics import resolve_metric  # noqa: E402
 from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_reference, fake_quantize_weight  # noqa: E402
-from deploy_opt.qat.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.qat.student import build_student, learned_ranges, run_student, trained_model  # noqa: E402
 from deploy_opt.qat.train import split_minibatches, train_student  # noqa: E402
 from dopt_common.errors import ConfigError  # noqa: E402
@@ -231,7 +231,7 @@ def tiny_qdq(tmp_path):
     out = result.out_dir
     fp32 = onnx.load(str(out / "model.onnx"))
     qdq_path = out / "model.int8.onnx"
-    from deploy_opt.build.quantize import weight_levels
+    from deploy_opt.stages.quantize import weight_levels
 
     config = result.build["config"]  # the build's weight levels: 7-bit on a CPU without VNNI, as the build wrote
     levels = weight_levels(config["quantization"]["weight_range"], tuple(config["deploy"]["targets"]))[0]
@@ -289,9 +289,9 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
     import tiny_onnx
     from conftest import HERE
 
-    from deploy_opt.build.inputs import training_batches
     from deploy_opt.config.build import resolve_config
     from deploy_opt.config.model import InputSpec
+    from deploy_opt.stages.inputs import training_batches
 
     model = tiny_onnx.make_model(tmp_path / "tiny.onnx")
     source = HERE / "tiny_onnx.py"

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from conftest import HERE, write_config
 
-from deploy_opt.build.dynamic import dynamic_allowed
+from deploy_opt.stages.dynamic import dynamic_allowed
 
 
 def _config(tmp_path: Path, name: str, quantization: str, max_drop: float, auto: str):

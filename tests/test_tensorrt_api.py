@@ -166,7 +166,7 @@ def test_the_cache_header_names_the_module_version_with_only_split_wheels(tmp_pa
     """tensorrt-cu13, -libs and -bindings install no distribution named 'tensorrt' (issue 33)."""
     from importlib import metadata
 
-    from deploy_opt.build.backends import _installed_trt_version
+    from deploy_opt.stages.backends import _installed_trt_version
 
     site = tmp_path / "site"
     (site / "tensorrt").mkdir(parents=True)
@@ -185,7 +185,7 @@ def test_the_cache_header_names_the_module_version_with_only_split_wheels(tmp_pa
 
     from test_interop import _random_scales
 
-    from deploy_opt.build.backends import write_backend_artifacts
+    from deploy_opt.stages.backends import write_backend_artifacts
 
     config = SimpleNamespace(deploy=SimpleNamespace(targets=("ort-cpu",)))
     quantized = SimpleNamespace(scales=_random_scales(1, "symmetric"), path=tmp_path / "model.int8.onnx")
@@ -200,7 +200,7 @@ def test_an_installed_tensorrt_11_gets_no_calibration_cache(tmp_path, monkeypatc
 
     from test_interop import _random_scales
 
-    from deploy_opt.build import backends
+    from deploy_opt.stages import backends
 
     monkeypatch.setattr(backends, "_installed_trt_version", lambda: "11.4.0.106")
     config = SimpleNamespace(deploy=SimpleNamespace(targets=("ort-cpu",)))

@@ -234,8 +234,8 @@ class FakeSession:
 )
 def test_ort_cuda_is_timed_only_when_the_session_runs_on_cuda(gpu, monkeypatch, session_providers) -> None:
     import dopt_common.ort
-    from deploy_opt.build.backends import time_engine_vs_ort_cuda
     from deploy_opt.data.sources import Batch
+    from deploy_opt.stages.backends import time_engine_vs_ort_cuda
 
     cudart, install, engine = gpu
     install()
@@ -261,9 +261,9 @@ def test_ort_cuda_is_timed_only_when_the_session_runs_on_cuda(gpu, monkeypatch, 
 
 
 def test_engine_profile_covers_every_shape_the_build_runs(tmp_path: Path) -> None:
-    from deploy_opt.build.backends import engine_profile
     from deploy_opt.config.build import BenchmarkConfig, CompareConfig, GateConfig
     from deploy_opt.data.sources import Batch
+    from deploy_opt.stages.backends import engine_profile
 
     path = ort_style_qdq_model(tmp_path / "m.int8.onnx")
     config = types.SimpleNamespace(

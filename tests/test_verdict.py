@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import build_tiny, write_config
 
-from deploy_opt.build.splits import split_evaluation
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution, speedup_interval, split_indices
 from deploy_opt.report.gate import apply_gate
+from deploy_opt.stages.splits import split_evaluation
 
 
 def test_the_drop_interval_is_paired_and_covers_the_drop() -> None:

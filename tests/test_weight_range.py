@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from calibrators.qparams import weight_scale
-from deploy_opt.build import quantize as quantize_stage
 from deploy_opt.config.build import QuantizationConfig
+from deploy_opt.stages import quantize as quantize_stage
 from dopt_common.errors import ConfigError
 from dopt_common.ort import int8_pairs_saturate
 

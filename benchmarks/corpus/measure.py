@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_opt.build.benchmark import tiled
+from deploy_opt.stages.benchmark import tiled
 from dopt_common.timer import StopRule, median_ms, runner, time_rounds
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def batch_scores(metric: Any, session: Any, inputs: dict[str, np.ndarray], refer
 
 def fixed_batch(path: Path) -> int | None:
     """The first input's batch dimension when the file fixes it (e.g. 1), else None: the build's own rule."""
-    from deploy_opt.build.benchmark import fixed_batch as model_fixed_batch
+    from deploy_opt.stages.benchmark import fixed_batch as model_fixed_batch
 
     return model_fixed_batch(path)
 

@@ -23,11 +23,11 @@ from onnx import defs, shape_inference
 from deploy_opt.analysis import compat_data as data
 from deploy_opt.analysis.compat_dynamic import dynamic_reads, dynamic_sources, dynamic_warning, tensorrt_reason
 from deploy_opt.analysis.compat_report import CompatReport
-from deploy_opt.analysis.trt_qdq import qdq_problem
-from deploy_opt.analysis.trt_restrictions import NodeFacts, check_restrictions
 from dopt_common.errors import ConfigError, InputError, ModelError, ReportError
 from dopt_common.files import regular_input
 from dopt_common.names import shown
+from exporters.tensorrt.qdq_rules import qdq_problem
+from exporters.tensorrt.restrictions import NodeFacts, check_restrictions
 
 log = logging.getLogger(__name__)
 

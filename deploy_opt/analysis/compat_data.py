@@ -1,8 +1,8 @@
 """The facts behind the compatibility report: ORT kernel registries, TensorRT's operator table, ORT's opset table.
 
 Sources (see deploy_opt/backend_tables/README.md): the CPU kernels come from the installed onnxruntime's own registry
-(``data/ort_cpu_kernels.json`` where that registry cannot be read, see ``ort_registry``); the CUDA kernels from
-that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json`` (ORT's published
+(``data/ort_cpu_kernels.json`` where that registry cannot be read, see ``exporters.ort.registry``); the CUDA
+kernels from that registry when onnxruntime-gpu is installed, else from ``data/ort_cuda_kernels.json`` (ORT's published
 docs/OperatorKernels.md); TensorRT from ``data/tensorrt_*.csv`` (onnx-tensorrt's operator
 tables); ORT release -> opset from ``data/ort_opset_support.csv``. Every loader is cached: a build calls the
 report twice and the files never change while it runs.
@@ -148,7 +148,7 @@ def _index(kernels: list[Kernel]) -> dict[tuple[str, str], tuple[Kernel, ...]]:
 
 @functools.cache
 def _registry() -> tuple[str, tuple[Any, ...] | None]:
-    from deploy_opt.analysis.ort_registry import read_registry
+    from exporters.ort.registry import read_registry
 
     version, rows = read_registry()
     return version, None if rows is None else tuple(rows)
@@ -158,7 +158,7 @@ def _registry() -> tuple[str, tuple[Any, ...] | None]:
 def runtime_kernels(provider: str) -> KernelTable | None:
     """The installed onnxruntime's registered kernels of ``provider``; None when it registers none.
 
-    Where the registry cannot be read (``ort_registry``), the CPU and CUDA providers come from the published
+    Where the registry cannot be read (``exporters.ort.registry``), the CPU and CUDA providers come from the published
     tables in data/ instead.
     """
     version, rows = _registry()

@@ -19,13 +19,13 @@ from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import Trial
-from deploy_opt.build.benchmark import feed_of_size
-from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.quantize import QuantizedModel, quantize
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.uncertainty import standard_error
+from deploy_opt.stages.benchmark import feed_of_size
+from deploy_opt.stages.calibration_set import CalibrationSet
+from deploy_opt.stages.quantize import QuantizedModel, quantize
 from dopt_common.clock import WorkClock, work_seconds
 from dopt_common.ort import create_session
 from exporters.ort.graph import quantized_nodes

@@ -24,9 +24,9 @@ import onnx
 from deploy_opt.autotune.candidates import configured
 from deploy_opt.autotune.context import Base, SearchContext, paying
 from deploy_opt.autotune.trials import best_trial
-from deploy_opt.build.calibrate import calibrate_activations
-from deploy_opt.build.quantize import quantize
 from deploy_opt.config.build import RECOVERY_METHODS
+from deploy_opt.stages.calibrate import calibrate_activations
+from deploy_opt.stages.quantize import quantize
 from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)

@@ -44,13 +44,13 @@ from deploy_opt.autotune.head import float_head
 from deploy_opt.autotune.recover import recovery_trials
 from deploy_opt.autotune.refine import fallback_bases, fallback_trials, latency_trials
 from deploy_opt.autotune.trials import SPEED_TIE, AutoSearch, Trial, best_trial, chosen_trial
-from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations, rescheme
-from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.quantize import quantize
-from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.stages.calibrate import ActivationRanges, calibrate_activations, rescheme
+from deploy_opt.stages.calibration_set import CalibrationSet
+from deploy_opt.stages.quantize import quantize
+from deploy_opt.stages.smoothing import smooth_model
 from dopt_common.clock import WorkClock
 from exporters.ort.graph import PLACEMENTS
 
@@ -238,7 +238,7 @@ def _chains_pay(ctx: SearchContext) -> bool:
 def _dynamic_pays(ctx: SearchContext) -> bool:
     """Dynamic INT8 is a candidate for ORT CPU alone (``dynamic_allowed``) when the graph has MatMul, Gemm, LSTM
     or Attention nodes that ORT's dynamic mode quantizes."""
-    from deploy_opt.build.dynamic import dynamic_allowed, dynamic_nodes
+    from deploy_opt.stages.dynamic import dynamic_allowed, dynamic_nodes
 
     return ctx.config.auto.dynamic and dynamic_allowed(ctx.config.deploy.targets) and bool(dynamic_nodes(ctx.fp32))
 
@@ -246,7 +246,7 @@ def _dynamic_pays(ctx: SearchContext) -> bool:
 def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...], work: Path) -> list[Base]:
     """ORT's dynamic INT8 (weights ahead of time, activations at run time) as one more candidate: where static
     INT8 loses too much, recurrent models and transformers often keep their accuracy with it."""
-    from deploy_opt.build.dynamic import quantize_dynamic
+    from deploy_opt.stages.dynamic import quantize_dynamic
     from exporters.ort.dynamic import NothingToQuantize
 
     candidate = Candidate("dynamic", "asymmetric", None, static)

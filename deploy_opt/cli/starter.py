@@ -15,12 +15,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy_opt.build.export import input_specs_from_onnx
 from deploy_opt.config.hf import TASKS, hf_inputs, read_hf_config
 from deploy_opt.config.model import InputSpec
 from deploy_opt.data.arrays import NpzReader
 from deploy_opt.data.files import ARRAY_SUFFIXES, LABEL_KEYS, TEXT_SUFFIXES, image_files
 from deploy_opt.data.text_files import read_texts
+from deploy_opt.stages.export import input_specs_from_onnx
 from dopt_common.errors import InputError, OutputError
 from dopt_common.files import regular_input, write_text
 from exporters.onnx.checks import read_onnx_graph

@@ -1,7 +1,7 @@
 """The build pipeline, top to bottom: load → FP32 ONNX → calibrate and quantize (with fallback) → other backends
 and compat → evaluate → benchmark → cross-backend comparison and align verify → gate → build.json and summary.md.
 
-Each stage is a plain function in its own module of ``deploy_opt/build/`` (or, for the stages that drive other
+Each stage is a plain function in its own module of ``deploy_opt/stages/`` (or, for the stages that drive other
 packages, of ``deploy_opt/pipeline/``) and returns a frozen result; this module only composes them. The build is
 assembled in a staging folder and published whole (``staged_dir``).
 """
@@ -15,13 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.benchmark import respect_fixed_batch
-from deploy_opt.build.export import Fp32Model, prepare_fp32
-from deploy_opt.build.inputs import BuildInputs, load_inputs, training_batches
-from deploy_opt.build.runtime import BenchmarkRecord, cpu_timed, evaluate_runtimes, run_benchmark
-from deploy_opt.build.splits import split_evaluation
-from deploy_opt.build.summary import MetricsRecord, metric_record, sensitivity_summary, target_status
-from deploy_opt.build.verify import Verification, compare_and_align, write_backends
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
 from deploy_opt.data.sources import Batch
@@ -39,6 +32,13 @@ from deploy_opt.prune.distill import DistillData
 from deploy_opt.report import record
 from deploy_opt.report.gate import GateResult, apply_gate
 from deploy_opt.report.trust import alignment_criterion, with_criterion
+from deploy_opt.stages.benchmark import respect_fixed_batch
+from deploy_opt.stages.export import Fp32Model, prepare_fp32
+from deploy_opt.stages.inputs import BuildInputs, load_inputs, training_batches
+from deploy_opt.stages.runtime import BenchmarkRecord, cpu_timed, evaluate_runtimes, run_benchmark
+from deploy_opt.stages.splits import split_evaluation
+from deploy_opt.stages.summary import MetricsRecord, metric_record, sensitivity_summary, target_status
+from deploy_opt.stages.verify import Verification, compare_and_align, write_backends
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
 from dopt_common.ownership import check_separate, run_kind

@@ -24,15 +24,15 @@ from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
-from deploy_opt.build.calibrate import ActivationRanges
-from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.dynamic import quantize_dynamic
-from deploy_opt.build.quantize import QuantizedModel, quantize
-from deploy_opt.build.smoothing import smooth_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.report.calibration_plot import plot_histograms
+from deploy_opt.stages.calibrate import ActivationRanges
+from deploy_opt.stages.calibration_set import CalibrationSet
+from deploy_opt.stages.dynamic import quantize_dynamic
+from deploy_opt.stages.quantize import QuantizedModel, quantize
+from deploy_opt.stages.smoothing import smooth_model
 
 
 @dataclass(frozen=True)

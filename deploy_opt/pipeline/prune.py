@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.runtime import BenchmarkRecord
-from deploy_opt.build.summary import MetricsRecord
 from deploy_opt.config.prune import PruneConfig
+from deploy_opt.distill.loop import curve_batches
 from deploy_opt.prune.checkpoint import save_pruned
 from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
 from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
 from deploy_opt.prune.structure import prune_structure, torch_pruning
-from deploy_opt.qat.loop import curve_batches
+from deploy_opt.stages.runtime import BenchmarkRecord
+from deploy_opt.stages.summary import MetricsRecord
 
 log = logging.getLogger(__name__)
 ORIGINAL_DIR = "original"  # the unpruned model's ONNX export, in the staging folder until the benchmark is done

@@ -20,10 +20,6 @@ import onnx
 
 from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.autotune.trials import AutoSearch
-from deploy_opt.build.calibrate import ActivationRanges
-from deploy_opt.build.calibration_set import CalibrationSet
-from deploy_opt.build.inputs import training_batches
-from deploy_opt.build.quantize import QuantizedModel, quantize, weight_levels
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.data.sources import Batch
@@ -34,6 +30,10 @@ from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat
+from deploy_opt.stages.calibrate import ActivationRanges
+from deploy_opt.stages.calibration_set import CalibrationSet
+from deploy_opt.stages.inputs import training_batches
+from deploy_opt.stages.quantize import QuantizedModel, quantize, weight_levels
 from dopt_common.errors import DeployOptError
 from dopt_common.ort import create_session
 from exporters.onnx.io import save_onnx

@@ -15,9 +15,9 @@ from typing import Any
 
 from deploy_opt.config.prune import PruneDistillConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.distill.loop import LoopSettings, Trainee, TrainingRun, run_distillation
 from deploy_opt.evaluation.metrics import Metric, RunningMean
 from deploy_opt.prune.importance import ordered_tensors
-from deploy_opt.qat.loop import LoopSettings, Trainee, TrainingRun, run_distillation
 
 log = logging.getLogger(__name__)
 

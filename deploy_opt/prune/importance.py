@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.data.sources import Batch
+from deploy_opt.distill.losses import label_loss
 from deploy_opt.prune.structure import torch_pruning
-from deploy_opt.qat.losses import label_loss
 
 log = logging.getLogger(__name__)
 MINIBATCH = 8

@@ -1,4 +1,4 @@
-"""QAT's use of the distillation loop (``deploy_opt/qat/loop.py``): the fake-quantized graph is the student, the
+"""QAT's use of the distillation loop (``deploy_opt/distill/loop.py``): the fake-quantized graph is the student, the
 FP32 graph with its original weights the teacher. Weights train at ``lr``, the log step sizes at ``scale_lr``.
 """
 
@@ -11,9 +11,9 @@ import numpy as np
 
 from deploy_opt.config.qat import QATConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.distill.loop import LoopSettings, Trainee, TrainingRun, run_distillation, split_minibatches
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.onnx_torch import initializer_tensors, run_graph
-from deploy_opt.qat.loop import LoopSettings, Trainee, TrainingRun, run_distillation, split_minibatches
 from deploy_opt.qat.student import Student, run_student
 
 __all__ = ["TrainingRun", "qat_settings", "split_minibatches", "train_student"]

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from deploy_opt.data.sources import Batch
+from deploy_opt.distill.losses import LABEL_WEIGHT, choose_loss, distill_loss, label_loss
 from deploy_opt.evaluation.metrics import Metric, RunningMean
-from deploy_opt.qat.losses import LABEL_WEIGHT, choose_loss, distill_loss, label_loss
 from dopt_common.errors import NumericsError
 
 log = logging.getLogger(__name__)

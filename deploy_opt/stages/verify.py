@@ -15,10 +15,10 @@ from deploy_opt.analysis.compare import compare_backends, fixed_samples
 from deploy_opt.analysis.comparison import ComparedModels, Comparison
 from deploy_opt.analysis.compat import check_compat
 from deploy_opt.analysis.compat_report import write_compat
-from deploy_opt.build.backends import write_backend_artifacts
-from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.stages.backends import write_backend_artifacts
+from deploy_opt.stages.quantize import QuantizedModel
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import onnx
 from calibrators.activations.channels import ChannelAbsMaxObserver
 from calibrators.activations.collect import collect
 from calibrators.smoothquant import apply_smoothquant, smoothing_targets
-from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.stages.calibration_set import CalibrationSet
 from dopt_common.files import sha256_file
 from exporters.onnx.io import save_onnx
 

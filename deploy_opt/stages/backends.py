@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from calibrators.scales.format import ScaleFile
-from deploy_opt.build.benchmark import feed_of_size
-from deploy_opt.build.quantize import QuantizedModel
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.stages.benchmark import feed_of_size
+from deploy_opt.stages.quantize import QuantizedModel
 from dopt_common.errors import DeployOptError
 from exporters.aimet import write_aimet_encodings
 from exporters.tensorrt.cache import write_trt_cache

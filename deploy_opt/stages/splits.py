@@ -12,11 +12,11 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from deploy_opt.build.calibration_set import CalibrationSet, refuse_overlap
 from deploy_opt.config.build import DataConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.data.sources import Batch, iter_batches, sample_ids, select_rows
 from deploy_opt.evaluation.uncertainty import split_indices
+from deploy_opt.stages.calibration_set import CalibrationSet, refuse_overlap
 from dopt_common.errors import InputError
 
 log = logging.getLogger(__name__)

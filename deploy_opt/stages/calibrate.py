@@ -24,11 +24,11 @@ from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
-from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import single_rows
 from deploy_opt.evaluation.numerics import json_db, noise_db
 from deploy_opt.report.calibration_plot import widest
+from deploy_opt.stages.calibration_set import CalibrationSet
 from dopt_common.clock import work_seconds
 
 log = logging.getLogger(__name__)

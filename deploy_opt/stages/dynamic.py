@@ -15,9 +15,9 @@ from pathlib import Path
 import onnx
 
 from calibrators.scales.format import load_scale_file, save_scale_file
-from deploy_opt.build.calibrate import ActivationRanges
-from deploy_opt.build.quantize import QuantizedModel, weight_levels
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.stages.calibrate import ActivationRanges
+from deploy_opt.stages.quantize import QuantizedModel, weight_levels
 from dopt_common.errors import ScaleMismatchError
 from exporters.ort.dynamic import DEFAULT_OP_TYPES, dynamic_scale_file, write_ort_dynamic
 from exporters.ort.dynamic_read import compare_dynamic, read_dynamic_model

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build import benchmark
 from deploy_opt.config.build import BenchmarkConfig, BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.stages import benchmark
 from dopt_common.ort import create_session, usable_threads
 
 log = logging.getLogger(__name__)

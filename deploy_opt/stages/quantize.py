@@ -25,10 +25,10 @@ from calibrators.scales.format import (
     save_scale_file,
 )
 from deploy_opt import __version__
-from deploy_opt.build.calibrate import ActivationRanges, calibrate_activations
-from deploy_opt.build.calibration_set import CalibrationSet
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.report.calibration_plot import plotted_tensors, tensor_summary
+from deploy_opt.stages.calibrate import ActivationRanges, calibrate_activations
+from deploy_opt.stages.calibration_set import CalibrationSet
 from dopt_common.errors import ScaleMismatchError
 from dopt_common.files import sha256_file
 from dopt_common.ort import int8_pairs_saturate

@@ -9,13 +9,13 @@ from typing import Any
 
 from deploy_opt.analysis.compat import CUDA_QDQ_NOTE
 from deploy_opt.analysis.sensitivity.record import SensitivityRecord
-from deploy_opt.build.runtime import Runtimes
-from deploy_opt.build.splits import EvaluationSplit
-from deploy_opt.build.verify import Backends
 from deploy_opt.config.build import DeployConfig
 from deploy_opt.evaluation.evaluate import Evaluation
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution
+from deploy_opt.stages.runtime import Runtimes
+from deploy_opt.stages.splits import EvaluationSplit
+from deploy_opt.stages.verify import Backends
 from dopt_common.errors import NumericsError
 
 

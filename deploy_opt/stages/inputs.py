@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.build.calibration_set import CalibrationSet, choose_calibration, evaluation_ids, refuse_overlap
-from deploy_opt.build.export import input_specs_from_onnx
-from deploy_opt.build.hf_model import load_hf_model
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.data.labels import CLASS_METRICS, output_classes
 from deploy_opt.data.sources import Batch, iter_batches, load_torch_model
+from deploy_opt.stages.calibration_set import CalibrationSet, choose_calibration, evaluation_ids, refuse_overlap
+from deploy_opt.stages.export import input_specs_from_onnx
+from deploy_opt.stages.hf_model import load_hf_model
 from dopt_common.errors import InputError
 from exporters.onnx.checks import check_onnx
 

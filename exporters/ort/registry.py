@@ -6,7 +6,7 @@ not installed, creating it fails and the call dies with a segmentation fault (se
 onnxruntime-gpu 1.31.1 and no tensorrt). The CPU wheel ships no such library, so it is read in-process; any other
 build is read in a child process, and a child that dies leaves the caller on the published tables.
 
-    python -m deploy_opt.analysis.ort_registry    # the registry as JSON rows, what the child prints
+    python -m exporters.ort.registry    # the registry as JSON rows, what the child prints
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def read_registry() -> tuple[str, list[Row] | None]:
         return version, registry_rows()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "deploy_opt.analysis.ort_registry"],
+            [sys.executable, "-m", "exporters.ort.registry"],
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
