@@ -7,7 +7,7 @@ The public API, loaded lazily so that ``import deploy_opt`` stays light::
     result = run_build(config, profile, Path("reports"))
 
 Where things live: ``config/`` (YAML → frozen dataclasses, profiles), ``data/`` (the data sources and batches)
-and ``evaluation/`` (metrics and evaluation), shared by every stage, ``build/`` (one module per stage),
+and ``evaluation/`` (metrics and evaluation), shared by every stage, ``stages/`` (one module per stage),
 ``pipeline/`` (their composition), ``analysis/`` (sensitivity, compare, compat, align), ``report/`` (gates, build
 records, plots), ``cli/``, ``backend_tables/`` (the operator tables compat reads), and the ``llm/``, ``train/``
 and ``demo/`` companions.
