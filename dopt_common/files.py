@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import InputError, OutputError
+from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.names import shown
 
 
@@ -121,6 +121,15 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:
     """Write JSON atomically, indented and with a trailing newline."""
     return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON document in ``path``; ``ConfigError`` ("cannot read <what> '<path>': ...") when it cannot be read
+    or parsed. The reader of the documents ``write_json`` writes: scales.json and the exporters' encodings."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} '{path}': {exc}") from exc
 
 
 KINDS = {
