@@ -146,17 +146,23 @@ def _kind(mode: int) -> str:
     return next((name for test, name in KINDS.items() if test(mode)), "not a regular file")
 
 
+def lstat_mode(path: Path, verb: str, fix: str) -> int | None:
+    """``path``'s mode, the path itself (a link is not followed), or None when nothing is there; anything else
+    ``os.lstat`` raises is ``OutputError("cannot <verb> '<path>': <why>; fix: <fix>")``."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"cannot {verb} '{shown(str(path))}': {exc.strerror}; fix: {fix}") from exc
+
+
 def check_output_file(path: str | os.PathLike[str]) -> Path:
     """``path`` when a file may be written there: absent, or a regular file (never a link, device, FIFO or
     folder, which an atomic rename would replace: ``--out /dev/full`` must not turn the device into a file)."""
     final = Path(path)
-    try:
-        mode = os.lstat(final).st_mode
-    except FileNotFoundError:
-        return final
-    except OSError as exc:
-        raise OutputError(f"cannot write '{shown(str(final))}': {exc.strerror}; fix: choose another path") from exc
-    if stat.S_ISREG(mode):
+    mode = lstat_mode(final, "write", "choose another path")
+    if mode is None or stat.S_ISREG(mode):
         return final
     if stat.S_ISDIR(mode):
         raise OutputError(
