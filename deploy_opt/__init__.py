@@ -15,8 +15,7 @@ and ``demo/`` companions.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dopt_common.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -28,12 +27,4 @@ _PUBLIC = {
 }
 __all__ = ["__version__", *_PUBLIC]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'deploy_opt' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("deploy_opt", _PUBLIC, __all__)

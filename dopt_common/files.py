@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dopt_common.errors import InputError, OutputError
+from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.names import shown
 
 
@@ -123,6 +123,15 @@ def write_json(path: str | os.PathLike[str], data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON document in ``path``; ``ConfigError`` ("cannot read <what> '<path>': ...") when it cannot be read
+    or parsed. The reader of the documents ``write_json`` writes: scales.json and the exporters' encodings."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} '{path}': {exc}") from exc
+
+
 KINDS = {
     stat.S_ISDIR: "a folder",
     stat.S_ISLNK: "a symbolic link",
@@ -137,17 +146,23 @@ def _kind(mode: int) -> str:
     return next((name for test, name in KINDS.items() if test(mode)), "not a regular file")
 
 
+def lstat_mode(path: Path, verb: str, fix: str) -> int | None:
+    """``path``'s mode, the path itself (a link is not followed), or None when nothing is there; anything else
+    ``os.lstat`` raises is ``OutputError("cannot <verb> '<path>': <why>; fix: <fix>")``."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"cannot {verb} '{shown(str(path))}': {exc.strerror}; fix: {fix}") from exc
+
+
 def check_output_file(path: str | os.PathLike[str]) -> Path:
     """``path`` when a file may be written there: absent, or a regular file (never a link, device, FIFO or
     folder, which an atomic rename would replace: ``--out /dev/full`` must not turn the device into a file)."""
     final = Path(path)
-    try:
-        mode = os.lstat(final).st_mode
-    except FileNotFoundError:
-        return final
-    except OSError as exc:
-        raise OutputError(f"cannot write '{shown(str(final))}': {exc.strerror}; fix: choose another path") from exc
-    if stat.S_ISREG(mode):
+    mode = lstat_mode(final, "write", "choose another path")
+    if mode is None or stat.S_ISREG(mode):
         return final
     if stat.S_ISDIR(mode):
         raise OutputError(

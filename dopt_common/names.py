@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import reprlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dopt_common.errors import ConfigError
@@ -76,3 +77,13 @@ def shorten_quoted(message: str, limit: int = MAX_SHOWN) -> str:
     """``message`` with every quoted value (a path, a name) longer than ``limit`` cut to ``limit`` characters and
     its length said: the CLI's last guard, so no error line quotes a 5,000-character path whole."""
     return QUOTED.sub(lambda m: f"'{shown(m.group(1), limit)}'", message)
+
+
+def named_counts(groups: Iterable[tuple[str, Sequence[str]]], first: int = 3) -> list[str]:
+    """``"<label>: a, b, c … (12)"`` for each non-empty ``(label, names)`` group: its first ``first`` names, an
+    ellipsis when there are more, and how many there are (a mismatch summary's parts)."""
+    return [
+        f"{label}: {', '.join(names[:first])}{' …' if len(names) > first else ''} ({len(names)})"
+        for label, names in groups
+        if names
+    ]

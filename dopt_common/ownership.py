@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dopt_common.errors import OutputError
+from dopt_common.files import lstat_mode
 from dopt_common.names import shown
 
 MARKER = ".deploy_opt.json"  # in every staged and published folder: who wrote it
@@ -130,12 +131,9 @@ def _record_format(path: Path) -> str:
 def check_target(folder: Path, kind: str) -> Path:
     """Refuse, before any work, a target that publishing would replace but deploy_opt did not write: a link, a
     file, or a folder that is neither empty nor a ``kind`` run. Returns ``folder``."""
-    try:
-        mode = os.lstat(folder).st_mode
-    except FileNotFoundError:
+    mode = lstat_mode(folder, "check", "check the folder")
+    if mode is None:
         return folder
-    except OSError as exc:
-        raise OutputError(f"cannot check '{shown(str(folder))}': {exc.strerror}; fix: check the folder") from exc
     where = shown(str(folder))
     if stat.S_ISLNK(mode):
         raise OutputError(

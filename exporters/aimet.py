@@ -21,7 +21,6 @@ per-channel entries are read with axis 0 (ONNX Conv / Gemm output channels), wit
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 from calibrators.scales.format import ScaleFile, TensorScale
 from dopt_common.errors import ConfigError, ScaleMismatchError
-from dopt_common.files import write_json
+from dopt_common.files import read_json, write_json
 
 log = logging.getLogger(__name__)
 VERSION = "1.0.0"
@@ -79,10 +78,7 @@ def write_aimet_encodings(scales: ScaleFile, path: str | Path) -> Path:
 
 def read_aimet_encodings(path: str | Path) -> dict[str, TensorScale]:
     """Read AIMET encodings (1.0.0, or the older dict format) into scale-file entries."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read AIMET encodings '{path}': {exc}") from exc
+    data = read_json(path, "AIMET encodings")
     return parse_aimet_encodings(data, str(path))
 
 

@@ -9,7 +9,6 @@ Activations quantized at run time (dynamic-range INT8) have no scale to store: t
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from collections.abc import Iterable, Mapping
@@ -21,7 +20,7 @@ import numpy as np
 
 from calibrators.scales.schema import QDTYPES, validate_scale_data
 from dopt_common.errors import ConfigError, NumericsError, ScaleMismatchError
-from dopt_common.files import write_json
+from dopt_common.files import read_json, write_json
 
 FORMAT = "deploy_opt.scales/1"
 Role = Literal["activation", "weight", "bias"]
@@ -181,10 +180,7 @@ def save_scale_file(scales: ScaleFile, path: str | Path) -> Path:
 
 def load_scale_file(path: str | Path) -> ScaleFile:
     """Read scales.json, refusing another format version and any entry the schema or its consistency rules reject."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read scale file '{path}': {exc}") from exc
+    data = read_json(path, "scale file")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ConfigError(f"scale file '{path}' has format {found!r}; this deploy_opt reads '{FORMAT}'")

@@ -25,6 +25,7 @@ from typing import Any
 
 from calibrators.scales.format import ScaleFile, TensorScale, float32_hex, load_scale_file
 from dopt_common.errors import ConfigError
+from dopt_common.names import named_counts
 from exporters.ort.dynamic_read import compare_dynamic, read_dynamic_model
 from exporters.ort.qdq import compare_scales, read_qdq_scales
 
@@ -67,15 +68,16 @@ class ArtifactCheck:
         if self.status == "skipped":
             return f"{self.artifact}: skipped ({self.note})"
         parts = [f"{self.artifact}: {self.status.upper()}, {self.checked} tensors equal bit for bit"]
-        for label, names in (
-            ("drifted", self.drifted),
-            ("missing from artifact", self.missing),
-            ("not in scales.json", self.extra),
-            ("asymmetric", self.asymmetric),
-            ("dynamic (quantized at run time, as scales.json says)", self.dynamic),
-        ):
-            if names:
-                parts.append(f"{label}: {', '.join(names[:5])}{' …' if len(names) > 5 else ''} ({len(names)})")
+        parts += named_counts(
+            (
+                ("drifted", self.drifted),
+                ("missing from artifact", self.missing),
+                ("not in scales.json", self.extra),
+                ("asymmetric", self.asymmetric),
+                ("dynamic (quantized at run time, as scales.json says)", self.dynamic),
+            ),
+            first=5,
+        )
         return "; ".join(parts)
 
 

@@ -110,6 +110,17 @@ def _bounded(value: int, where: str) -> int:
     return value
 
 
+def section_field(cls: type) -> Any:
+    """A config's section: a field defaulting to ``cls()`` (each config gets its own)."""
+    return dataclasses.field(default_factory=cls)
+
+
+def base_dir_field() -> Any:
+    """A top-level config's ``base_dir``: set by the loader (the config file's folder), never by the user, so
+    ``build_dataclass`` neither reads nor lists it."""
+    return dataclasses.field(default=".", metadata={"internal": True})
+
+
 def build_dataclass(cls: type, data: Any, where: str) -> Any:
     """Build a frozen dataclass from a mapping; unknown or missing keys name the allowed ones."""
     if not isinstance(data, dict):

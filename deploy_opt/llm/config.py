@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from deploy_opt.config.loader import build_dataclass, merge, read_yaml
+from deploy_opt.config.loader import base_dir_field, build_dataclass, merge, read_yaml, section_field
 from deploy_opt.config.serve import ServeConfig
 from dopt_common.errors import ConfigError
 from dopt_common.names import check_run_name
@@ -147,13 +147,13 @@ class LLMConfig:
 
     name: str | None = None  # None: <model>-<method>[-g<group>], e.g. smollm2-awq-gptq-g64
     seed: int = 0
-    model: LLMModelConfig = field(default_factory=LLMModelConfig)
-    quantization: LLMQuantConfig = field(default_factory=LLMQuantConfig)
-    calibration: LLMCalibrationConfig = field(default_factory=LLMCalibrationConfig)
-    checks: LLMChecksConfig = field(default_factory=LLMChecksConfig)
-    gate: LLMGateConfig = field(default_factory=LLMGateConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    base_dir: str = field(default=".", metadata={"internal": True})
+    model: LLMModelConfig = section_field(LLMModelConfig)
+    quantization: LLMQuantConfig = section_field(LLMQuantConfig)
+    calibration: LLMCalibrationConfig = section_field(LLMCalibrationConfig)
+    checks: LLMChecksConfig = section_field(LLMChecksConfig)
+    gate: LLMGateConfig = section_field(LLMGateConfig)
+    serve: ServeConfig = section_field(ServeConfig)
+    base_dir: str = base_dir_field()
 
     def __post_init__(self) -> None:
         if self.name is not None:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from onnx import numpy_helper
 from calibrators.activations.collect import collect
 from calibrators.qparams import WEIGHT_INPUT, channel_axis, weight_scale
 from calibrators.scales.format import TensorScale
+from deploy_opt.recovery.record import PlainRecord
 from dopt_common.errors import CalibrationError, ConfigError, NumericsError
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ MAX_K = 8192  # a wider input's K x K second moment would be too big to hold
 
 
 @dataclass(frozen=True)
-class LayerRounding:
+class LayerRounding(PlainRecord):
     """What learning the rounding of one node's weight did; errors are mean ``||ΔW x||²`` over ``||W x||²``."""
 
     node: str
@@ -58,10 +59,6 @@ class LayerRounding:
     iterations: int
     seconds: float
     scales_kept: bool  # absmax of the new weight gives the scales it was rounded with
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for build.json."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from deploy_opt.recovery.record import PlainRecord
 from dopt_common.errors import DeployOptError
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class NodeCorrection:
+class NodeCorrection(PlainRecord):
     """What bias correction changed at one node: the bias it wrote and the per-channel shift it added."""
 
     node: str
@@ -50,10 +51,6 @@ class NodeCorrection:
     channels: int
     mean_abs_delta: float
     max_abs_delta: float
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for build.json."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

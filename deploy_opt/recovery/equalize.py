@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from deploy_opt.recovery.layer_pairs import Layer, LayerPair, find_pairs, node_label, subgraph_reads
+from deploy_opt.recovery.record import PlainRecord
 from dopt_common.errors import CalibrationError, ConfigError, ModelError, NumericsError
 
 log = logging.getLogger(__name__)
@@ -62,17 +63,13 @@ class EqualizedPair:
 
 
 @dataclass(frozen=True)
-class AbsorbedBias:
+class AbsorbedBias(PlainRecord):
     """A bias shift moved from a producer to its consumer across a Relu."""
 
     producer: str
     consumer: str
     channels: int  # channels shifted (minimum pre-activation above zero)
     max_shift: float
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for build.json."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dopt_common.lazy import lazy_exports
 
 _PUBLIC = {
     "Int8AdamW": "deploy_opt.train.optimizers",
@@ -21,12 +20,4 @@ _PUBLIC = {
 }
 __all__ = list(_PUBLIC)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'deploy_opt.train' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("deploy_opt.train", _PUBLIC, __all__)

@@ -31,7 +31,7 @@ from deploy_opt.train.blockwise import (
     block_parts,
     scale_parts,
 )
-from deploy_opt.train.foreach import ForeachUpdate
+from deploy_opt.train.foreach import ForeachUpdate, Group, Tensors
 from deploy_opt.train.state_io import (
     CONFIG_KEY,
     MOMENTS,
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # compiled=None compiles the fused kernel for int8-state tensors of at least this many elements (32 blocks of 2048)
 # on the CPU (measured there); on CUDA it compiles for every size.
 AUTO_COMPILE_NUMEL = 65536
+Moments = dict[str, torch.Tensor]  # the per-op path's fp32 moments of one parameter, by kind ("exp_avg", ...)
 
 
 def _named_groups(params: Any) -> Any:
@@ -103,18 +104,11 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         super().__init__(_named_groups(params), defaults)
 
     # --- the update, per parameter ---------------------------------------------------------------------
-    def _update(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        moments: dict[str, torch.Tensor],
-        group: dict[str, Any],
-        step: int,
-    ) -> None:
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: Moments, group: Group, step: int) -> None:
         raise NotImplementedError
 
     def _kernel_operands(
-        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+        self, param: torch.Tensor, state: dict[str, Any], group: Group
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The fused kernels' arguments between ``grad`` and ``hyper`` (int8 state), and after it."""
         raise NotImplementedError
@@ -124,7 +118,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         param: torch.Tensor,
         grad: torch.Tensor,
         state: dict[str, Any],
-        group: dict[str, Any],
+        group: Group,
         step: int,
         compile_: bool,
         whole: bool = False,
@@ -139,15 +133,15 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
             kernel, hyper = self.block_kernel, self._hyper_tensor(group, step, param.device)
         kernels.run_kernel(kernel, compile_, param, grad, *operands, hyper, *options)
 
-    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+    def _hyper_values(self, group: Group, step: int) -> list[float]:
         """The kernels' ``hyper`` for a group at ``step`` (see ``kernels``)."""
         raise NotImplementedError
 
-    def _hyper_tensor(self, group: dict[str, Any], step: int, device: torch.device) -> torch.Tensor:
+    def _hyper_tensor(self, group: Group, step: int, device: torch.device) -> torch.Tensor:
         """``hyper`` as one fp32 tensor on ``device``: the block kernels' (CPU) form."""
         return torch.tensor(self._hyper_values(group, step), dtype=torch.float32, device=device)
 
-    def _scalars(self, group: dict[str, Any], step: int) -> tuple[torch.Tensor, ...]:
+    def _scalars(self, group: Group, step: int) -> tuple[torch.Tensor, ...]:
         """``hyper`` as 0-d CPU tensors, made once per group and step: the per-parameter kernels' (CUDA) form."""
         key = (id(group), step)
         hyper = self._step_scalars.get(key)
@@ -156,12 +150,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         return hyper
 
     def _foreach_update(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        moments: dict[str, list[torch.Tensor]],
-        steps: list[torch.Tensor],
-        group: dict[str, Any],
+        self, params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: Group
     ) -> None:
         if self.foreach_update is None:
             raise NotImplementedError(f"{type(self).__name__} has no multi-tensor update")
@@ -182,7 +171,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         """Whether int8 state on ``device`` takes the one-call-per-parameter kernels (CUDA) or the block ones."""
         return self.per_param_kernels if self.per_param_kernels is not None else device.type == "cuda"
 
-    def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    def _moments(self, group: Group) -> tuple[tuple[str, str], ...]:
         return MOMENTS[self.config.optimizer]
 
     def _blocks(self, state: dict[str, Any], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,7 +201,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
                     self._foreach_step(batch, group)
         return loss
 
-    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> bool:
+    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: Group) -> bool:
         """Whether this step updates the parameter with the group's multi-tensor update: fp32 state, fp32 tensors."""
         if not (self.use_foreach and self.foreach_update is not None):
             return False
@@ -226,7 +215,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         step = int(state["step"].item()) + 1 if "step" in state else 1
         return not kinds or not self.config.quantizes(name, local.numel(), step)
 
-    def _foreach_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+    def _foreach_step(self, params: Tensors, group: Group) -> None:
         """One multi-tensor update of ``params`` (all fp32 state), creating zero moments on their first step."""
         locals_, grads, steps = [], [], []
         moments: dict[str, list[torch.Tensor]] = {kind: [] for kind, _ in self._moments(group)}
@@ -244,14 +233,14 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         self._foreach_update(locals_, grads, moments, steps, group)
         self.step_paths["foreach"] += len(params)
 
-    def _names(self, group: dict[str, Any]) -> list[str | None]:
+    def _names(self, group: Group) -> list[str | None]:
         names = group.get("param_names")
         if names is None or len(names) != len(group["params"]):
             # ZeroRedundancyOptimizer hands each rank a slice of the params with the full name list.
             return [None] * len(group["params"])
         return list(names)
 
-    def _step_param(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> None:
+    def _step_param(self, param: torch.Tensor, name: str | None, group: Group) -> None:
         local, grad = local_tensor(param), local_tensor(param.grad)
         if grad.is_sparse:
             raise ConfigError(f"{type(self).__name__} does not support sparse gradients (param {name or '?'})")
@@ -289,7 +278,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         local: torch.Tensor,
         grad: torch.Tensor,
         state: dict[str, Any],
-        group: dict[str, Any],
+        group: Group,
         step: int,
         compile_: bool,
     ) -> None:
@@ -312,9 +301,7 @@ class BlockwiseOptimizer(torch.optim.Optimizer):
         if work is not local:
             local.copy_(work)
 
-    def _fits_kernel(
-        self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
-    ) -> bool:
+    def _fits_kernel(self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: Group) -> bool:
         """Whether the fused kernel can run: contiguous, state int8 already (or still empty)."""
         moments = self._moments(group)
         use_kernels = self.compiles(local.numel(), local.device) if self.use_kernels is None else self.use_kernels

@@ -10,11 +10,11 @@ an optional metric). See that module for the details.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from deploy_opt.config.loader import build_dataclass, merge, parse_override, read_yaml
+from deploy_opt.config.loader import base_dir_field, build_dataclass, merge, parse_override, read_yaml, section_field
 from deploy_opt.train.schedules import ScheduleConfig
 from dopt_common.errors import ConfigError
 
@@ -91,10 +91,10 @@ class TrainConfig:
 
     model: str  # "package.module:function" returning a torch.nn.Module
     data: str  # "package.module:function" called as fn(batch_size=..., seed=...) returning a TrainData
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = section_field(OptimizerConfig)
     # type (warmup_cosine | warmup_linear | step | constant), warmup_ratio, min_lr_ratio, step_size, milestones,
     # gamma, max_drop: see deploy_opt.train.schedules
-    scheduler: ScheduleConfig = field(default_factory=ScheduleConfig)
+    scheduler: ScheduleConfig = section_field(ScheduleConfig)
     steps: int | None = None  # set exactly one of steps and epochs
     epochs: int | None = None
     batch_size: int = 32
@@ -113,8 +113,7 @@ class TrainConfig:
     # Log the recommender's advice (and its reasons) for this model type at the start of the run; null: don't.
     model_type: Literal["cnn", "mlp", "transformer", "llm"] | None = None
     memory_gb: float | None = None  # the memory budget the recommender judges by; null: this machine's RAM
-    # Set by the loader (the config file's folder), never by the user.
-    base_dir: str = field(default=".", metadata={"internal": True})
+    base_dir: str = base_dir_field()
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):

@@ -23,13 +23,12 @@ from torch.optim.sgd import sgd
 log = logging.getLogger(__name__)
 
 Tensors = list[torch.Tensor]
+Group = dict[str, Any]  # a param group: its "params" and hyper-parameters (torch.optim.Optimizer.param_groups)
 # An optimizer's multi-tensor update: (params, grads, moments, steps, group[, extra state]) → None, in place.
 ForeachUpdate = Callable[..., None]
 
 
-def adamw_foreach(
-    params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: dict[str, Any]
-) -> None:
+def adamw_foreach(params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: Group) -> None:
     """AdamW (decoupled weight decay) by ``torch.optim.adamw.adamw(foreach=True)``, which advances ``steps``."""
     beta1, beta2 = group["betas"]
     adamw(
@@ -50,9 +49,7 @@ def adamw_foreach(
     )
 
 
-def sgd_foreach(
-    params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: dict[str, Any]
-) -> None:
+def sgd_foreach(params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: Group) -> None:
     """SGD: decoupled weight decay, then ``torch.optim.sgd.sgd(foreach=True)`` without its (coupled) decay."""
     torch._foreach_add_(steps, 1.0)
     lr, wd = group["lr"], group["weight_decay"]
@@ -73,9 +70,7 @@ def sgd_foreach(
     )
 
 
-def lion_foreach(
-    params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: dict[str, Any]
-) -> None:
+def lion_foreach(params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: Group) -> None:
     """Lion: ``p -= lr * sign(lerp(m, g, 1 - beta1))``, then ``m = lerp(m, g, 1 - beta2)``."""
     torch._foreach_add_(steps, 1.0)
     lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
@@ -93,7 +88,7 @@ def sophia_foreach(
     grads: Tensors,
     moments: dict[str, Tensors],
     steps: Tensors,
-    group: dict[str, Any],
+    group: Group,
     hessians: list[torch.Tensor | None],
 ) -> None:
     """Sophia: ``m = lerp(m, g, 1 - beta1)``; ``p -= lr * clip(m / max(rho * h, eps), 1)`` (``h`` None: 0)."""

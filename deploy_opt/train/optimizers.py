@@ -29,7 +29,8 @@ import torch
 
 from deploy_opt.train import foreach, kernels
 from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
-from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer
+from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, Moments
+from deploy_opt.train.foreach import Group
 from deploy_opt.train.state_io import MOMENTS, check_range, optimizer_state_bytes, state_config
 from dopt_common.errors import ConfigError
 
@@ -72,24 +73,17 @@ class Int8AdamW(BlockwiseOptimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults, config, compiled)
 
-    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+    def _hyper_values(self, group: Group, step: int) -> list[float]:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         return [lr, wd, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)]
 
     def _kernel_operands(
-        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+        self, param: torch.Tensor, state: dict[str, Any], group: Group
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         moments = (*self._blocks(state, "exp_avg"), *self._blocks(state, "exp_avg_sq"))
         return moments, (self.config.second_moment_code,)
 
-    def _update(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        moments: dict[str, torch.Tensor],
-        group: dict[str, Any],
-        step: int,
-    ) -> None:
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: Moments, group: Group, step: int) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         exp_avg, exp_avg_sq = moments["exp_avg"], moments["exp_avg_sq"]
         if wd:
@@ -128,23 +122,16 @@ class Int8Lion(BlockwiseOptimizer):
         config = state_config("Int8Lion", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}, config, compiled)
 
-    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+    def _hyper_values(self, group: Group, step: int) -> list[float]:
         (beta1, beta2) = group["betas"]
         return [group["lr"], group["weight_decay"], beta1, beta2]
 
     def _kernel_operands(
-        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+        self, param: torch.Tensor, state: dict[str, Any], group: Group
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return self._blocks(state, "exp_avg"), ()
 
-    def _update(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        moments: dict[str, torch.Tensor],
-        group: dict[str, Any],
-        step: int,
-    ) -> None:
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: Moments, group: Group, step: int) -> None:
         lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
         exp_avg = moments["exp_avg"]
         if wd:
@@ -184,25 +171,18 @@ class Int8SGD(BlockwiseOptimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
         super().__init__(params, defaults, config, compiled)
 
-    def _hyper_values(self, group: dict[str, Any], step: int) -> list[float]:
+    def _hyper_values(self, group: Group, step: int) -> list[float]:
         return [group["lr"], group["weight_decay"], group["momentum"]]
 
-    def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    def _moments(self, group: Group) -> tuple[tuple[str, str], ...]:
         return MOMENTS["Int8SGD"] if group["momentum"] else ()
 
     def _kernel_operands(
-        self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+        self, param: torch.Tensor, state: dict[str, Any], group: Group
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return self._blocks(state, "momentum_buffer"), (bool(group["nesterov"]),)
 
-    def _update(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        moments: dict[str, torch.Tensor],
-        group: dict[str, Any],
-        step: int,
-    ) -> None:
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: Moments, group: Group, step: int) -> None:
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if wd:
             param.mul_(1.0 - lr * wd)

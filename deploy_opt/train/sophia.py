@@ -28,7 +28,8 @@ import torch
 
 from deploy_opt.train import foreach
 from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
-from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer
+from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, Moments
+from deploy_opt.train.foreach import Group, Tensors
 from deploy_opt.train.state_io import (
     check_range,
     local_tensor,
@@ -133,20 +134,18 @@ class Int8Sophia(BlockwiseOptimizer):
                 )
 
     # --- the step --------------------------------------------------------------------------------------
-    def _moments(self, group: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    def _moments(self, group: Group) -> tuple[tuple[str, str], ...]:
         # Only the momentum is read and written by a step; the Hessian is read-only there (re-encoding it every
         # step would drift), so _step_param stashes it and update_hessian alone writes it.
         return (("exp_avg", "signed"),)
 
-    def _fits_kernel(
-        self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]
-    ) -> bool:
+    def _fits_kernel(self, state: dict[str, Any], local: torch.Tensor, grad: torch.Tensor, group: Group) -> bool:
         return False  # no fused kernel for Sophia: the per-op path below
 
-    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> bool:
+    def _joins_foreach(self, param: torch.Tensor, name: str | None, group: Group) -> bool:
         return "hessian_codes" not in self.state[param] and super()._joins_foreach(param, name, group)
 
-    def _foreach_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+    def _foreach_step(self, params: Tensors, group: Group) -> None:
         # the fp32 Hessian EMAs (read-only in a step), stashed for _foreach_update as _step_param stashes one
         hessians = [self.state[p].get("hessian") for p in params]
         self._foreach_hessians = [None if h is None else local_tensor(h) for h in hessians]
@@ -156,16 +155,11 @@ class Int8Sophia(BlockwiseOptimizer):
             self._foreach_hessians = []
 
     def _foreach_update(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        moments: dict[str, list[torch.Tensor]],
-        steps: list[torch.Tensor],
-        group: dict[str, Any],
+        self, params: Tensors, grads: Tensors, moments: dict[str, Tensors], steps: Tensors, group: Group
     ) -> None:
         foreach.sophia_foreach(params, grads, moments, steps, group, self._foreach_hessians)
 
-    def _step_param(self, param: torch.Tensor, name: str | None, group: dict[str, Any]) -> None:
+    def _step_param(self, param: torch.Tensor, name: str | None, group: Group) -> None:
         local = local_tensor(param)
         cfg = self.config
         self._hessian = read_moment(
@@ -176,14 +170,7 @@ class Int8Sophia(BlockwiseOptimizer):
         finally:
             self._hessian = None
 
-    def _update(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        moments: dict[str, torch.Tensor],
-        group: dict[str, Any],
-        step: int,
-    ) -> None:
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, moments: Moments, group: Group, step: int) -> None:
         lr, (beta1, _), rho, wd, eps = group["lr"], group["betas"], group["rho"], group["weight_decay"], group["eps"]
         exp_avg = moments["exp_avg"]
         exp_avg.lerp_(grad, 1.0 - beta1)

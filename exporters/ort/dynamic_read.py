@@ -30,6 +30,7 @@ from onnx import numpy_helper
 
 from calibrators.scales.format import DynamicTensor, ScaleFile, TensorScale
 from dopt_common.errors import ModelError
+from dopt_common.names import named_counts
 from exporters.ort.graph import INITIALIZER_SUFFIX
 from exporters.ort.qdq import ScaleDiff, compare_scales
 
@@ -66,13 +67,13 @@ class DynamicDiff:
     def summary(self) -> str:
         """One line naming the first offending tensors."""
         parts = [] if self.weights.ok else [self.weights.summary()]
-        for label, names in (
-            ("dynamic, missing from the model", self.dynamic_missing),
-            ("dynamic in the model, missing from scales.json", self.dynamic_extra),
-            ("dynamic with another dtype or op", self.dynamic_changed),
-        ):
-            if names:
-                parts.append(f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''} ({len(names)})")
+        parts += named_counts(
+            (
+                ("dynamic, missing from the model", self.dynamic_missing),
+                ("dynamic in the model, missing from scales.json", self.dynamic_extra),
+                ("dynamic with another dtype or op", self.dynamic_changed),
+            )
+        )
         return "; ".join(parts) or "all equal"
 
 

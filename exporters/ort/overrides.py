@@ -10,7 +10,6 @@ written: ORT derives a bias scale from its input and weight scales itself.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 from calibrators.scales.format import ScaleFile, TensorScale
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError, ScaleMismatchError
-from dopt_common.files import write_json
+from dopt_common.files import read_json, write_json
 
 log = logging.getLogger(__name__)
 QUANT_TYPES = {"int8": "QInt8", "uint8": "QUInt8"}
@@ -70,10 +69,7 @@ def write_ort_overrides(scales: ScaleFile, path: str | Path) -> Path:
 
 def read_ort_overrides(path: str | Path) -> dict[str, TensorScale]:
     """Read a TensorQuantOverrides JSON file: a per-channel tensor (with 'axis') is a weight, the rest activations."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read ORT overrides '{path}': {exc}") from exc
+    data = read_json(path, "ORT overrides")
     return parse_ort_overrides(data, str(path))
 
 

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from calibrators.scales.format import ScaleFile, TensorScale
 from dopt_common.deps import require
 from dopt_common.errors import ModelError, one_line
+from dopt_common.names import named_counts
 from exporters.onnx.io import save_onnx
 from exporters.ort.graph import INITIALIZER_SUFFIX, OUTPUT_SUFFIX, keep_quantized, kept_nodes
 from exporters.ort.overrides import ort_quant_overrides, overrides_data
@@ -232,14 +233,13 @@ class ScaleDiff:
 
     def summary(self) -> str:
         """One line naming the first offending tensors."""
-        parts = []
-        for label, names in (
-            ("drifted", self.drifted),
-            ("missing from artifact", self.missing_in_artifact),
-            ("missing from scales.json", self.missing_in_file),
-        ):
-            if names:
-                parts.append(f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''} ({len(names)})")
+        parts = named_counts(
+            (
+                ("drifted", self.drifted),
+                ("missing from artifact", self.missing_in_artifact),
+                ("missing from scales.json", self.missing_in_file),
+            )
+        )
         return "; ".join(parts + ([self.first] if self.first else [])) or "all equal"
 
 
