@@ -7,8 +7,8 @@ create_session``, all graph optimisations, ``--threads`` threads) on one batch o
 ``--runs`` runs after 20 warm-up runs. The error is max |INT8 − FP32| / max |FP32| on that batch. The ``uneven``
 rows scale a quarter of each weight's output channels by 20 first, the case per-channel scales are for.
 
-    python benchmarks/dynamic_int8.py                       # batch 8, 2 threads, 300 runs
-    python benchmarks/dynamic_int8.py --runs 1000 --threads 1
+    python benchmarks/int8/dynamic_int8.py                       # batch 8, 2 threads, 300 runs
+    python benchmarks/int8/dynamic_int8.py --runs 1000 --threads 1
 """
 
 from __future__ import annotations

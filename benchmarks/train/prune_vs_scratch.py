@@ -5,8 +5,8 @@ difference is the start: the pruned weights, or a fresh initialisation (which al
 and gets a second run with 4x the steps). Metric on the build's evaluation set,
 against labels (top1) or the unpruned model's output (cosine), in torch.
 
-    python benchmarks/prune_vs_scratch.py benchmarks/unseen/cnn.yaml --set prune.ratio=0.3
-    python benchmarks/prune_vs_scratch.py benchmarks/unseen/encoder.yaml --set prune.ratio=0.3 \
+    python benchmarks/train/prune_vs_scratch.py benchmarks/unseen/cnn.yaml --set prune.ratio=0.3
+    python benchmarks/train/prune_vs_scratch.py benchmarks/unseen/encoder.yaml --set prune.ratio=0.3 \
         --set prune.head_ratio=0.25
 """
 

@@ -12,8 +12,8 @@ optimisations, ``--threads`` threads), the median of ``--runs`` runs after 20 wa
 
 The saving per MAC is (float − int8 + one Q and one DQ of the chain's ends) / (depth × MACs per conv).
 
-    python benchmarks/conversion_cost.py                     # batch 1, 32 channels at 56×56, 1 thread
-    python benchmarks/conversion_cost.py --channels 64 --threads 2
+    python benchmarks/int8/conversion_cost.py                     # batch 1, 32 channels at 56×56, 1 thread
+    python benchmarks/int8/conversion_cost.py --channels 64 --threads 2
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each variant prunes a fresh copy of the model with the config's ``prune`` sectio
 distils it from the unpruned model on the calibration data, and scores it on the evaluation set (torch; against the
 labels, or the unpruned model's output for cosine).
 
-    python benchmarks/prune_variants.py minilm --set prune.ratio=0.3 --set prune.head_ratio=0.25 \
+    python benchmarks/train/prune_variants.py minilm --set prune.ratio=0.3 --set prune.head_ratio=0.25 \
         --set prune.distill.steps=150 --variant method=taylor,per_layer=auto --variant method=magnitude
 """
 

@@ -1,15 +1,15 @@
 """The device check's driver: one section per call, each writing ``OUT/<section>.json``; ``report`` joins them.
 
-    python benchmarks/device_check.py --section env|optimizers|llm|tensorrt|report --out DIR [--dry-run] [--device D]
+    python -m benchmarks.device.check --section env|optimizers|llm|tensorrt|report --out DIR [--dry-run] [--device D]
 
 ``benchmarks/device_check.sh`` calls it once per section under its own ``timeout``, so a section that hangs or
 fails leaves the others' results and shows as failed in the table. Sections:
 
 - ``env``: torch, CUDA, the GPU, and which of the packages the check needs import here;
 - ``optimizers``: Int8AdamW vs ``torch.optim.AdamW(fused=True)`` training a small Llama on Python's own docs
-  (``device_check_optim``): state bytes per parameter, median step times, final and held-out loss;
+  (``benchmarks.device.check_optim``): state bytes per parameter, median step times, final and held-out loss;
 - ``llm``: deploy_opt's GPTQ and AWQ on SmolLM2-135M when its GGUF is here, else on the model the optimizer
-  section trained (``device_check_llm``): quantization time and held-out perplexity;
+  section trained (``benchmarks.device.check_llm``): quantization time and held-out perplexity;
   Each quantized model is scored again with lmdeploy's int8 and int4 KV cache simulated
   (``deploy_opt.llm.kv_cache``): the perplexity cost of KV quantization on top of the weights';
 - ``tensorrt``: whether TensorRT imports in the image; where it does, the digits demo built with the a100
@@ -93,14 +93,14 @@ def section_env(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_optimizers(args: argparse.Namespace) -> dict[str, Any]:
     """Int8AdamW vs fused AdamW on the small LM."""
-    from device_check_optim import run_optimizers
+    from benchmarks.device.check_optim import run_optimizers
 
     return run_optimizers(pick_device(args.device, args.dry_run), "dry" if args.dry_run else "full", args.out, say)
 
 
 def section_llm(args: argparse.Namespace) -> dict[str, Any]:
     """GPTQ and AWQ with time and perplexity."""
-    from device_check_llm import find_model, run_llm
+    from benchmarks.device.check_llm import find_model, run_llm
 
     kind, path = find_model(args.gguf, args.out / "lm", args.dry_run)
     settings = "dry" if args.dry_run else kind

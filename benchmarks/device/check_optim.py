@@ -1,8 +1,8 @@
 """The device check's optimizer section: deploy_opt's Int8AdamW against torch's fused AdamW on one device.
 
-Both train their own copy of the same initial model (``device_lm``) on the same batches, in lockstep, the order
-rotated every step so that clocks and caches treat them alike. Same hyper-parameters, decay groups, warmup +
-cosine schedule and clipping as ``benchmarks/train_optimizers.py``, whose state counter this reuses (every
+Both train their own copy of the same initial model (``benchmarks.device.lm``) on the same batches, in lockstep, the
+order rotated every step so that clocks and caches treat them alike. Same hyper-parameters, decay groups, warmup +
+cosine schedule and clipping as ``benchmarks/train/optimizers.py``, whose state counter this reuses (every
 tensor in ``optimizer.state``, shared tables once). Times are CUDA events around ``step()`` and around the whole
 step (forward, backward, clip, step) on CUDA, ``perf_counter`` on a CPU; the medians skip the first steps, where
 allocation and ``torch.compile`` of Int8AdamW's fused kernels land (reported apart as ``first_steps_s``).
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from device_lm import SIZES, LMData, build_lm, eval_loss, lm_data, lm_loss, save_lm, train_tokenizer
-from train_optimizers import CLIP, WEIGHT_DECAY, state_bytes
 
+from benchmarks.device.lm import SIZES, LMData, build_lm, eval_loss, lm_data, lm_loss, save_lm, train_tokenizer
+from benchmarks.train.optimizers import CLIP, WEIGHT_DECAY, state_bytes
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler

@@ -31,9 +31,9 @@ the digits CNN they are 11 % of the parameters but a third of the state bytes).
 Int8AdamW and torchao compile on first use: those steps are slow and the medians ignore them. An optimizer whose
 package is missing or fails on this machine is listed with the reason instead.
 
-    python benchmarks/train_optimizers.py                     # both tasks, default lengths
-    python benchmarks/train_optimizers.py --tasks minilm --minilm-steps 100 --threads 2
-    python benchmarks/train_optimizers.py --digits-epochs 2 --minilm-steps 20 --json out.json
+    python -m benchmarks.train.optimizers                     # both tasks, default lengths
+    python -m benchmarks.train.optimizers --tasks minilm --minilm-steps 100 --threads 2
+    python -m benchmarks.train.optimizers --digits-epochs 2 --minilm-steps 20 --json out.json
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from train_tasks import Task, digits_task, minilm_task
 
+from benchmarks.train.tasks import Task, digits_task, minilm_task
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler

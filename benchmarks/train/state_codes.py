@@ -23,8 +23,8 @@ Not a test: run by hand. Three tables.
    code: the per-op path (the default), the fused kernels run eagerly, and ``compiled=True``. The first step's
    time shows the one-off ``torch.compile`` cost.
 
-    python benchmarks/train_state_codes.py                      # all three tables
-    python benchmarks/train_state_codes.py --tables codes --steps 50
+    python benchmarks/train/state_codes.py                      # all three tables
+    python benchmarks/train/state_codes.py --tables codes --steps 50
 """
 
 from __future__ import annotations
