@@ -21,25 +21,16 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from dopt_common.siblings import sibling
+
 SEQ_LEN = 128
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 256, 256
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _texts() -> ModuleType:
-    # Build configs load this file by path, so its sibling is loaded the same way (not via sys.path).
-    spec = importlib.util.spec_from_file_location("unseen_texts", Path(__file__).with_name("texts.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def model_dir() -> Path:
@@ -107,12 +98,12 @@ def _batches(sentences: list[str], batch_size: int) -> list[Item]:
 
 def calibration_sentences() -> list[str]:
     """256 sentences from Debian's license texts."""
-    return _texts().license_sentences(CALIBRATION_SAMPLES)
+    return sibling(__file__, "texts").license_sentences(CALIBRATION_SAMPLES)
 
 
 def evaluation_sentences() -> list[str]:
     """256 sentences from the comments of Python's standard library."""
-    return _texts().comment_sentences(EVALUATION_SAMPLES)
+    return sibling(__file__, "texts").comment_sentences(EVALUATION_SAMPLES)
 
 
 def calibration_data(batch_size: int = 16) -> list[Item]:
@@ -127,7 +118,7 @@ def evaluation_data(batch_size: int = 16) -> list[Item]:
 
 def test_data(batch_size: int = 16) -> list[Item]:
     """256 other comment sentences (the far end of the list), never shown to a build."""
-    return _batches(_texts().comment_sentences()[::-1][:EVALUATION_SAMPLES], batch_size)
+    return _batches(sibling(__file__, "texts").comment_sentences()[::-1][:EVALUATION_SAMPLES], batch_size)
 
 
 def check() -> float:

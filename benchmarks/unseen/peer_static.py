@@ -16,7 +16,6 @@ interleaved) for FP32, both of ORT's INT8 models and deploy_opt's ``model.int8.o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import tempfile
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+from dopt_common.siblings import sibling
 
 
 class _Reader(CalibrationDataReader):
@@ -84,9 +85,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="the data module (calibration_data, evaluation_data)")
     parser.add_argument("--metric", default="top1", help="a (prediction, reference) -> scores function of --data")
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("peer_data", args.data)
-    data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(data)
+    data = sibling(args.data, args.data.stem)  # the data module named by path, as build configs name it
     metric = top1 if args.metric == "top1" else getattr(data, args.metric)
     calibration, evaluation = list(data.calibration_data()), list(data.evaluation_data())
     with tempfile.TemporaryDirectory() as tmp:
