@@ -135,9 +135,9 @@ def test_data(batch_size: int = 8) -> list[Item]:
 
 
 def _session(path: Path) -> Any:
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return create_session(str(path))
 
 
 def max_difference(original: Path, variant: Path, src: np.ndarray) -> float:

@@ -114,11 +114,9 @@ def main() -> None:
         text = " ".join(sibling(UNSEEN_TEXTS, "texts").comment_sentences(3))
         render_block(text, 0).rotate(90, expand=True, fillcolor=(255, 255, 255)).save(args.save_example)
     if args.check:
-        import onnxruntime as ort
+        from dopt_common.ort import create_session
 
-        session = ort.InferenceSession(
-            str(sibling(__file__, "packages").prepare("orientation")), providers=["CPUExecutionProvider"]
-        )
+        session = create_session(str(sibling(__file__, "packages").prepare("orientation")))
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             predicted = np.concatenate([session.run(None, inputs)[0].argmax(1) for inputs, _, _ in data])
             labels = np.concatenate([y for _, y, _ in data])

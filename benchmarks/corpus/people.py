@@ -72,11 +72,10 @@ def test_data_single() -> list[Item]:
 
 def detection_counts(model: Path, data: list[Item]) -> dict[str, int]:
     """FP32 detections per image (score ≥ 0.25 after class-aware NMS, as ``detection_f1`` decodes them)."""
-    import onnxruntime as ort
-
     from deploy_opt.evaluation.detection import _detections, _yolo_rows
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     counts = {}
     for inputs, _, ids in data:
         for row, sample_id in enumerate(ids):

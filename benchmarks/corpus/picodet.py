@@ -224,9 +224,9 @@ def test_data() -> list[Item]:
 
 
 def _check(model: Path, pages: int) -> None:
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     for inputs, _, ids in sibling(__file__, "doclayout").pages("evaluation", "image", preprocess, first=pages):
         packed = session.run(None, inputs)[0]
         _, scores, classes = decode(packed[0])
@@ -236,12 +236,13 @@ def _check(model: Path, pages: int) -> None:
 
 def save_example(model: Path, path: str) -> None:
     """Draw the FP32 detections of the first evaluation page on it, in page pixels, and write ``path``."""
-    import onnxruntime as ort
     from PIL import ImageDraw
+
+    from dopt_common.ort import create_session
 
     texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
     page = sibling(__file__, "doclayout").render(texts.comment_sentences(), images.EVALUATION, 500)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     boxes, scores, classes = decode(session.run(None, {"image": preprocess(page)[None]})[0][0])
     scale = np.array([page.width / WIDTH, page.height / HEIGHT] * 2)
     draw = ImageDraw.Draw(page)

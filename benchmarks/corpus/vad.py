@@ -174,9 +174,9 @@ def main() -> None:
         model = prepare()
         print(f"wrote {model}")
     if args.check:
-        import onnxruntime as ort
+        from dopt_common.ort import create_session
 
-        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        session = create_session(str(model))
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             shares = [float((session.run(None, inputs)[0] >= THRESHOLD).mean()) for inputs, _, _ in data]
             print(f"vad {split}: speech share per clip {[round(s, 2) for s in shares]}")

@@ -14,17 +14,15 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
+from dopt_common.ort import create_session
 from dopt_common.siblings import sibling
 
 HERE = Path(__file__).resolve().parent
 
 
 def _embed(path: Path, batches: list) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = create_session(path, threads=2)
     out = np.concatenate([session.run(None, item[0])[0] for item in batches])
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 

@@ -135,9 +135,9 @@ def test_data(batch_size: int = 32) -> list[Item]:
 
 def fp32_top1(data: list[Item], model: Path | None = None) -> float:
     """Top-1 (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model or packaged_model()), providers=["CPUExecutionProvider"])
+    session = create_session(str(model or packaged_model()))
     hits = [session.run(None, inputs)[0].argmax(axis=1) == labels for inputs, labels, _ in data]
     return float(np.concatenate(hits).mean() * 100.0)
 
