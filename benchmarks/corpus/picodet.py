@@ -53,21 +53,10 @@ Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes x1y1x2y2 (input 
 
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its packed variant (``VARIANT``) into ``cache``; return the variant."""
-    import onnx
-
-    packages = sibling(__file__, "packages")
-    cache = cache or packages.CACHE
-    model = onnx.load(str(packages.prepare("picodet-layout", cache)))
-    _add_packed_output(model)
-    onnx.checker.check_model(model)
-    out = cache / VARIANT
-    tmp = out.with_name(out.name + ".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(out)
-    return out
+    return sibling(__file__, "packages").prepare_variant("picodet-layout", VARIANT, _add_packed_output, cache)
 
 
-def _add_packed_output(model: Any) -> None:
+def _add_packed_output(model: Any) -> Any:
     """Prepend output ``packed`` [1, anchors, 10 + 32] (float64): scores and distributions of every level."""
     from onnx import TensorProto, helper
 
@@ -83,6 +72,7 @@ def _add_packed_output(model: Any) -> None:
     anchors = sum(_grid(s)[0] * _grid(s)[1] for s in STRIDES)
     packed = helper.make_tensor_value_info("packed", TensorProto.DOUBLE, [1, anchors, len(CLASSES) + 4 * BINS])
     model.graph.output.insert(0, packed)
+    return model
 
 
 def _grid(stride: int) -> tuple[int, int]:
