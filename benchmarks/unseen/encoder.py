@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_opt.demo.minilm import encoded
 from dopt_common.siblings import sibling
 
 SEQ_LEN = 128
@@ -84,11 +85,7 @@ def _tokenizer() -> Any:
 
 def tokenize(sentences: list[str]) -> dict[str, np.ndarray]:
     """int64 ``input_ids`` and ``attention_mask``, [len(sentences), 128]."""
-    encodings = _tokenizer().encode_batch(list(sentences))
-    return {
-        "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
-        "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),
-    }
+    return encoded(_tokenizer(), sentences)  # the MiniLM demo's encoding, with this file's fixed-length padding
 
 
 def _batches(sentences: list[str], batch_size: int) -> list[Item]:
