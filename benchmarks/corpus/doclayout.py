@@ -39,15 +39,7 @@ def _font(name: str, size: int) -> Any:
 
 
 def _wrap(text: str, font: Any, width: int) -> list[str]:
-    lines, current = [], ""
-    for word in text.split():
-        trial = f"{current} {word}".strip()
-        if current and font.getlength(trial) > width:
-            lines.append(current)
-            current = word
-        else:
-            current = trial
-    return lines + ([current] if current else [])
+    return sibling(UNSEEN_TEXTS, "texts").wrap(text, font, width)
 
 
 class _Page:

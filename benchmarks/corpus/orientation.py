@@ -41,15 +41,7 @@ def render_block(text: str, index: int) -> Any:
     font_path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / FONTS[index % len(FONTS)]
     font = ImageFont.truetype(str(font_path), size=int(rng.integers(14, 30)))
     width = int(rng.integers(260, 560))
-    lines, current = [], ""
-    for word in text.split():
-        trial = f"{current} {word}".strip()
-        if current and font.getlength(trial) > width:
-            lines.append(current)
-            current = word
-        else:
-            current = trial
-    lines = (lines + [current])[: int(rng.integers(1, 7))]
+    lines = sibling(UNSEEN_TEXTS, "texts").wrap(text, font, width)[: int(rng.integers(1, 7))]
     step = int(font.size * float(rng.uniform(1.2, 1.6)))
     margin = int(rng.integers(8, 30))
     paper, ink = int(rng.integers(215, 256)), int(rng.integers(0, 60))
