@@ -22,23 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from deploy_opt.stages.benchmark import tiled
 from dopt_common.ort import create_session
 from dopt_common.siblings import sibling
 from dopt_common.timer import fixed, median_ms, runner, time_rounds
 
-
-class _Reader(CalibrationDataReader):
-    def __init__(self, batches: list) -> None:
-        rows = []
-        for inputs, *_ in batches:
-            rows += [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(len(next(iter(inputs.values()))))]
-        self.rows = iter(rows)
-
-    def get_next(self) -> dict | None:
-        return next(self.rows, None)
+CORPUS_PEERS = Path(__file__).resolve().parents[1] / "corpus" / "peers.py"
 
 
 def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -61,15 +51,11 @@ def _score(session: Any, batches: list, metric: Callable, fp32: Any) -> float:
 
 
 def _quantize(model: Path, out: Path, calibration: list, per_channel: bool) -> Path:
-    quantize_static(
-        str(model),
-        str(out),
-        _Reader(calibration),
-        quant_format=QuantFormat.QDQ,
-        per_channel=per_channel,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-    )
+    """ORT's ``quantize_static`` (the corpus's call) calibrated one sample at a time, with its default MinMax."""
+    rows = []
+    for inputs, *_ in calibration:
+        rows += [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(len(next(iter(inputs.values()))))]
+    sibling(CORPUS_PEERS, "peers").qdq_static(model, out, rows, per_channel)
     return out
 
 
