@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from benchmarks.device.lm import SIZES, LMData, build_lm, eval_loss, lm_data, lm_loss, save_lm, train_tokenizer
-from benchmarks.train.optimizers import CLIP, WEIGHT_DECAY, state_bytes
+from benchmarks.train.optimizers import WEIGHT_DECAY, lockstep, state_bytes, timed_step
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
@@ -92,14 +92,8 @@ class StepClock:
 def _one_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, clock: StepClock
 ) -> torch.Tensor:
-    start = clock.mark()
-    optimizer.zero_grad(set_to_none=True)
-    loss = lm_loss(model, batch)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-    before_step = clock.mark()
-    optimizer.step()
-    clock.add(start, before_step, clock.mark())
+    loss, start, before_step, end = timed_step(model, optimizer, lambda: lm_loss(model, batch), clock.mark)
+    clock.add(start, before_step, end)
     return loss.detach()
 
 
@@ -114,7 +108,7 @@ def _train(
     losses: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     wall = dict.fromkeys(names, 0.0)
     for step, batch in enumerate(data.train):
-        for name in names[step % len(names) :] + names[: step % len(names)]:
+        for name in lockstep(names, step):
             started = time.perf_counter()
             losses[name].append(_one_step(models[name], optimizers[name], batch, clocks[name]))
             schedulers[name].step()

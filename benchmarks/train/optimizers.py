@@ -168,7 +168,7 @@ def run_task(task: Task, names: list[str], log: Callable[[str], None]) -> list[R
     active = [n for n in names if runs[n].error is None]
     started = time.perf_counter()
     for step, batch in enumerate(task.batches):
-        order = active[step % len(active) :] + active[: step % len(active)] if active else []
+        order = lockstep(active, step) if active else []
         for name in order:
             if runs[name].error is not None:
                 continue
@@ -194,15 +194,28 @@ def run_task(task: Task, names: list[str], log: Callable[[str], None]) -> list[R
     return [runs[n] for n in names]
 
 
-def _one_step(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, run: Run) -> None:
-    started = time.perf_counter()
+def lockstep(names: list[str], step: int) -> list[str]:
+    """``names`` rotated by ``step``: each optimizer goes first in turn, so clocks and caches treat them alike."""
+    return names[step % len(names) :] + names[: step % len(names)]
+
+
+def timed_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[], Any], mark: Callable[[], Any]
+) -> tuple[Any, Any, Any, Any]:
+    """One clipped training step (also the device check's): its loss, and ``mark()`` before ``zero_grad``, before
+    ``optimizer.step()`` and after it (a clock reading, or a CUDA event)."""
+    start = mark()
     optimizer.zero_grad(set_to_none=True)
-    loss = task.loss(model, batch)
+    loss = loss_of()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-    before_step = time.perf_counter()
+    before_step = mark()
     optimizer.step()
-    ended = time.perf_counter()
+    return loss, start, before_step, mark()
+
+
+def _one_step(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, run: Run) -> None:
+    loss, started, before_step, ended = timed_step(model, optimizer, lambda: task.loss(model, batch), time.perf_counter)
     run.losses.append(float(loss.detach()))
     run.step_s.append(ended - started)
     run.optimizer_s.append(ended - before_step)
