@@ -33,6 +33,7 @@ from benchmarks.train.optimizers import WEIGHT_DECAY, lockstep, state_bytes, tim
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
+from dopt_common.timer import median_ms
 
 log = logging.getLogger(__name__)
 REFERENCE = "torch AdamW fused"
@@ -143,8 +144,8 @@ def _row(name: str, run: dict[str, Any], data: LMData, params: int, skip: int) -
         "params": params,
         "state_bytes": held,
         "bytes_per_param": held / params,
-        "optimizer_ms": statistics.median(clock.step_ms[skip:] or clock.step_ms),
-        "step_ms": statistics.median(clock.full_ms[skip:] or clock.full_ms),
+        "optimizer_ms": median_ms(clock.step_ms[skip:] or clock.step_ms),
+        "step_ms": median_ms(clock.full_ms[skip:] or clock.full_ms),
         "first_steps_s": sum(clock.full_ms[:skip]) / 1e3,
         "wall_s": run["wall_s"],
         "train_loss": statistics.fmean(losses[-tail:]),
