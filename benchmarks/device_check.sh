@@ -121,7 +121,7 @@ section() {
     return 0
   fi
   log "$name (limit ${limit} s)"
-  timeout --kill-after=10 "$limit" "$PY" "$REPO/benchmarks/device_check.py" --section "$name" "${ARGS[@]}" \
+  timeout --kill-after=10 "$limit" "$PY" -m benchmarks.device.check --section "$name" "${ARGS[@]}" \
     2> >(tee "$OUT/$name.log" >&2) || rc=$?
   if [ "$rc" -eq 124 ]; then
     log "$name timed out after ${limit} s; see $OUT/$name.log"
@@ -137,7 +137,7 @@ else
   section env 45; section optimizers 180; section llm 180; section tensorrt 120
 fi
 rc=0
-timeout "$REPORT_S" "$PY" "$REPO/benchmarks/device_check.py" --section report "${ARGS[@]}" | tee "$OUT/table.txt" \
+timeout "$REPORT_S" "$PY" -m benchmarks.device.check --section report "${ARGS[@]}" | tee "$OUT/table.txt" \
   || rc=$?
 log "results in $OUT (device_check.json, table.txt, one log per section); ${SECONDS} s in all"
 if [ "${#FAILED[@]}" -gt 0 ] || [ "$rc" -ne 0 ]; then

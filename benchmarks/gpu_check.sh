@@ -79,17 +79,18 @@ import tensorrt as trt
 from cuda.bindings import runtime as cudart
 from onnx import TensorProto, helper
 
+from dopt_common.ort import create_session
+
 assert trt.__version__ == sys.argv[1], f"tensorrt {trt.__version__}, expected {sys.argv[1]}"
 assert trt.Builder(trt.Logger(trt.Logger.WARNING)) is not None, "TensorRT cannot create a builder on this GPU"
 err, count = cudart.cudaGetDeviceCount()
 assert int(err) == 0 and count > 0, f"cudaGetDeviceCount: {err}, {count}"
-if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu >= 1.21: load the pip-installed CUDA and cuDNN libraries
-    ort.preload_dlls()
 node = helper.make_node("Relu", ["x"], ["y"])
 graph = helper.make_graph([node], "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+# the project's one opener, which also loads the pip-installed CUDA and cuDNN libraries (preload_dlls)
+session = create_session(model.SerializeToString(), providers=("CUDAExecutionProvider",))
 assert session.get_providers()[0] == "CUDAExecutionProvider", f"ORT fell back to {session.get_providers()}"
 assert session.run(None, {"x": np.array([-1, 2], np.float32)})[0].tolist() == [0, 2]
 print(f"tensorrt {trt.__version__}; onnxruntime {ort.__version__} {session.get_providers()}; {count} CUDA device(s)")

@@ -3,10 +3,11 @@
 Every timing site of the project runs through ``time_rounds``: the build's benchmark
 (``deploy_opt/stages/benchmark.py``), the auto search's probe (``deploy_opt/autotune/latency.py``), the fallback
 search's rough step (``deploy_opt/analysis/sensitivity/fallback.py``), TensorRT's runner
-(``exporters/tensorrt/runner.py``) and the corpus (``benchmarks/corpus/measure.py``). They differ only in their
-``StopRule`` and clock, which each states where it calls this. It lives in ``dopt_common`` because exporters may
-not import deploy_opt. Speed-up intervals over the rounds (a paired bootstrap) are
-``deploy_opt/evaluation/uncertainty.py``'s.
+(``exporters/tensorrt/runner.py``) and the corpus (``benchmarks/corpus/measure.py``); so do the benchmark
+scripts that time runs (``benchmarks/int8/conversion_cost.py``, ``dynamic_int8.py``, ``unseen/peer_static.py``).
+They differ only in their ``StopRule`` and clock, which each states where it calls this. It lives in
+``dopt_common`` because exporters may not import deploy_opt. Speed-up intervals over the rounds (a paired
+bootstrap) are ``deploy_opt/evaluation/uncertainty.py``'s.
 
 A round runs every callable once, in the order given, so a burst of machine noise hits all of them alike. A
 callable may return its own measurement in milliseconds (TensorRT's CUDA-event time of the execute alone); one

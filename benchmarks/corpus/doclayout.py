@@ -39,15 +39,7 @@ def _font(name: str, size: int) -> Any:
 
 
 def _wrap(text: str, font: Any, width: int) -> list[str]:
-    lines, current = [], ""
-    for word in text.split():
-        trial = f"{current} {word}".strip()
-        if current and font.getlength(trial) > width:
-            lines.append(current)
-            current = word
-        else:
-            current = trial
-    return lines + ([current] if current else [])
+    return sibling(UNSEEN_TEXTS, "texts").wrap(text, font, width)
 
 
 class _Page:
@@ -222,13 +214,8 @@ def main() -> None:
         render(texts.comment_sentences(), images.EVALUATION, 500).save(args.save_example)
     if args.check:
         model = sibling(__file__, "packages").prepare("yolo-doclaynet")
-        for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
-            counts = sibling(__file__, "people").detection_counts(model, data)
-            found = sum(c > 0 for c in counts.values())
-            print(
-                f"doclaynet {split}: {found}/{len(counts)} pages with detections, {sum(counts.values())} "
-                f"detections; per page {list(counts.values())}"
-            )
+        splits = (("calibration", calibration_data), ("evaluation", evaluation_data))
+        sibling(__file__, "people").print_counts("doclaynet", model, splits, "page")
 
 
 if __name__ == "__main__":

@@ -89,17 +89,7 @@ def frame_model(model: Any) -> Any:
 
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its one-frame variant (``VARIANT``) into ``cache``; return the variant."""
-    import onnx
-
-    packages = sibling(__file__, "packages")
-    cache = cache or packages.CACHE
-    model = frame_model(onnx.load(str(packages.prepare("rvm-matting", cache))))
-    onnx.checker.check_model(model)
-    out = cache / VARIANT
-    tmp = out.with_name(out.name + ".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(out)
-    return out
+    return sibling(__file__, "packages").prepare_variant("rvm-matting", VARIANT, frame_model, cache)
 
 
 def mask_iou(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -135,9 +125,9 @@ def test_data(batch_size: int = 8) -> list[Item]:
 
 
 def _session(path: Path) -> Any:
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return create_session(str(path))
 
 
 def max_difference(original: Path, variant: Path, src: np.ndarray) -> float:

@@ -51,13 +51,10 @@ def load_data(config_path: Path, split: str) -> list[Item]:
 
 
 def session(path: Path) -> Any:
-    """An ORT CPU session with 2 intra-op threads and default graph optimisations."""
-    import onnxruntime as ort
+    """An ORT CPU session with 2 intra-op threads and default graph optimisations (the project's one opener)."""
+    from dopt_common.ort import create_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return create_session(path, threads=THREADS)
 
 
 def score(
@@ -74,7 +71,8 @@ def score(
         try:
             sessions[name] = session(path)
         except Exception as exc:  # a peer's file ORT cannot load is a result, not a crash of the runner
-            results[name] = f"ORT cannot load it: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            cause = exc.__cause__ or exc  # ORT's own error, which the opener wraps in a ModelError
+            results[name] = f"ORT cannot load it: {type(cause).__name__}: {str(cause).splitlines()[0][:160]}"
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     for inputs, label, _ in evaluation:
         reference = sessions[fp32].run(None, inputs)[0] if label is None else np.asarray(label)

@@ -198,9 +198,9 @@ def main() -> None:
         model = prepare()
         print(f"wrote {model}")
     if args.check:
-        import onnxruntime as ort
+        from dopt_common.ort import create_session
 
-        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        session = create_session(str(model))
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             _check(session, split, data)
 

@@ -41,15 +41,7 @@ def render_block(text: str, index: int) -> Any:
     font_path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / FONTS[index % len(FONTS)]
     font = ImageFont.truetype(str(font_path), size=int(rng.integers(14, 30)))
     width = int(rng.integers(260, 560))
-    lines, current = [], ""
-    for word in text.split():
-        trial = f"{current} {word}".strip()
-        if current and font.getlength(trial) > width:
-            lines.append(current)
-            current = word
-        else:
-            current = trial
-    lines = (lines + [current])[: int(rng.integers(1, 7))]
+    lines = sibling(UNSEEN_TEXTS, "texts").wrap(text, font, width)[: int(rng.integers(1, 7))]
     step = int(font.size * float(rng.uniform(1.2, 1.6)))
     margin = int(rng.integers(8, 30))
     paper, ink = int(rng.integers(215, 256)), int(rng.integers(0, 60))
@@ -114,11 +106,9 @@ def main() -> None:
         text = " ".join(sibling(UNSEEN_TEXTS, "texts").comment_sentences(3))
         render_block(text, 0).rotate(90, expand=True, fillcolor=(255, 255, 255)).save(args.save_example)
     if args.check:
-        import onnxruntime as ort
+        from dopt_common.ort import create_session
 
-        session = ort.InferenceSession(
-            str(sibling(__file__, "packages").prepare("orientation")), providers=["CPUExecutionProvider"]
-        )
+        session = create_session(str(sibling(__file__, "packages").prepare("orientation")))
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             predicted = np.concatenate([session.run(None, inputs)[0].argmax(1) for inputs, _, _ in data])
             labels = np.concatenate([y for _, y, _ in data])

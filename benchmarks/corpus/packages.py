@@ -17,8 +17,9 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 
@@ -81,6 +82,22 @@ def prepare(model: str, cache: Path = CACHE) -> Path:
     """Copy model ``model``'s packaged file into ``cache`` under its own file name; return the copy."""
     source = FILES[model].path()
     return copy_to_cache(source, source.name, cache)
+
+
+def prepare_variant(model: str, variant: str, edit: Callable[[Any], Any], cache: Path | None = None) -> Path:
+    """Copy model ``model``'s packaged file into ``cache``, write ``edit`` of it (checked) as ``cache/variant``
+    through a temporary name, and return the variant. ``edit`` takes the loaded ONNX model and returns the one to
+    write (the same, changed in place, or a new one)."""
+    import onnx
+
+    cache = cache or CACHE
+    model_proto = edit(onnx.load(str(prepare(model, cache))))
+    onnx.checker.check_model(model_proto)
+    out = cache / variant
+    tmp = out.with_name(out.name + ".tmp")
+    onnx.save(model_proto, str(tmp))
+    tmp.replace(out)
+    return out
 
 
 def wheel_member(requirement: str, member: str, name: str, cache: Path = CACHE) -> Path:

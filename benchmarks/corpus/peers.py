@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +171,7 @@ def ort_quantize(config: Path, model: Path, out: Path, method: str) -> str:
     opset-12 model otherwise). Returns what was done. Where the pre-processing fails (its symbolic shape
     inference does not handle every file) the file is quantized without it.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     sys.path.insert(0, str(HERE))
@@ -190,21 +191,30 @@ def ort_quantize(config: Path, model: Path, out: Path, method: str) -> str:
         steps.append(f"quant_pre_process failed ({why}), quantized without it")
         log.warning("%s", steps[-1])
     tmp = out.with_name(out.stem + ".tmp.onnx")
-    quantize_static(
-        str(source),
-        str(tmp),
-        _Reader(batches),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=calibrate,
-        extra_options={"CalibStridedMinMax": 1},
-    )
+    qdq_static(source, tmp, batches, True, calibrate_method=calibrate, extra_options={"CalibStridedMinMax": 1})
     tmp.replace(out)
     for scratch in (pre, out.with_name(out.stem + ".opset13.onnx")):
         scratch.unlink(missing_ok=True)
     return "; ".join(steps)
+
+
+def qdq_static(
+    source: Path, out: Path, batches: list[dict[str, np.ndarray]], per_channel: bool, **options: Any
+) -> None:
+    """ORT's ``quantize_static`` of ``source`` into ``out``: QDQ, uint8 activations, int8 weights, calibrated on
+    ``batches`` in order (also ``unseen/peer_static.py``'s)."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    quantize_static(
+        str(source),
+        str(out),
+        _Reader(batches),
+        quant_format=QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        **options,
+    )
 
 
 def _opset_13(model: Path, out: Path) -> tuple[Path, list[str]]:

@@ -14,6 +14,7 @@ No labels: ``detection_f1`` (deploy_opt's built-in) scores each image's detectio
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +73,10 @@ def test_data_single() -> list[Item]:
 
 def detection_counts(model: Path, data: list[Item]) -> dict[str, int]:
     """FP32 detections per image (score ≥ 0.25 after class-aware NMS, as ``detection_f1`` decodes them)."""
-    import onnxruntime as ort
-
     from deploy_opt.evaluation.detection import _detections, _yolo_rows
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     counts = {}
     for inputs, _, ids in data:
         for row, sample_id in enumerate(ids):
@@ -96,13 +96,19 @@ def main() -> None:
         ("3.4.2 320n", packages.prepare("yolo-nudenet")),
         ("3.0.8 best", packages.prepare_nudenet_308()),
     ):
-        for split, data in (("calibration", calibration_data(1)), ("evaluation", evaluation_data(1))):
-            counts = detection_counts(model, data)
-            found = sum(c > 0 for c in counts.values())
-            print(
-                f"nudenet {label} {split}: {found}/{len(counts)} images with detections, "
-                f"{sum(counts.values())} detections; per image {list(counts.values())}"
-            )
+        splits = (("calibration", lambda: calibration_data(1)), ("evaluation", lambda: evaluation_data(1)))
+        print_counts(f"nudenet {label}", model, splits, "image")
+
+
+def print_counts(name: str, model: Path, splits: Sequence[tuple[str, Callable[[], list[Item]]]], unit: str) -> None:
+    """Print, per split (made when its turn comes), how many ``unit``s (image, page) have FP32 detections."""
+    for split, make in splits:
+        counts = detection_counts(model, make())
+        found = sum(c > 0 for c in counts.values())
+        print(
+            f"{name} {split}: {found}/{len(counts)} {unit}s with detections, {sum(counts.values())} detections; "
+            f"per {unit} {list(counts.values())}"
+        )
 
 
 if __name__ == "__main__":

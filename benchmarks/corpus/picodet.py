@@ -53,21 +53,10 @@ Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes x1y1x2y2 (input 
 
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its packed variant (``VARIANT``) into ``cache``; return the variant."""
-    import onnx
-
-    packages = sibling(__file__, "packages")
-    cache = cache or packages.CACHE
-    model = onnx.load(str(packages.prepare("picodet-layout", cache)))
-    _add_packed_output(model)
-    onnx.checker.check_model(model)
-    out = cache / VARIANT
-    tmp = out.with_name(out.name + ".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(out)
-    return out
+    return sibling(__file__, "packages").prepare_variant("picodet-layout", VARIANT, _add_packed_output, cache)
 
 
-def _add_packed_output(model: Any) -> None:
+def _add_packed_output(model: Any) -> Any:
     """Prepend output ``packed`` [1, anchors, 10 + 32] (float64): scores and distributions of every level."""
     from onnx import TensorProto, helper
 
@@ -83,6 +72,7 @@ def _add_packed_output(model: Any) -> None:
     anchors = sum(_grid(s)[0] * _grid(s)[1] for s in STRIDES)
     packed = helper.make_tensor_value_info("packed", TensorProto.DOUBLE, [1, anchors, len(CLASSES) + 4 * BINS])
     model.graph.output.insert(0, packed)
+    return model
 
 
 def _grid(stride: int) -> tuple[int, int]:
@@ -224,9 +214,9 @@ def test_data() -> list[Item]:
 
 
 def _check(model: Path, pages: int) -> None:
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     for inputs, _, ids in sibling(__file__, "doclayout").pages("evaluation", "image", preprocess, first=pages):
         packed = session.run(None, inputs)[0]
         _, scores, classes = decode(packed[0])
@@ -236,12 +226,13 @@ def _check(model: Path, pages: int) -> None:
 
 def save_example(model: Path, path: str) -> None:
     """Draw the FP32 detections of the first evaluation page on it, in page pixels, and write ``path``."""
-    import onnxruntime as ort
     from PIL import ImageDraw
+
+    from dopt_common.ort import create_session
 
     texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
     page = sibling(__file__, "doclayout").render(texts.comment_sentences(), images.EVALUATION, 500)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = create_session(str(model))
     boxes, scores, classes = decode(session.run(None, {"image": preprocess(page)[None]})[0][0])
     scale = np.array([page.width / WIDTH, page.height / HEIGHT] * 2)
     draw = ImageDraw.Draw(page)

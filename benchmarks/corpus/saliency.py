@@ -101,11 +101,9 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="FP32 saliency statistics on both splits")
     if not parser.parse_args().check:
         return
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(
-        str(sibling(__file__, "packages").prepare("vit-saliency")), providers=["CPUExecutionProvider"]
-    )
+    session = create_session(str(sibling(__file__, "packages").prepare("vit-saliency")))
     for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
         maps = np.concatenate([session.run(None, inputs)[0] for inputs, _, _ in data])
         flat = maps.reshape(len(maps), -1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,21 +40,17 @@ Item = tuple[dict[str, np.ndarray], None, list[str]]
 
 def prepare(cache: Path | None = None) -> Path:
     """Copy the packaged file and write its zero-state variant (``VARIANT``) into ``cache``; return the variant."""
-    import onnx
+    return sibling(__file__, "packages").prepare_variant("vad", VARIANT, _zero_state, cache)
+
+
+def _zero_state(model: Any) -> Any:
+    """The LSTM's state inputs ``h`` and ``c`` as zero initializers (each clip starts from silence)."""
     from onnx import numpy_helper
 
-    packages = sibling(__file__, "packages")
-    cache = cache or packages.CACHE
-    model = onnx.load(str(packages.prepare("vad", cache)))
     for name in ("h", "c"):
         model.graph.input.remove(next(i for i in model.graph.input if i.name == name))
         model.graph.initializer.append(numpy_helper.from_array(np.zeros((1, 1, 128), np.float32), name))
-    onnx.checker.check_model(model)
-    out = cache / VARIANT
-    tmp = out.with_name(out.name + ".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(out)
-    return out
+    return model
 
 
 def decision_agreement(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -174,9 +171,9 @@ def main() -> None:
         model = prepare()
         print(f"wrote {model}")
     if args.check:
-        import onnxruntime as ort
+        from dopt_common.ort import create_session
 
-        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        session = create_session(str(model))
         for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
             shares = [float((session.run(None, inputs)[0] >= THRESHOLD).mean()) for inputs, _, _ in data]
             print(f"vad {split}: speech share per clip {[round(s, 2) for s in shares]}")

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from deploy_opt.demo.digits import fit
+
 log = logging.getLogger(__name__)
 SEED = 0
 CHANNELS, EPOCHS, LR, BATCH = 32, 30, 3e-3, 128
@@ -126,20 +128,11 @@ def _fit(model: Any) -> None:
     import torch
 
     x, y = (torch.from_numpy(a) for a in _splits()["train"][:2])
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    steps = EPOCHS * ((len(x) + BATCH - 1) // BATCH)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=steps)
-    generator = torch.Generator().manual_seed(SEED)
-    model.train()
-    for _ in range(EPOCHS):
-        order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), BATCH):
-            idx = order[start : start + BATCH]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-            schedule.step()
-    model.eval()
+
+    def one_cycle(optimizer: Any, steps: int) -> Any:
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=steps)
+
+    fit(model, x, y, epochs=EPOCHS, batch=BATCH, lr=LR, seed=SEED, schedule=one_cycle)  # the digits demo's loop
 
 
 def test_top1(model: Any) -> float:

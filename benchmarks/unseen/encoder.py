@@ -21,25 +21,17 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from deploy_opt.demo.minilm import encoded
+from dopt_common.siblings import sibling
+
 SEQ_LEN = 128
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 256, 256
 Item = tuple[dict[str, np.ndarray], None, list[str]]
-
-
-def _texts() -> ModuleType:
-    # Build configs load this file by path, so its sibling is loaded the same way (not via sys.path).
-    spec = importlib.util.spec_from_file_location("unseen_texts", Path(__file__).with_name("texts.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def model_dir() -> Path:
@@ -93,11 +85,7 @@ def _tokenizer() -> Any:
 
 def tokenize(sentences: list[str]) -> dict[str, np.ndarray]:
     """int64 ``input_ids`` and ``attention_mask``, [len(sentences), 128]."""
-    encodings = _tokenizer().encode_batch(list(sentences))
-    return {
-        "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
-        "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),
-    }
+    return encoded(_tokenizer(), sentences)  # the MiniLM demo's encoding, with this file's fixed-length padding
 
 
 def _batches(sentences: list[str], batch_size: int) -> list[Item]:
@@ -107,12 +95,12 @@ def _batches(sentences: list[str], batch_size: int) -> list[Item]:
 
 def calibration_sentences() -> list[str]:
     """256 sentences from Debian's license texts."""
-    return _texts().license_sentences(CALIBRATION_SAMPLES)
+    return sibling(__file__, "texts").license_sentences(CALIBRATION_SAMPLES)
 
 
 def evaluation_sentences() -> list[str]:
     """256 sentences from the comments of Python's standard library."""
-    return _texts().comment_sentences(EVALUATION_SAMPLES)
+    return sibling(__file__, "texts").comment_sentences(EVALUATION_SAMPLES)
 
 
 def calibration_data(batch_size: int = 16) -> list[Item]:
@@ -127,7 +115,7 @@ def evaluation_data(batch_size: int = 16) -> list[Item]:
 
 def test_data(batch_size: int = 16) -> list[Item]:
     """256 other comment sentences (the far end of the list), never shown to a build."""
-    return _batches(_texts().comment_sentences()[::-1][:EVALUATION_SAMPLES], batch_size)
+    return _batches(sibling(__file__, "texts").comment_sentences()[::-1][:EVALUATION_SAMPLES], batch_size)
 
 
 def check() -> float:

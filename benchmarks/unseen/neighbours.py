@@ -11,19 +11,18 @@ both: what a retrieval index built on the INT8 model would get right.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+
+from dopt_common.ort import create_session
+from dopt_common.siblings import sibling
 
 HERE = Path(__file__).resolve().parent
 
 
 def _embed(path: Path, batches: list) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = create_session(path, threads=2)
     out = np.concatenate([session.run(None, item[0])[0] for item in batches])
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 
@@ -38,9 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("build", type=Path, help="a build folder holding model.onnx and model.int8.onnx")
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("unseen_encoder", HERE / "encoder.py")
-    encoder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(encoder)
+    encoder = sibling(__file__, "encoder")
     batches = encoder.evaluation_data()
     fp32, int8 = _embed(args.build / "model.onnx", batches), _embed(args.build / "model.int8.onnx", batches)
     cosine = (fp32 * int8).sum(axis=1)

@@ -16,33 +16,19 @@ interleaved) for FP32, both of ORT's INT8 models and deploy_opt's ``model.int8.o
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+from deploy_opt.stages.benchmark import tiled
+from dopt_common.ort import create_session
+from dopt_common.siblings import sibling
+from dopt_common.timer import fixed, median_ms, runner, time_rounds
 
-class _Reader(CalibrationDataReader):
-    def __init__(self, batches: list) -> None:
-        rows = []
-        for inputs, *_ in batches:
-            rows += [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(len(next(iter(inputs.values()))))]
-        self.rows = iter(rows)
-
-    def get_next(self) -> dict | None:
-        return next(self.rows, None)
-
-
-def _session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+CORPUS_PEERS = Path(__file__).resolve().parents[1] / "corpus" / "peers.py"
 
 
 def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -50,7 +36,7 @@ def top1(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return 100.0 * (prediction.argmax(axis=1) == reference)
 
 
-def _score(session: ort.InferenceSession, batches: list, metric: Callable, fp32: ort.InferenceSession) -> float:
+def _score(session: Any, batches: list, metric: Callable, fp32: Any) -> float:
     """The metric's mean over the evaluation data, run one sample at a time (a fixed-batch model takes only 1).
 
     Data without labels is scored against the FP32 model's output, as a build does.
@@ -65,15 +51,11 @@ def _score(session: ort.InferenceSession, batches: list, metric: Callable, fp32:
 
 
 def _quantize(model: Path, out: Path, calibration: list, per_channel: bool) -> Path:
-    quantize_static(
-        str(model),
-        str(out),
-        _Reader(calibration),
-        quant_format=QuantFormat.QDQ,
-        per_channel=per_channel,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-    )
+    """ORT's ``quantize_static`` (the corpus's call) calibrated one sample at a time, with its default MinMax."""
+    rows = []
+    for inputs, *_ in calibration:
+        rows += [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(len(next(iter(inputs.values()))))]
+    sibling(CORPUS_PEERS, "peers").qdq_static(model, out, rows, per_channel)
     return out
 
 
@@ -84,9 +66,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="the data module (calibration_data, evaluation_data)")
     parser.add_argument("--metric", default="top1", help="a (prediction, reference) -> scores function of --data")
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("peer_data", args.data)
-    data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(data)
+    data = sibling(args.data, args.data.stem)  # the data module named by path, as build configs name it
     metric = top1 if args.metric == "top1" else getattr(data, args.metric)
     calibration, evaluation = list(data.calibration_data()), list(data.evaluation_data())
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,19 +76,14 @@ def main() -> None:
             "ORT quantize_static (per-channel)": _quantize(args.model, Path(tmp) / "c.onnx", calibration, True),
             "deploy_opt": args.build / "model.int8.onnx",
         }
-        sessions = {name: _session(path) for name, path in models.items()}
-        first = evaluation[0][0]
-        feed = {k: np.concatenate([v] * (-(-32 // len(v))))[:32] for k, v in first.items()}
-        times: dict[str, list[float]] = {name: [] for name in sessions}
-        for _ in range(30):
-            for name, s in sessions.items():
-                begin = time.perf_counter()
-                s.run(None, feed)
-                times[name].append((time.perf_counter() - begin) * 1e3)
-        fp32_ms = statistics.median(times["FP32"])
+        sessions = {name: create_session(path, threads=2) for name, path in models.items()}
+        feed = tiled(evaluation[0][0], 32)  # the build's tiling of real samples to batch 32
+        runs = {name: runner(s.run, None, feed) for name, s in sessions.items()}
+        times = time_rounds(runs, fixed(30))  # 30 interleaved rounds, no warm-up
+        fp32_ms = median_ms(times["FP32"])
         print(f"| model | {args.metric} | batch 32 ms | speedup |\n|---|---:|---:|---:|")
         for name, s in sessions.items():
-            ms = statistics.median(times[name])
+            ms = median_ms(times[name])
             score = _score(s, evaluation, metric, sessions["FP32"])
             print(f"| {name} | {score:.2f} | {ms:.2f} | {fp32_ms / ms:.2f}x |")
 

@@ -16,11 +16,12 @@ of the INT8 map against the FP32 map.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_PP-OCRv4_det_infer.onnx"
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -29,18 +30,9 @@ CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 64
 Item = tuple[dict[str, np.ndarray], None, list[str]]
 
 
-def _sibling(name: str) -> ModuleType:
-    # Build configs load this file by path, so its siblings are loaded the same way (not via sys.path).
-    spec = importlib.util.spec_from_file_location(f"unseen_{name}", Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def prepare(cache: Path = CACHE) -> Path:
     """Copy the packaged ONNX file to ``cache`` (where textdet.yaml's model.onnx points) and return its path."""
-    return _sibling("textdir").prepare(cache, MODEL_FILE)
+    return sibling(__file__, "textdir").prepare(cache, MODEL_FILE)
 
 
 def map_iou(prediction: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -71,7 +63,7 @@ def page(lines: list[str], index: int, textdir: ModuleType) -> np.ndarray:
 
 
 def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> list[Item]:
-    textdir = _sibling("textdir")
+    textdir = sibling(__file__, "textdir")
     lines = textdir._lines(sentences, count * 6)
     rng = np.random.default_rng(len(prefix))
     pages, start = [], 0
@@ -86,17 +78,18 @@ def _batches(sentences: list[str], count: int, prefix: str, batch_size: int) -> 
 
 def calibration_data(batch_size: int = 8) -> list[Item]:
     """64 pages of Debian license text."""
-    return _batches(_sibling("texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
+    return _batches(sibling(__file__, "texts").license_sentences(), CALIBRATION_SAMPLES, "license", batch_size)
 
 
 def evaluation_data(batch_size: int = 8) -> list[Item]:
     """64 pages of Python standard-library comments."""
-    return _batches(_sibling("texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
+    return _batches(sibling(__file__, "texts").comment_sentences(), EVALUATION_SAMPLES, "comment", batch_size)
 
 
 def test_data(batch_size: int = 8) -> list[Item]:
     """64 other pages (comments from the far end of the list, other layouts), never shown to a build."""
-    return _batches(_sibling("texts").comment_sentences()[::-1], EVALUATION_SAMPLES, "comment-test", batch_size)
+    sentences = sibling(__file__, "texts").comment_sentences()[::-1]
+    return _batches(sentences, EVALUATION_SAMPLES, "comment-test", batch_size)
 
 
 def main() -> None:

@@ -23,10 +23,11 @@ import importlib.util
 import math
 import shutil
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -36,15 +37,6 @@ FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
 WORDS_PER_LINE = (2, 3, 4, 5)
 SEED = 0
 Item = tuple[dict[str, np.ndarray], np.ndarray, list[str]]
-
-
-def _texts() -> ModuleType:
-    # Build configs load this file by path, so its sibling is loaded the same way (not via sys.path).
-    spec = importlib.util.spec_from_file_location("unseen_texts", Path(__file__).with_name("texts.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def packaged_model(name: str = MODEL_FILE) -> Path:
@@ -127,24 +119,25 @@ def _batches(lines: list[str], prefix: str, batch_size: int) -> list[Item]:
 
 def calibration_data(batch_size: int = 32) -> list[Item]:
     """512 rendered lines of Debian license text as ``(inputs, labels, ids)`` batches."""
-    return _batches(_lines(_texts().license_sentences(), CALIBRATION_SAMPLES), "license", batch_size)
+    return _batches(_lines(sibling(__file__, "texts").license_sentences(), CALIBRATION_SAMPLES), "license", batch_size)
 
 
 def evaluation_data(batch_size: int = 32) -> list[Item]:
     """512 rendered lines of Python standard-library comments (labels: 0 upright, 1 turned 180°)."""
-    return _batches(_lines(_texts().comment_sentences(), EVALUATION_SAMPLES), "comment", batch_size)
+    return _batches(_lines(sibling(__file__, "texts").comment_sentences(), EVALUATION_SAMPLES), "comment", batch_size)
 
 
 def test_data(batch_size: int = 32) -> list[Item]:
     """512 other rendered lines (comments from the far end of the list), never shown to a build."""
-    return _batches(_lines(_texts().comment_sentences()[::-1], EVALUATION_SAMPLES), "test", batch_size)
+    sentences = sibling(__file__, "texts").comment_sentences()[::-1]
+    return _batches(_lines(sentences, EVALUATION_SAMPLES), "test", batch_size)
 
 
 def fp32_top1(data: list[Item], model: Path | None = None) -> float:
     """Top-1 (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model or packaged_model()), providers=["CPUExecutionProvider"])
+    session = create_session(str(model or packaged_model()))
     hits = [session.run(None, inputs)[0].argmax(axis=1) == labels for inputs, labels, _ in data]
     return float(np.concatenate(hits).mean() * 100.0)
 
@@ -167,7 +160,7 @@ def main() -> None:
 
 def _save_examples(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    lines = _lines(_texts().comment_sentences(), 8)
+    lines = _lines(sibling(__file__, "texts").comment_sentences(), 8)
     for i, text in enumerate(lines):
         render(text, i, bool(i % 2)).save(folder / f"line{i}.png")
 

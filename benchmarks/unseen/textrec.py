@@ -121,9 +121,9 @@ def test_data(batch_size: int = 32) -> list[Item]:
 
 def fp32_char_accuracy(data: list[Item], model: Path | None = None) -> float:
     """Mean character accuracy (percent) of the FP32 ONNX model in ONNX Runtime on ``data``."""
-    import onnxruntime as ort
+    from dopt_common.ort import create_session
 
-    session = ort.InferenceSession(str(model or packaged_model()), providers=["CPUExecutionProvider"])
+    session = create_session(str(model or packaged_model()))
     scores = [char_accuracy(session.run(None, inputs)[0], labels) for inputs, labels, _ in data]
     return float(np.concatenate(scores).mean())
 

@@ -15,12 +15,27 @@ import random
 import re
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 LICENSE_DIR = Path("/usr/share/common-licenses")
 SEED = 0
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?;:])\s+")
 _COMMENT = re.compile(r"^\s*#+\s?(.*)$")
 _LEGAL = re.compile(r"licen[cs]e|copyright|warrant", re.IGNORECASE)
+
+
+def wrap(text: str, font: Any, width: int) -> list[str]:
+    """``text``'s words in lines no wider than ``width`` pixels in ``font`` (a PIL font; a word wider than that
+    gets a line of its own)."""
+    lines, current = [], ""
+    for word in text.split():
+        trial = f"{current} {word}".strip()
+        if current and font.getlength(trial) > width:
+            lines.append(current)
+            current = word
+        else:
+            current = trial
+    return lines + ([current] if current else [])
 
 
 def _is_prose(sentence: str, min_words: int, max_words: int) -> bool:

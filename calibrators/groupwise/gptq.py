@@ -3,7 +3,7 @@
 deploy_opt's own implementation of the published algorithm in plain torch, so W4A16 needs no extra package and
 runs on a CPU. (llm-compressor pins another transformers and its AWQ fails on CPU; auto-gptq is archived and
 does not import with transformers 5; gptqmodel only installs with ``--no-deps``.) It is checked against
-llm-compressor's GPTQ core on a real SmolLM2 layer by ``benchmarks/llm_gptq_crosscheck.py``.
+llm-compressor's GPTQ core on a real SmolLM2 layer by ``benchmarks/llm/gptq_crosscheck.py``.
 
 For one Linear weight W [out, in] and H = 2/N · Σ x xᵀ over the N calibration tokens reaching it:
 

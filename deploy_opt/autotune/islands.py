@@ -7,7 +7,7 @@ multiply-accumulates. The same holds for a run of INT8 nodes: it converts only a
 keeps in float the INT8 regions beside the fallback's float nodes whose saving does not pay for their
 conversions, so float regions come out contiguous instead of alternating with short INT8 runs.
 
-``CONVERSION_MACS`` is measured, not tuned: ``python benchmarks/conversion_cost.py`` times a Q→DQ pair against a
+``CONVERSION_MACS`` is measured, not tuned: ``python benchmarks/int8/conversion_cost.py`` times a Q→DQ pair against a
 chain of 3×3 convolutions in float and fused INT8 on ORT's CPU provider, and prints how many MACs' INT8 saving
 one element's conversion costs. Intel Xeon with AVX-512 VNNI: 24-27 on one thread (0.16-0.19 ns an element, 6-8 ps
 saved a MAC; 16-64 channels), 38 on two threads at batch 8. Between the two, 32.

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -98,20 +99,31 @@ def train(model: Any) -> None:
     for param in model.parameters():
         param.data.copy_(_init_like(param, torch))
     x, y = (torch.from_numpy(a) for a in _splits()["train"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    steps_per_epoch = (len(x) + BATCH - 1) // BATCH
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, EPOCHS * steps_per_epoch)
-    generator = torch.Generator().manual_seed(SEED)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR
+    fit(model, x, y, epochs=EPOCHS, batch=BATCH, lr=LR, seed=SEED, schedule=cosine)
+
+
+def fit(
+    model: Any, x: Any, y: Any, *, epochs: int, batch: int, lr: float, seed: int, schedule: Callable[[Any, int], Any]
+) -> None:
+    """Adam on cross-entropy over mini-batches of ``batch`` in a seeded random order per epoch, ``schedule(optimizer,
+    total_steps)`` stepped after every batch; the model is left in eval mode. The demo's loop, and the unseen CNN's
+    (``benchmarks/unseen/cnn.py``, with a one-cycle schedule)."""
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = schedule(optimizer, epochs * ((len(x) + batch - 1) // batch))
+    generator = torch.Generator().manual_seed(seed)
     model.train()
-    for _ in range(EPOCHS):
+    for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), BATCH):
-            idx = order[start : start + BATCH]
+        for start in range(0, len(x), batch):
+            idx = order[start : start + batch]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
             optimizer.step()
-            schedule.step()
+            scheduler.step()
     model.eval()
 
 

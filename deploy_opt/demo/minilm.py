@@ -156,7 +156,13 @@ def _tokenizer() -> Any:
 
 def tokenize(sentences: list[str]) -> dict[str, np.ndarray]:
     """Tokenise one batch into int64 ``input_ids``/``attention_mask`` padded to its longest sentence."""
-    encodings = _tokenizer().encode_batch(list(sentences))
+    return encoded(_tokenizer(), sentences)
+
+
+def encoded(tokenizer: Any, sentences: list[str]) -> dict[str, np.ndarray]:
+    """int64 ``input_ids`` and ``attention_mask`` of ``sentences`` as ``tokenizer`` (a ``tokenizers.Tokenizer``,
+    its truncation and padding set) encodes them."""
+    encodings = tokenizer.encode_batch(list(sentences))
     return {
         "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
         "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),

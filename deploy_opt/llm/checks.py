@@ -9,7 +9,7 @@ without it (Gemma 3 270M, last 8,192 tokens of four license texts in 16 windows 
 llama.cpp then scores only the second half of each window; we score every token after the first, like
 ``model(input_ids, labels=input_ids)``. The record states the protocol (``perplexity_record``). With
 ``pydoc_texts("evaluation")``, max_seq_len 512 and the defaults, SmolLM2-135M fp32 (its tokenizer adds no BOS)
-scores 9.46, the reference value (benchmarks/llm_quantize.py).
+scores 9.46, the reference value (benchmarks/llm/quantize.py).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class LLMCalibrationConfig:
     domains, ``llm/corpus.py``) or 'pydoc' (Python's own docs alone); never a hub. ``samples`` windows of
     ``max_seq_len`` tokens are chosen over domain x length strata. ``windows: documents`` (the default) cuts each
     document alone, so short ones give short windows; ``packed`` joins each domain's documents and cuts full
-    windows. benchmarks/llm_quantize.py measured both; documents won on the held-out split the choice was made on.
+    windows. benchmarks/llm/quantize.py measured both; documents won on the held-out split the choice was made on.
     128 samples: over calibration seeds it matched 256 on that split (+8.19% vs +8.27% mean) in 60% of the time."""
 
     texts: tuple[str, ...] = ("mixed",)

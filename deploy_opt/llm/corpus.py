@@ -12,10 +12,10 @@
 Each domain is cut to ``DOMAIN_CHARS`` characters, its files taken in the order of a hash of their names, so the
 corpus is the same on every run of one machine and does not lean towards the first letters of the alphabet. A
 document that carries a license text is left out, wherever it comes from: license texts are the evaluation domain
-of ``benchmarks/llm_quantize.py`` and boilerplate besides. A domain the machine lacks (no man pages on macOS) is
+of ``benchmarks/llm/quantize.py`` and boilerplate besides. A domain the machine lacks (no man pages on macOS) is
 logged and skipped; the report's ``domain_share`` says what was used.
 
-``DEFAULT_DOMAINS`` leaves ``code`` out: on ``benchmarks/llm_quantize.py``'s decide split (Debian READMEs) the
+``DEFAULT_DOMAINS`` leaves ``code`` out: on ``benchmarks/llm/quantize.py``'s decide split (Debian READMEs) the
 four prose domains gave +8.21% perplexity where all five gave +9.40% (AWQ + GPTQ, 256 windows, side by side).
 ``mixed_texts(["code", ...])`` still reads it.
 """

@@ -5,7 +5,7 @@ Why our own engine: it is deploy_opt's implementation of the published algorithm
 extra and runs on a CPU. llm-compressor pins transformers 5.17 and its AWQ fails on CPU in ``pin_memory``;
 auto-gptq is archived and AutoAWQ deprecated; gptqmodel installs only with ``--no-deps``. Everything the rest
 of deploy_opt needs goes through ``quantize_model`` and ``EngineResult``, so a library engine can replace this
-module alone. ``benchmarks/llm_gptq_crosscheck.py`` checks the GPTQ core against llm-compressor's on a real layer.
+module alone. ``benchmarks/llm/gptq_crosscheck.py`` checks the GPTQ core against llm-compressor's on a real layer.
 
 The walk is GPTQ's sequential one (llm-compressor's "sequential pipeline"): catch the inputs of layer 0 and the
 keyword arguments the model passes each layer (position embeddings and attention mask, built per layer type:

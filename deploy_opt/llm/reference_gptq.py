@@ -8,7 +8,7 @@ as stored), dampening 0.01, blocks of 128. Symmetry matters more than the algori
 group 64 symmetric GPTQ loses +41.7% perplexity and asymmetric +12.9% (README), so comparing an asymmetric run with
 a symmetric reference would flatter it. It runs in a Python that has it, often its own venv (it pins its own
 transformers): ``checks.reference_python``, else this Python, else ``benchmarks/corpus/.cache/llmcompressor-venv``
-(made by ``benchmarks/llm_reference_venv.sh``). Where none has it, the run goes on and the report says so in one line.
+(made by ``benchmarks/llm/reference_venv.sh``). Where none has it, the run goes on and the report says so in one line.
 
 The float model goes to the worker (``reference_worker.py``) as a Hugging Face folder (the source folder, or the
 loaded model saved to a temporary one before deploy_opt quantizes it), the token ids as JSON. The worker scores
@@ -39,7 +39,7 @@ PINS = ("llmcompressor==0.14.0.1", "torch==2.13.0")
 WORKER = Path(__file__).with_name("reference_worker.py")
 VENV_PYTHON = Path(__file__).resolve().parents[2] / "benchmarks/corpus/.cache/llmcompressor-venv/bin/python"
 INSTALL = (
-    "bash benchmarks/llm_reference_venv.sh (a venv with "
+    "bash benchmarks/llm/reference_venv.sh (a venv with "
     + " ".join(PINS)
     + "), or --reference-python PATH naming a Python that has llmcompressor"
 )

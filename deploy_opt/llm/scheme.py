@@ -10,7 +10,7 @@ in sequential groups can write the AWQ layout. So ``auto`` is
   the PyTorch engine), else at the largest of 64, 32 that divides them all (the PyTorch engine), e.g. 64 on
   SmolLM2's 576. AWQ's activation-aware scales and clip ranges fix each group's scale and zero point (static
   groups), and act-order GPTQ rounds inside them. On SmolLM2-135M at group 64 it measured better than AWQ's
-  round-to-nearest and than symmetric GPTQ in the GPTQ layout (``benchmarks/llm_quantize.py``, README).
+  round-to-nearest and than symmetric GPTQ in the GPTQ layout (``benchmarks/llm/quantize.py``, README).
 
 - ``gptq`` (act-order rounding in static groups, asymmetric) in the AWQ layout, for a family the architecture table
   gives no AWQ scale groups (``architectures.py``: Nemotron): its codes keep one scale and zero point per group in

@@ -4,7 +4,7 @@ Splits of ``pydoc_data.topics`` (the Python docs every interpreter ships, in the
 
 - ``evaluation``: the shortest tail of topics holding at least ``EVALUATION_MIN_CHARS`` characters. Joined with
   ``DOC_SEPARATOR`` and cut to its last 4,096 tokens by ``checks.perplexity``, it is "the last 4,096 tokens of
-  pydoc_data.topics" on which the reference perplexities (benchmarks/llm_quantize.py) are measured.
+  pydoc_data.topics" on which the reference perplexities (benchmarks/llm/quantize.py) are measured.
 - ``calibration``: every other topic, so calibration never sees evaluation text.
 - ``prompts``: instruction-style prompts made from topic names, for the stability run.
 """

@@ -12,7 +12,7 @@ nonzero ``m``. Three unsigned codes, uint8 with one fp32 scale per block:
 - ``dynamic`` (the default): bitsandbytes' unsigned dynamic map, the nearest of 256 levels x block max: 0, 1, and
   7 decades below 1 with 2, 4, ..., 128 evenly spaced levels per decade; under ~1.6e-7 of the max becomes 0.
 
-Measured by ``benchmarks/train_state_codes.py`` on AdamW moments after 100 steps on the sklearn digits (block
+Measured by ``benchmarks/train/state_codes.py`` on AdamW moments after 100 steps on the sklearn digits (block
 2048, tensors >= 4096 elements): relative L2 error of the update with ``m`` in int8 too, as ``Int8AdamW`` reads
 the state (code 0 as half a step, see ``dequantize_unsigned``), and the share of elements whose update moves by
 more than 10 % of its rms:

@@ -15,7 +15,7 @@ for; one compilation per distinct parameter size), as torchao's 8-bit optimizers
 The optimizers use them only compiled (``compiles()`` in ``optimizers.py``): ``run_kernel`` wraps them in
 ``torch.compile`` (Inductor fuses the step into a few loops over the blocks), falling back to eager if compiling
 fails. The dynamic code decodes and encodes by arithmetic (``dynamic_code``), not table lookups, which Inductor
-compiles to a scalar gather per element. Measured by ``benchmarks/train_optimizers.py`` (defaults, 2 threads,
+compiles to a scalar gather per element. Measured by ``benchmarks/train/optimizers.py`` (defaults, 2 threads,
 Xeon with AVX-512 VNNI and AMX) on all-MiniLM-L6-v2's 22.7M parameters, the optimizer step alone: torch AdamW
 (foreach) 76.7 ms; compiled ``dynamic`` 78.5 ms (1.02x; 124 ms, 1.65x, with the table lookups), compiled ``sqrt``
 45.0 ms; the whole training step 1.01x. Run eagerly the kernels allocate more temporaries than the per-op path

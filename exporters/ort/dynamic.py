@@ -9,7 +9,7 @@ and transA = 0), LSTM (``DynamicQuantizeLSTM``), the contrib Attention (``QAtten
 It has no dynamic GRU kernel: GRU nodes stay float, and the result says so. Nodes inside If/Loop/Scan bodies stay
 float too: ORT's EnableSubgraph option (1.32) writes an invalid graph when two branches read one outer tensor.
 
-Settings, from ORT's sources and this machine's measurements (benchmarks/dynamic_int8.py):
+Settings, from ORT's sources and this machine's measurements (benchmarks/int8/dynamic_int8.py):
 - ``weight_type`` is QInt8, symmetric (zero point 0): with ORT's uint8 dynamic activations that is u8×s8, what
   x86's VPMADDUBSW and VNNI's VPDPBUSD multiply, and a zero weight zero point saves MLAS a correction term;
 - ``per_channel`` is on by default: ORT CPU fuses either form into the same ``DynamicQuantizeMatMul`` and

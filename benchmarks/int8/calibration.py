@@ -34,9 +34,9 @@ deploy_opt: TensorRT's EntropyCalibration2 on |x|).
 
 The FP32 models come from ``deploy_opt build --profile ci`` into ``--reports`` (built here when missing).
 
-    python benchmarks/calibration.py                                   # both models, 128 and 1,280 samples
-    python benchmarks/calibration.py --models demo --samples 128 --timeout 120
-    python benchmarks/calibration.py --minilm-model /path/to/model.onnx --mem-gb 8
+    python -m benchmarks.int8.calibration                                   # both models, 128 and 1,280 samples
+    python -m benchmarks.int8.calibration --models demo --samples 128 --timeout 120
+    python -m benchmarks.int8.calibration --minilm-model /path/to/model.onnx --mem-gb 8
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from calibration_worker import save_batches, status_mib, worker
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.int8.calibration_worker import save_batches, status_mib, worker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS = {
     "minilm": {
         "config": REPO_ROOT / "deploy_opt" / "demo" / "minilm.yaml",
@@ -143,7 +144,7 @@ def run_worker(spec: dict, timeout: float) -> dict:
     with open(spec["result"] + ".out", "w+") as out, open(spec["result"] + ".err", "w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+            [sys.executable, "-m", "benchmarks.int8.calibration", "--worker", json.dumps(spec)],
             stdout=out,
             stderr=err,
             cwd=REPO_ROOT,

@@ -1,4 +1,4 @@
-"""The measuring side of ``benchmarks/calibration.py``: one calibration in a fresh, memory-capped interpreter.
+"""The measuring side of ``benchmarks/int8/calibration.py``: one calibration in a fresh, memory-capped interpreter.
 
 ``calibration.py --worker SPEC`` runs :func:`worker`, which loads the batches saved by :func:`save_batches`,
 calibrates with deploy_opt (``ours``) or ONNX Runtime's entropy calibrater (``ort-one``, ``ort-batch``) and writes

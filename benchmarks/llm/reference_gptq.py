@@ -1,11 +1,11 @@
 """SmolLM2-135M: the bare ``quantize-llm`` default beside a reference GPTQ (llm-compressor) on held-out license texts.
 
 Not a test: run by hand (63 min on 2 CPU threads shared with other work; less on a quiet machine). The
-reference lives in its own venv (``bash benchmarks/llm_reference_venv.sh``). Four license texts that the README
+reference lives in its own venv (``bash benchmarks/llm/reference_venv.sh``). Four license texts that the README
 names nowhere (neither its judge split nor its license calibration), 16 windows of 512 tokens
 (``--eval-tokens 8192``):
 
-    python benchmarks/llm_reference_gptq.py --out /tmp/ref-bench \\
+    python benchmarks/llm/reference_gptq.py --out /tmp/ref-bench \\
         [--reference-python benchmarks/corpus/.cache/llmcompressor-venv/bin/python]
 
 It runs ``run_quantize_llm`` with the defaults (awq-gptq, group 64, 128 windows of the mixed corpus, seed 0) and

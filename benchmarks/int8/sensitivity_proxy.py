@@ -18,9 +18,9 @@ It prints the Spearman rank correlation of each proxy with the exhaustive drops 
 
 and the top-K overlap, the share of the exhaustive top K that the proxy's top K holds.
 
-    python benchmarks/sensitivity_proxy.py
-    python benchmarks/sensitivity_proxy.py --config deploy_opt/demo/digits.yaml --subset 0.2
-    python benchmarks/sensitivity_proxy.py --config benchmarks/unseen/encoder.yaml   # transformers BertModel, dynamo
+    python benchmarks/int8/sensitivity_proxy.py
+    python benchmarks/int8/sensitivity_proxy.py --config deploy_opt/demo/digits.yaml --subset 0.2
+    python benchmarks/int8/sensitivity_proxy.py --config benchmarks/unseen/encoder.yaml  # BertModel, dynamo
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROXIES = {
     "propagated": "propagated_sqnr_db",
     "local": "local_sqnr_db",

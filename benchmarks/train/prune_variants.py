@@ -4,30 +4,20 @@ Each variant prunes a fresh copy of the model with the config's ``prune`` sectio
 distils it from the unpruned model on the calibration data, and scores it on the evaluation set (torch; against the
 labels, or the unpruned model's output for cosine).
 
-    python benchmarks/prune_variants.py minilm --set prune.ratio=0.3 --set prune.head_ratio=0.25 \
+    python -m benchmarks.train.prune_variants minilm --set prune.ratio=0.3 --set prune.head_ratio=0.25 \
         --set prune.distill.steps=150 --variant method=taylor,per_layer=auto --variant method=magnitude
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
-import functools
 import json
 import logging
 
+from benchmarks.train.pruning import load_setup, pruned_copy
 from deploy_opt.config.loader import parse_override
-from deploy_opt.config.profiles import load_build_config
-from deploy_opt.evaluation.metrics import resolve_metric
-from deploy_opt.prune.distill import DistillData, distill_student, reference_targets, run_model, score_model
-from deploy_opt.prune.importance import choose_importance, clear_gradients, ordered_tensors
-from deploy_opt.prune.structure import prune_structure
-from deploy_opt.stages.inputs import load_inputs
-
-
-def _forward(model, inputs, names):
-    return run_model(model, inputs, names)
+from deploy_opt.prune.distill import distill_student, score_model
 
 
 def main() -> None:
@@ -42,23 +32,12 @@ def main() -> None:
         extra = [f"prune.{pair}" for pair in variant.split(",") if pair]
         for text in extra:
             parse_override(text)  # fail early on a malformed variant
-        config, _ = load_build_config(args.config, None, [*args.overrides, *extra])
-        inputs = load_inputs(config)
-        metric = resolve_metric(config.data.metric, config.base_dir)
-        evaluation = inputs.evaluation(hold=True)
-        names = [s.name for s in inputs.specs]
-        train = list(inputs.calibration.batches)
-        original = inputs.torch_model.eval()
-        student = copy.deepcopy(original)
-        for p in student.parameters():
-            p.requires_grad_(True)
-        forward = functools.partial(_forward, names=names)
-        importance = choose_importance(config.prune.method, student, train, forward, 0)
-        prune_structure(student, ordered_tensors(train[0].head(2).inputs, names), config.prune, importance)
-        clear_gradients(student)
-        scored = (evaluation, reference_targets(original, evaluation, names), metric, names)
+        setup = load_setup(args.config, [*args.overrides, *extra], with_training_data=False)
+        config = setup.config
+        student = pruned_copy(setup, trainable=True)
+        scored = setup.scored()
         row = {"variant": variant or "config", "pruned": score_model(student, *scored)}
-        run = distill_student(student, original, config.prune.distill, DistillData(names, train, evaluation, metric))
+        run = distill_student(student, setup.original, config.prune.distill, setup.data())
         row |= {
             "distilled": score_model(student.eval(), *scored),
             "seconds": round(run.seconds),

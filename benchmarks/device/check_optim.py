@@ -1,8 +1,8 @@
 """The device check's optimizer section: deploy_opt's Int8AdamW against torch's fused AdamW on one device.
 
-Both train their own copy of the same initial model (``device_lm``) on the same batches, in lockstep, the order
-rotated every step so that clocks and caches treat them alike. Same hyper-parameters, decay groups, warmup +
-cosine schedule and clipping as ``benchmarks/train_optimizers.py``, whose state counter this reuses (every
+Both train their own copy of the same initial model (``benchmarks.device.lm``) on the same batches, in lockstep, the
+order rotated every step so that clocks and caches treat them alike. Same hyper-parameters, decay groups, warmup +
+cosine schedule and clipping as ``benchmarks/train/optimizers.py``, whose state counter this reuses (every
 tensor in ``optimizer.state``, shared tables once). Times are CUDA events around ``step()`` and around the whole
 step (forward, backward, clip, step) on CUDA, ``perf_counter`` on a CPU; the medians skip the first steps, where
 allocation and ``torch.compile`` of Int8AdamW's fused kernels land (reported apart as ``first_steps_s``).
@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from device_lm import SIZES, LMData, build_lm, eval_loss, lm_data, lm_loss, save_lm, train_tokenizer
-from train_optimizers import CLIP, WEIGHT_DECAY, state_bytes
 
+from benchmarks.device.lm import SIZES, LMData, build_lm, eval_loss, lm_data, lm_loss, save_lm, train_tokenizer
+from benchmarks.train.optimizers import WEIGHT_DECAY, lockstep, state_bytes, timed_step
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
+from dopt_common.timer import median_ms
 
 log = logging.getLogger(__name__)
 REFERENCE = "torch AdamW fused"
@@ -92,14 +93,8 @@ class StepClock:
 def _one_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, clock: StepClock
 ) -> torch.Tensor:
-    start = clock.mark()
-    optimizer.zero_grad(set_to_none=True)
-    loss = lm_loss(model, batch)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-    before_step = clock.mark()
-    optimizer.step()
-    clock.add(start, before_step, clock.mark())
+    loss, start, before_step, end = timed_step(model, optimizer, lambda: lm_loss(model, batch), clock.mark)
+    clock.add(start, before_step, end)
     return loss.detach()
 
 
@@ -114,7 +109,7 @@ def _train(
     losses: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     wall = dict.fromkeys(names, 0.0)
     for step, batch in enumerate(data.train):
-        for name in names[step % len(names) :] + names[: step % len(names)]:
+        for name in lockstep(names, step):
             started = time.perf_counter()
             losses[name].append(_one_step(models[name], optimizers[name], batch, clocks[name]))
             schedulers[name].step()
@@ -149,8 +144,8 @@ def _row(name: str, run: dict[str, Any], data: LMData, params: int, skip: int) -
         "params": params,
         "state_bytes": held,
         "bytes_per_param": held / params,
-        "optimizer_ms": statistics.median(clock.step_ms[skip:] or clock.step_ms),
-        "step_ms": statistics.median(clock.full_ms[skip:] or clock.full_ms),
+        "optimizer_ms": median_ms(clock.step_ms[skip:] or clock.step_ms),
+        "step_ms": median_ms(clock.full_ms[skip:] or clock.full_ms),
         "first_steps_s": sum(clock.full_ms[:skip]) / 1e3,
         "wall_s": run["wall_s"],
         "train_loss": statistics.fmean(losses[-tail:]),

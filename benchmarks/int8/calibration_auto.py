@@ -7,7 +7,7 @@ Not a test: run by hand, on an idle machine. For the config's calibration sample
 Each phase is given per tensor × sample, the unit in which it is linear, and again with the choice run on half
 the samples, so the table shows the scaling rather than asserting it.
 
-    python benchmarks/calibration_auto.py benchmarks/corpus/yolo-nudenet.yaml  # after run.py --prepare-only
+    python benchmarks/int8/calibration_auto.py benchmarks/corpus/yolo-nudenet.yaml  # after run.py --prepare-only
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two training tasks of ``benchmarks/train_optimizers.py``: the digits CNN and MiniLM contrastive fine-tuning.
+"""The two training tasks of ``benchmarks/train/optimizers.py``: the digits CNN and MiniLM contrastive fine-tuning.
 
 A :class:`Task` holds a model factory, the batches of every step, the loss and the evaluation; the benchmark trains
 one copy of the model per optimizer on the same batches.

@@ -1,6 +1,6 @@
 """QAT with fp32-state AdamW against deploy_opt's Int8AdamW, on one build config, side by side in one run.
 
-    python benchmarks/qat_optimizers.py benchmarks/unseen/textrec.yaml --set quantization.mode=manual \\
+    python benchmarks/train/qat_optimizers.py benchmarks/unseen/textrec.yaml --set quantization.mode=manual \\
         --set quantization.qat.steps=150 --set quantization.qat.batch_size=8
 
 Each optimizer gets the same build (same calibration, same PTQ start, same seed), with

@@ -4,8 +4,8 @@ Not a test: run by hand. llm-compressor pins transformers 5.17, so it lives in i
 
     python -m venv /tmp/indep
     /tmp/indep/bin/pip install torch==2.13.0 transformers==5.17.0 llmcompressor==0.14.0.1
-    python benchmarks/llm_gptq_crosscheck.py                       # --indep-python /tmp/indep/bin/python
-    python benchmarks/llm_gptq_crosscheck.py --samples 32 --group-size 128 --layers model.layers.0.mlp.down_proj
+    python benchmarks/llm/gptq_crosscheck.py                       # --indep-python /tmp/indep/bin/python
+    python benchmarks/llm/gptq_crosscheck.py --samples 32 --group-size 128 --layers model.layers.0.mlp.down_proj
 
 Steps:
 

@@ -7,8 +7,8 @@ create_session``, all graph optimisations, ``--threads`` threads) on one batch o
 ``--runs`` runs after 20 warm-up runs. The error is max |INT8 − FP32| / max |FP32| on that batch. The ``uneven``
 rows scale a quarter of each weight's output channels by 20 first, the case per-channel scales are for.
 
-    python benchmarks/dynamic_int8.py                       # batch 8, 2 threads, 300 runs
-    python benchmarks/dynamic_int8.py --runs 1000 --threads 1
+    python benchmarks/int8/dynamic_int8.py                       # batch 8, 2 threads, 300 runs
+    python benchmarks/int8/dynamic_int8.py --runs 1000 --threads 1
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,30 +66,25 @@ def _export(module: object, example: object, path: Path) -> Path:
     return path
 
 
-def _median_us(runs: dict[str, Callable[[], object]], count: int) -> dict[str, float]:
+def _median_us(runs: dict[str, Callable[[], None]], count: int) -> dict[str, float]:
     """Median µs of each callable, timed in turn (one run of each per round), so a load change on a shared
     machine falls on every model alike."""
-    for run in runs.values():
-        for _ in range(20):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(count):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) * 1e6 for name, values in times.items()}
+    from dopt_common.timer import fixed, median_ms, time_rounds, warm_up
+
+    warm_up(runs, 20)
+    return {name: median_ms(values) * 1e3 for name, values in time_rounds(runs, fixed(count)).items()}
 
 
 def _rows(name: str, fp32: Path, feed: dict, args: argparse.Namespace, tmp: Path) -> list[str]:
     from dopt_common.ort import create_session
+    from dopt_common.timer import runner
     from exporters.ort.dynamic import write_ort_dynamic
 
     paths = {"FP32": fp32}
     for per_channel, label in ((True, "dynamic INT8 per channel"), (False, "dynamic INT8 per tensor")):
         paths[label] = write_ort_dynamic(fp32, tmp / f"{name}.{per_channel}.onnx", per_channel=per_channel).path
     sessions = {label: create_session(path, threads=args.threads) for label, path in paths.items()}
-    medians = _median_us({label: (lambda s=s: s.run(None, feed)) for label, s in sessions.items()}, args.runs)
+    medians = _median_us({label: runner(s.run, None, feed) for label, s in sessions.items()}, args.runs)
     reference = sessions["FP32"].run(None, feed)[0]
     rows = []
     for label, session in sessions.items():

@@ -12,16 +12,14 @@ optimisations, ``--threads`` threads), the median of ``--runs`` runs after 20 wa
 
 The saving per MAC is (float − int8 + one Q and one DQ of the chain's ends) / (depth × MACs per conv).
 
-    python benchmarks/conversion_cost.py                     # batch 1, 32 channels at 56×56, 1 thread
-    python benchmarks/conversion_cost.py --channels 64 --threads 2
+    python benchmarks/int8/conversion_cost.py                     # batch 1, 32 channels at 56×56, 1 thread
+    python benchmarks/int8/conversion_cost.py --channels 64 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -93,17 +91,13 @@ def _int8(model: object, feed: np.ndarray, folder: Path) -> Path:
 
 def _median_ms(model: object, feed: np.ndarray, threads: int, runs: int) -> float:
     from dopt_common.ort import create_session
+    from dopt_common.timer import fixed, median_ms, runner, time_rounds, warm_up
 
     payload = model if isinstance(model, Path) else model.SerializeToString()
     session = create_session(payload, threads=threads)
-    for _ in range(20):
-        session.run(None, {"x": feed})
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, {"x": feed})
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    run = {"x": runner(session.run, None, {"x": feed})}
+    warm_up(run, 20)
+    return median_ms(time_rounds(run, fixed(runs))["x"])
 
 
 def main() -> None:

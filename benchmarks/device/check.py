@@ -1,15 +1,15 @@
 """The device check's driver: one section per call, each writing ``OUT/<section>.json``; ``report`` joins them.
 
-    python benchmarks/device_check.py --section env|optimizers|llm|tensorrt|report --out DIR [--dry-run] [--device D]
+    python -m benchmarks.device.check --section env|optimizers|llm|tensorrt|report --out DIR [--dry-run] [--device D]
 
 ``benchmarks/device_check.sh`` calls it once per section under its own ``timeout``, so a section that hangs or
 fails leaves the others' results and shows as failed in the table. Sections:
 
 - ``env``: torch, CUDA, the GPU, and which of the packages the check needs import here;
 - ``optimizers``: Int8AdamW vs ``torch.optim.AdamW(fused=True)`` training a small Llama on Python's own docs
-  (``device_check_optim``): state bytes per parameter, median step times, final and held-out loss;
+  (``benchmarks.device.check_optim``): state bytes per parameter, median step times, final and held-out loss;
 - ``llm``: deploy_opt's GPTQ and AWQ on SmolLM2-135M when its GGUF is here, else on the model the optimizer
-  section trained (``device_check_llm``): quantization time and held-out perplexity;
+  section trained (``benchmarks.device.check_llm``): quantization time and held-out perplexity;
   Each quantized model is scored again with lmdeploy's int8 and int4 KV cache simulated
   (``deploy_opt.llm.kv_cache``): the perplexity cost of KV quantization on top of the weights';
 - ``tensorrt``: whether TensorRT imports in the image; where it does, the digits demo built with the a100
@@ -93,14 +93,14 @@ def section_env(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_optimizers(args: argparse.Namespace) -> dict[str, Any]:
     """Int8AdamW vs fused AdamW on the small LM."""
-    from device_check_optim import run_optimizers
+    from benchmarks.device.check_optim import run_optimizers
 
     return run_optimizers(pick_device(args.device, args.dry_run), "dry" if args.dry_run else "full", args.out, say)
 
 
 def section_llm(args: argparse.Namespace) -> dict[str, Any]:
     """GPTQ and AWQ with time and perplexity."""
-    from device_check_llm import find_model, run_llm
+    from benchmarks.device.check_llm import find_model, run_llm
 
     kind, path = find_model(args.gguf, args.out / "lm", args.dry_run)
     settings = "dry" if args.dry_run else kind
@@ -153,70 +153,88 @@ def _paths(paths: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in sorted(paths.items()))
 
 
+def _env_rows(env: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    gpu = env["gpu"] or "no GPU"
+    rows.append(
+        {
+            "check": "env",
+            "subject": env["device"],
+            "result": f"torch {env['torch']}",
+            "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}",
+        }
+    )
+    return rows
+
+
+def _optimizer_rows(opt: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for r in opt["rows"]:
+        rows.append(
+            {
+                "check": "optimizers",
+                "subject": r["optimizer"],
+                "result": f"{r['bytes_per_param']:.3f} B/param",
+                "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
+                f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
+                f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
+                f"({r['eval_loss_gap']:+.3f})" + (f"; paths {_paths(r['step_paths'])}" if r.get("step_paths") else ""),
+            }
+        )
+    return rows
+
+
+def _llm_rows(llm: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for r in llm["rows"]:
+        rows.append(
+            {
+                "check": "llm",
+                "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
+                "result": f"{r['quantize_s']:.1f} s",
+                "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
+                f"{r['linears']} Linears",
+            }
+        )
+        rows.append(
+            {
+                "check": "kv-cache",
+                "subject": f"{r['method']} g{r['group_size']} + KV int8/int4",
+                "result": f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}",
+                "detail": f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
+                "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
+            }
+        )
+    return rows
+
+
+def _tensorrt_rows(trt: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    subject = f"TensorRT {trt['tensorrt']}" if trt["tensorrt"] else "TensorRT"
+    rows.append(
+        {"check": "tensorrt", "subject": subject, "result": trt["engine"], "detail": trt.get("gate_speed", "-")}
+    )
+    return rows
+
+
+# Each section's JSON, what its FAILED row says when the JSON is missing, and its rows when it is there.
+REPORTED = (
+    ("env", "no env.json (see the log)", _env_rows),
+    ("optimizers", "no optimizers.json", _optimizer_rows),
+    ("llm", "no llm.json", _llm_rows),
+    ("tensorrt", "no tensorrt.json", _tensorrt_rows),
+)
+
+
 def report_rows(out: Path) -> list[dict[str, str]]:
     """One row per measurement, each a flat dict of strings: check, subject, result, detail."""
     rows: list[dict[str, str]] = []
-    env = _load(out, "env")
-    if env is None:
-        rows.append({"check": "env", "subject": "-", "result": "FAILED", "detail": "no env.json (see the log)"})
-    else:
-        gpu = env["gpu"] or "no GPU"
-        rows.append(
-            {
-                "check": "env",
-                "subject": env["device"],
-                "result": f"torch {env['torch']}",
-                "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}",
-            }
-        )
-    opt = _load(out, "optimizers")
-    if opt is None:
-        rows.append({"check": "optimizers", "subject": "-", "result": "FAILED", "detail": "no optimizers.json"})
-    else:
-        for r in opt["rows"]:
-            rows.append(
-                {
-                    "check": "optimizers",
-                    "subject": r["optimizer"],
-                    "result": f"{r['bytes_per_param']:.3f} B/param",
-                    "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
-                    f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
-                    f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
-                    f"({r['eval_loss_gap']:+.3f})"
-                    + (f"; paths {_paths(r['step_paths'])}" if r.get("step_paths") else ""),
-                }
-            )
-    llm = _load(out, "llm")
-    if llm is None:
-        rows.append({"check": "llm", "subject": "-", "result": "FAILED", "detail": "no llm.json"})
-    else:
-        for r in llm["rows"]:
-            rows.append(
-                {
-                    "check": "llm",
-                    "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
-                    "result": f"{r['quantize_s']:.1f} s",
-                    "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
-                    f"{r['linears']} Linears",
-                }
-            )
-            rows.append(
-                {
-                    "check": "kv-cache",
-                    "subject": f"{r['method']} g{r['group_size']} + KV int8/int4",
-                    "result": f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}",
-                    "detail": f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
-                    "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
-                }
-            )
-    trt = _load(out, "tensorrt")
-    if trt is None:
-        rows.append({"check": "tensorrt", "subject": "-", "result": "FAILED", "detail": "no tensorrt.json"})
-    else:
-        subject = f"TensorRT {trt['tensorrt']}" if trt["tensorrt"] else "TensorRT"
-        rows.append(
-            {"check": "tensorrt", "subject": subject, "result": trt["engine"], "detail": trt.get("gate_speed", "-")}
-        )
+    for name, missing, rows_of in REPORTED:
+        loaded = _load(out, name)
+        if loaded is None:
+            rows.append({"check": name, "subject": "-", "result": "FAILED", "detail": missing})
+        else:
+            rows += rows_of(loaded)
     return rows
 
 

@@ -13,8 +13,8 @@ the pid), waits a random time drawn over the run's measured duration, sends a ra
   ``sweep_stale``), and no process of the killed session;
 - a sentinel tree (a look-alike ``.thesis.old-2023`` in the output folder, and a folder beside it) is unchanged.
 
-    python benchmarks/fault_injection.py --scenario build --trials 50 --seed 0
-    python benchmarks/fault_injection.py --scenario all --trials 50
+    python benchmarks/int8/fault_injection.py --scenario build --trials 50 --seed 0
+    python benchmarks/int8/fault_injection.py --scenario all --trials 50
 
 Prints one line a trial and a summary; exits 1 if any trial broke a promise.
 """
@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 ALLOWED = {0, 1, 130, 143, -signal.SIGKILL}
 SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)

@@ -31,9 +31,9 @@ the digits CNN they are 11 % of the parameters but a third of the state bytes).
 Int8AdamW and torchao compile on first use: those steps are slow and the medians ignore them. An optimizer whose
 package is missing or fails on this machine is listed with the reason instead.
 
-    python benchmarks/train_optimizers.py                     # both tasks, default lengths
-    python benchmarks/train_optimizers.py --tasks minilm --minilm-steps 100 --threads 2
-    python benchmarks/train_optimizers.py --digits-epochs 2 --minilm-steps 20 --json out.json
+    python -m benchmarks.train.optimizers                     # both tasks, default lengths
+    python -m benchmarks.train.optimizers --tasks minilm --minilm-steps 100 --threads 2
+    python -m benchmarks.train.optimizers --digits-epochs 2 --minilm-steps 20 --json out.json
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from train_tasks import Task, digits_task, minilm_task
 
+from benchmarks.train.tasks import Task, digits_task, minilm_task
 from deploy_opt.train.optimizers import Int8AdamW, optimizer_state_bytes
 from deploy_opt.train.param_groups import decay_groups
 from deploy_opt.train.schedules import ScheduleConfig, build_scheduler
@@ -168,7 +168,7 @@ def run_task(task: Task, names: list[str], log: Callable[[str], None]) -> list[R
     active = [n for n in names if runs[n].error is None]
     started = time.perf_counter()
     for step, batch in enumerate(task.batches):
-        order = active[step % len(active) :] + active[: step % len(active)] if active else []
+        order = lockstep(active, step) if active else []
         for name in order:
             if runs[name].error is not None:
                 continue
@@ -194,15 +194,28 @@ def run_task(task: Task, names: list[str], log: Callable[[str], None]) -> list[R
     return [runs[n] for n in names]
 
 
-def _one_step(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, run: Run) -> None:
-    started = time.perf_counter()
+def lockstep(names: list[str], step: int) -> list[str]:
+    """``names`` rotated by ``step``: each optimizer goes first in turn, so clocks and caches treat them alike."""
+    return names[step % len(names) :] + names[: step % len(names)]
+
+
+def timed_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[], Any], mark: Callable[[], Any]
+) -> tuple[Any, Any, Any, Any]:
+    """One clipped training step (also the device check's): its loss, and ``mark()`` before ``zero_grad``, before
+    ``optimizer.step()`` and after it (a clock reading, or a CUDA event)."""
+    start = mark()
     optimizer.zero_grad(set_to_none=True)
-    loss = task.loss(model, batch)
+    loss = loss_of()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-    before_step = time.perf_counter()
+    before_step = mark()
     optimizer.step()
-    ended = time.perf_counter()
+    return loss, start, before_step, mark()
+
+
+def _one_step(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, run: Run) -> None:
+    loss, started, before_step, ended = timed_step(model, optimizer, lambda: task.loss(model, batch), time.perf_counter)
     run.losses.append(float(loss.detach()))
     run.step_s.append(ended - started)
     run.optimizer_s.append(ended - before_step)

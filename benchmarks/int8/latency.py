@@ -3,8 +3,8 @@
 Not a test: run by hand. Each config is built with the given profile; FP32 and INT8 are timed interleaved in
 the same loop (median of ``--repeats`` after warm-up), so the machine's noise hits both alike.
 
-    python benchmarks/latency.py                  # both configs, 200 repeats, 2 threads
-    python benchmarks/latency.py --configs deploy_opt/demo/digits.yaml --repeats 500
+    python benchmarks/int8/latency.py                  # both configs, 200 repeats, 2 threads
+    python benchmarks/int8/latency.py --configs deploy_opt/demo/digits.yaml --repeats 500
 """
 
 from __future__ import annotations

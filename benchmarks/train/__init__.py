@@ -1,0 +1,1 @@
+"""Training-time measurements: the optimizers and their state codes, QAT's optimizers, pruning."""

@@ -1,0 +1,1 @@
+"""Models nobody tuned for: configs naming only model, inputs, data and metric, and their data modules."""
