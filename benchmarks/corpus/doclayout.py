@@ -14,7 +14,6 @@ detections per page; ``--save-example PNG`` writes one page.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,17 +204,23 @@ def test_data() -> list[Item]:
 
 def main() -> None:
     """CLI: ``--check`` prints FP32 detections per page; ``--save-example`` writes the first evaluation page."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="FP32 detections per page, both splits")
-    parser.add_argument("--save-example", metavar="PNG", help="write the first evaluation page")
-    args = parser.parse_args()
-    if args.save_example:
-        texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
-        render(texts.comment_sentences(), images.EVALUATION, 500).save(args.save_example)
-    if args.check:
-        model = sibling(__file__, "packages").prepare("yolo-doclaynet")
-        splits = (("calibration", calibration_data), ("evaluation", evaluation_data))
-        sibling(__file__, "people").print_counts("doclaynet", model, splits, "page")
+    cli = sibling(__file__, "cli")
+    flags = [
+        cli.Flag("--check", "FP32 detections per page, both splits", _check),
+        cli.Flag("--save-example", "write the first evaluation page", _save_example, metavar="PNG", early=True),
+    ]
+    cli.run_flags(__doc__, flags)
+
+
+def _save_example(png: str) -> None:
+    texts, images = sibling(UNSEEN_TEXTS, "texts"), sibling(__file__, "images")
+    render(texts.comment_sentences(), images.EVALUATION, 500).save(png)
+
+
+def _check() -> None:
+    model = sibling(__file__, "packages").prepare("yolo-doclaynet")
+    splits = (("calibration", calibration_data), ("evaluation", evaluation_data))
+    sibling(__file__, "people").print_counts("doclaynet", model, splits, "page")
 
 
 if __name__ == "__main__":

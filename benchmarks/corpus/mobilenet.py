@@ -14,7 +14,6 @@ ImageNet classes 281-285) and the share of evaluation crops whose FP32 top-1 pro
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -137,14 +136,12 @@ def check() -> None:
 
 def main() -> None:
     """CLI: ``--prepare`` copies the checkpoint; ``--check`` runs the sanity check above."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help="copy the checkpoint into .cache/")
-    parser.add_argument("--check", action="store_true", help="top-5 on the cat photograph")
-    args = parser.parse_args()
-    if args.prepare:
-        print(f"copied {prepare()}")
-    if args.check:
-        check()
+    cli = sibling(__file__, "cli")
+    flags = [
+        cli.prepare_flag(prepare, "copy the checkpoint into .cache/"),
+        cli.Flag("--check", "top-5 on the cat photograph", check),
+    ]
+    cli.run_flags(__doc__, flags)
 
 
 if __name__ == "__main__":

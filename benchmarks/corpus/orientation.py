@@ -13,7 +13,6 @@ side resized to 256 (Lanczos), a 224 × 224 centre crop, x/255, ImageNet mean/st
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -98,26 +97,32 @@ def test_data(batch_size: int = 16) -> list[Item]:
 
 def main() -> None:
     """CLI: ``--check`` prints the FP32 top-1 per split and the confusion matrix on the evaluation blocks."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="FP32 top-1 per split")
-    parser.add_argument("--save-example", metavar="PNG", help="write one rendered block, turned 90 degrees")
-    args = parser.parse_args()
-    if args.save_example:
-        text = " ".join(sibling(UNSEEN_TEXTS, "texts").comment_sentences(3))
-        render_block(text, 0).rotate(90, expand=True, fillcolor=(255, 255, 255)).save(args.save_example)
-    if args.check:
-        from dopt_common.ort import create_session
+    cli = sibling(__file__, "cli")
+    flags = [
+        cli.Flag("--check", "FP32 top-1 per split", _check),
+        cli.Flag("--save-example", "write one rendered block, turned 90 degrees", _save_example, "PNG", early=True),
+    ]
+    cli.run_flags(__doc__, flags)
 
-        session = create_session(str(sibling(__file__, "packages").prepare("orientation")))
-        for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
-            predicted = np.concatenate([session.run(None, inputs)[0].argmax(1) for inputs, _, _ in data])
-            labels = np.concatenate([y for _, y, _ in data])
-            confusion = np.zeros((4, 4), dtype=int)
-            np.add.at(confusion, (labels, predicted), 1)
-            print(
-                f"orientation {split}: FP32 top-1 {100 * (predicted == labels).mean():.2f}%; "
-                f"confusion (rows: label) {confusion.tolist()}"
-            )
+
+def _save_example(png: str) -> None:
+    text = " ".join(sibling(UNSEEN_TEXTS, "texts").comment_sentences(3))
+    render_block(text, 0).rotate(90, expand=True, fillcolor=(255, 255, 255)).save(png)
+
+
+def _check() -> None:
+    from dopt_common.ort import create_session
+
+    session = create_session(str(sibling(__file__, "packages").prepare("orientation")))
+    for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
+        predicted = np.concatenate([session.run(None, inputs)[0].argmax(1) for inputs, _, _ in data])
+        labels = np.concatenate([y for _, y, _ in data])
+        confusion = np.zeros((4, 4), dtype=int)
+        np.add.at(confusion, (labels, predicted), 1)
+        print(
+            f"orientation {split}: FP32 top-1 {100 * (predicted == labels).mean():.2f}%; "
+            f"confusion (rows: label) {confusion.tolist()}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ of the INT8 map against the FP32 map.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from types import ModuleType
 
@@ -24,6 +23,7 @@ import numpy as np
 from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_PP-OCRv4_det_infer.onnx"
+CORPUS_CLI = Path(__file__).resolve().parents[1] / "corpus" / "cli.py"  # the flags shared with corpus/
 CACHE = Path(__file__).resolve().parent / ".cache"
 SIDE, THRESH = 320, 0.3
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 64, 64
@@ -92,21 +92,18 @@ def test_data(batch_size: int = 8) -> list[Item]:
     return _batches(sentences, EVALUATION_SAMPLES, "comment-test", batch_size)
 
 
+def _save_example(png: str) -> None:
+    from PIL import Image
+
+    first = evaluation_data()[0][0]["x"][0]
+    Image.fromarray(((first * 0.5 + 0.5) * 255).clip(0, 255).astype(np.uint8).transpose(1, 2, 0)).save(png)
+
+
 def main() -> None:
     """CLI: ``--prepare`` copies the model next to the config; ``--save-example`` writes one page as PNG."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help=f"copy {MODEL_FILE} into {CACHE}")
-    parser.add_argument("--save-example", metavar="PNG", help="write the first evaluation page as an image")
-    args = parser.parse_args()
-    if args.prepare:
-        print(f"copied {prepare()}")
-    if args.save_example:
-        from PIL import Image
-
-        first = evaluation_data()[0][0]["x"][0]
-        Image.fromarray(((first * 0.5 + 0.5) * 255).clip(0, 255).astype(np.uint8).transpose(1, 2, 0)).save(
-            args.save_example
-        )
+    cli = sibling(CORPUS_CLI, "cli")
+    save = cli.Flag("--save-example", "write the first evaluation page as an image", _save_example, metavar="PNG")
+    cli.run_flags(__doc__, [cli.prepare_flag(prepare, f"copy {MODEL_FILE} into {CACHE}"), save])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ scale to (x/255 - 0.5)/0.5, and pad on the right with zeros to width 192.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import math
 import shutil
@@ -30,6 +29,7 @@ import numpy as np
 from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+CORPUS_CLI = Path(__file__).resolve().parents[1] / "corpus" / "cli.py"  # the flags shared with corpus/
 CACHE = Path(__file__).resolve().parent / ".cache"
 HEIGHT, WIDTH = 48, 192
 CALIBRATION_SAMPLES, EVALUATION_SAMPLES = 512, 512
@@ -144,21 +144,22 @@ def fp32_top1(data: list[Item], model: Path | None = None) -> float:
 
 def main() -> None:
     """CLI: ``--prepare`` copies the model next to the config; ``--check`` prints the FP32 top-1 per split."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help=f"copy {MODEL_FILE} into {CACHE}")
-    parser.add_argument("--check", action="store_true", help="FP32 top-1 on the calibration and evaluation data")
-    parser.add_argument("--save-examples", metavar="DIR", help="write a few rendered lines as PNG files")
-    args = parser.parse_args()
-    if args.prepare:
-        print(f"copied {prepare()}")
-    if args.check:
-        calibration, evaluation = fp32_top1(calibration_data()), fp32_top1(evaluation_data())
-        print(f"FP32 top-1: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
-    if args.save_examples:
-        _save_examples(Path(args.save_examples))
+    cli = sibling(CORPUS_CLI, "cli")
+    flags = [
+        cli.prepare_flag(prepare, f"copy {MODEL_FILE} into {CACHE}"),
+        cli.Flag("--check", "FP32 top-1 on the calibration and evaluation data", _check),
+        cli.Flag("--save-examples", "write a few rendered lines as PNG files", _save_examples, metavar="DIR"),
+    ]
+    cli.run_flags(__doc__, flags)
 
 
-def _save_examples(folder: Path) -> None:
+def _check() -> None:
+    calibration, evaluation = fp32_top1(calibration_data()), fp32_top1(evaluation_data())
+    print(f"FP32 top-1: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
+
+
+def _save_examples(examples: str) -> None:
+    folder = Path(examples)
     folder.mkdir(parents=True, exist_ok=True)
     lines = _lines(sibling(__file__, "texts").comment_sentences(), 8)
     for i, text in enumerate(lines):

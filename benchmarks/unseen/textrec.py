@@ -23,7 +23,6 @@ floored at 0.
 
 from __future__ import annotations
 
-import argparse
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +33,7 @@ import numpy as np
 from dopt_common.siblings import sibling
 
 MODEL_FILE = "ch_PP-OCRv4_rec_infer.onnx"
+CORPUS_CLI = Path(__file__).resolve().parents[1] / "corpus" / "cli.py"  # the flags shared with corpus/
 CACHE = Path(__file__).resolve().parent / ".cache"
 HEIGHT, WIDTH = 48, 320
 MAX_CHARS = 64
@@ -130,15 +130,14 @@ def fp32_char_accuracy(data: list[Item], model: Path | None = None) -> float:
 
 def main() -> None:
     """CLI: ``--prepare`` copies the model next to the config; ``--check`` prints FP32 accuracy per split."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help=f"copy {MODEL_FILE} into {CACHE}")
-    parser.add_argument("--check", action="store_true", help="FP32 character accuracy on both splits")
-    args = parser.parse_args()
-    if args.prepare:
-        print(f"copied {prepare()}")
-    if args.check:
-        calibration, evaluation = fp32_char_accuracy(calibration_data()), fp32_char_accuracy(evaluation_data())
-        print(f"FP32 character accuracy: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
+    cli = sibling(CORPUS_CLI, "cli")
+    check = cli.Flag("--check", "FP32 character accuracy on both splits", _check)
+    cli.run_flags(__doc__, [cli.prepare_flag(prepare, f"copy {MODEL_FILE} into {CACHE}"), check])
+
+
+def _check() -> None:
+    calibration, evaluation = fp32_char_accuracy(calibration_data()), fp32_char_accuracy(evaluation_data())
+    print(f"FP32 character accuracy: calibration {calibration:.2f}%, evaluation {evaluation:.2f}%")
 
 
 if __name__ == "__main__":
