@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -101,16 +100,17 @@ def make_scenario(name: str, work: Path) -> Scenario:
 
 def tree_hashes(root: Path) -> dict[str, str]:
     """Every entry under ``root`` with a digest (links as their text, never followed)."""
-    found = {}
-    for path in sorted(root.rglob("*")) if root.is_dir() else ():
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            found[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            found[rel] = "dir"
-    return found
+    entries = sorted(root.rglob("*")) if root.is_dir() else []
+    return {str(path.relative_to(root)): _digest(path) for path in entries}
+
+
+def _digest(path: Path) -> str:
+    """A link's text, a file's sha256 (``dopt_common.files.sha256_file``), or ``dir``."""
+    from dopt_common.files import sha256_file
+
+    if path.is_symlink():
+        return "link:" + os.readlink(path)
+    return sha256_file(path) if path.is_file() else "dir"
 
 
 def complete(folder: Path, kind: str) -> str | None:
