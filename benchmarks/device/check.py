@@ -153,68 +153,50 @@ def _paths(paths: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in sorted(paths.items()))
 
 
+def _row(check: str, subject: str, result: str, detail: str) -> dict[str, str]:
+    """One line of the table: which check, on what, its headline result and the detail."""
+    return {"check": check, "subject": subject, "result": result, "detail": detail}
+
+
 def _env_rows(env: dict[str, Any]) -> list[dict[str, str]]:
-    rows: list[dict[str, str]] = []
     gpu = env["gpu"] or "no GPU"
-    rows.append(
-        {
-            "check": "env",
-            "subject": env["device"],
-            "result": f"torch {env['torch']}",
-            "detail": f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}",
-        }
-    )
-    return rows
+    detail = f"{gpu}; CUDA {env['torch_cuda']}; missing: {', '.join(env['missing_wheels']) or '-'}"
+    return [_row("env", env["device"], f"torch {env['torch']}", detail)]
 
 
 def _optimizer_rows(opt: dict[str, Any]) -> list[dict[str, str]]:
-    rows: list[dict[str, str]] = []
-    for r in opt["rows"]:
-        rows.append(
-            {
-                "check": "optimizers",
-                "subject": r["optimizer"],
-                "result": f"{r['bytes_per_param']:.3f} B/param",
-                "detail": f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
-                f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
-                f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
-                f"({r['eval_loss_gap']:+.3f})" + (f"; paths {_paths(r['step_paths'])}" if r.get("step_paths") else ""),
-            }
-        )
-    return rows
+    return [_row("optimizers", r["optimizer"], f"{r['bytes_per_param']:.3f} B/param", _step(r)) for r in opt["rows"]]
+
+
+def _step(r: dict[str, Any]) -> str:
+    return (
+        f"step {r['optimizer_ms']:.2f} ms ({r['optimizer_ratio']:.2f}x), "
+        f"full {r['step_ms']:.2f} ms ({r['step_ratio']:.2f}x); "
+        f"loss train {r['train_loss']:.3f} eval {r['eval_loss']:.3f} "
+        f"({r['eval_loss_gap']:+.3f})" + (f"; paths {_paths(r['step_paths'])}" if r.get("step_paths") else "")
+    )
 
 
 def _llm_rows(llm: dict[str, Any]) -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
     for r in llm["rows"]:
-        rows.append(
-            {
-                "check": "llm",
-                "subject": f"{r['method']} g{r['group_size']} ({llm['model']})",
-                "result": f"{r['quantize_s']:.1f} s",
-                "detail": f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), "
-                f"{r['linears']} Linears",
-            }
+        method = f"{r['method']} g{r['group_size']}"
+        perplexity = (
+            f"perplexity {r['ppl_fp32']:.3f} -> {r['ppl_w4']:.3f} ({r['increase']:+.1%}), {r['linears']} Linears"
         )
-        rows.append(
-            {
-                "check": "kv-cache",
-                "subject": f"{r['method']} g{r['group_size']} + KV int8/int4",
-                "result": f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}",
-                "detail": f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
-                "lmdeploy's per-head, per-token asymmetric KV quantization, simulated",
-            }
+        rows.append(_row("llm", f"{method} ({llm['model']})", f"{r['quantize_s']:.1f} s", perplexity))
+        kv = f"{r['ppl_kv8'] / r['ppl_w4'] - 1:+.2%} / {r['ppl_kv4'] / r['ppl_w4'] - 1:+.2%}"
+        detail = (
+            f"perplexity {r['ppl_w4']:.3f} -> {r['ppl_kv8']:.3f} (int8), {r['ppl_kv4']:.3f} (int4); "
+            "lmdeploy's per-head, per-token asymmetric KV quantization, simulated"
         )
+        rows.append(_row("kv-cache", f"{method} + KV int8/int4", kv, detail))
     return rows
 
 
 def _tensorrt_rows(trt: dict[str, Any]) -> list[dict[str, str]]:
-    rows: list[dict[str, str]] = []
     subject = f"TensorRT {trt['tensorrt']}" if trt["tensorrt"] else "TensorRT"
-    rows.append(
-        {"check": "tensorrt", "subject": subject, "result": trt["engine"], "detail": trt.get("gate_speed", "-")}
-    )
-    return rows
+    return [_row("tensorrt", subject, trt["engine"], trt.get("gate_speed", "-"))]
 
 
 # Each section's JSON, what its FAILED row says when the JSON is missing, and its rows when it is there.
@@ -232,7 +214,7 @@ def report_rows(out: Path) -> list[dict[str, str]]:
     for name, missing, rows_of in REPORTED:
         loaded = _load(out, name)
         if loaded is None:
-            rows.append({"check": name, "subject": "-", "result": "FAILED", "detail": missing})
+            rows.append(_row(name, "-", "FAILED", missing))
         else:
             rows += rows_of(loaded)
     return rows
