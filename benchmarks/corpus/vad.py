@@ -21,7 +21,6 @@ package's default threshold) equals the FP32 model's. It reads the first output,
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -163,20 +162,15 @@ def test_data() -> list[Item]:
 
 def main() -> None:
     """CLI: ``--prepare`` writes the zero-state variant; ``--check`` prints the FP32 speech share per clip."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prepare", action="store_true", help=f"write .cache/{VARIANT}")
-    parser.add_argument("--check", action="store_true", help="FP32 speech frames per clip, both splits")
-    args = parser.parse_args()
-    if args.prepare or args.check:
-        model = prepare()
-        print(f"wrote {model}")
-    if args.check:
-        from dopt_common.ort import create_session
+    helps = (f"write .cache/{VARIANT}", "FP32 speech frames per clip, both splits")
+    splits = (calibration_data, evaluation_data)
+    sibling(__file__, "cli").run_model_check(__doc__, helps, prepare, splits, _check)
 
-        session = create_session(str(model))
-        for split, data in (("calibration", calibration_data()), ("evaluation", evaluation_data())):
-            shares = [float((session.run(None, inputs)[0] >= THRESHOLD).mean()) for inputs, _, _ in data]
-            print(f"vad {split}: speech share per clip {[round(s, 2) for s in shares]}")
+
+def _check(session: Any, split: str, data: list[Item]) -> None:
+    """Print the share of frames the FP32 model calls speech, per clip of ``split``."""
+    shares = [float((session.run(None, inputs)[0] >= THRESHOLD).mean()) for inputs, _, _ in data]
+    print(f"vad {split}: speech share per clip {[round(s, 2) for s in shares]}")
 
 
 if __name__ == "__main__":
