@@ -353,7 +353,7 @@ def test_sensitivity_on_a_build_that_ships_fp32_reports_instead_of_crashing(tmp_
 
     config, profile = fragile_config(tmp_path, 0.0, "sensitivity: {enabled: true}\nauto: {budget_s: 20}")
     result = run_build(unmeetable_gate(config), profile, tmp_path / "reports", progress=False)
-    assert result.build["quantization"]["quantized_nodes"] == 0 and not result.gate.passed
+    assert result.build.quantization.quantized_nodes == 0 and not result.gate.passed
     assert (result.out_dir / "build.json").is_file()
 
 

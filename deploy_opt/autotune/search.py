@@ -256,7 +256,7 @@ def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...],
     except NothingToQuantize as exc:  # e.g. every MatMul reads two activations (attention scores), none a weight
         log.info("auto dynamic: no candidate: %s", exc)
         return []
-    nodes = int(model.info["quantized_nodes"])
+    nodes = int(model.info.quantized_nodes)
     ctx.measure("dynamic", candidate, onnx.load(str(model.path)), nodes=nodes)
     return [Base(candidate, fp32_path, model, None)]
 

@@ -19,6 +19,7 @@ from typing import Any
 from calibrators.scales.format import ScaleFile
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.report.model_sections import BackendArtifacts
 from deploy_opt.stages.benchmark import feed_of_size
 from deploy_opt.stages.quantize import QuantizedModel
 from dopt_common.errors import DeployOptError
@@ -37,8 +38,8 @@ def write_backend_artifacts(
     stage: Path,
     shapes: Sequence[Mapping[str, Shape]] = (),
     fp32: Path | None = None,
-) -> dict[str, str | dict[str, Any]]:
-    """Write the interop files and, where possible, the TensorRT engine; returns the build.json section.
+) -> BackendArtifacts:
+    """Write the interop files and, where possible, the TensorRT engine; returns what each wrote, or why not.
 
     ``shapes``: ``{input: shape}`` of every batch the build runs (calibration and evaluation), for the engine's
     optimisation profile. ``fp32``: the FP32 model the engine is timed against on ORT CUDA (the Q/DQ model
@@ -55,7 +56,7 @@ def write_backend_artifacts(
                 "engine is built from this copy with float biases and the same scales"
             )
         record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes, fp32 or quantized.path)
-    return record
+    return BackendArtifacts.from_json(record)
 
 
 def write_calibration_cache(scales: ScaleFile, stage: Path) -> str:

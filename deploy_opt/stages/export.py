@@ -14,6 +14,7 @@ from deploy_opt.config.build import BuildConfig, ExportConfig
 from deploy_opt.config.model import DTYPES, InputSpec
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
+from deploy_opt.report.model_sections import ExportInfo
 from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
@@ -38,7 +39,7 @@ class Fp32Model:
 
     path: Path
     inputs: tuple[InputSpec, ...]
-    info: dict[str, Any]
+    info: ExportInfo
 
 
 def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
@@ -148,7 +149,7 @@ def prepare_fp32(
         }
     else:
         info["parity"] = _import_parity(config, out, parity_batches)
-    return Fp32Model(out, inputs, info)
+    return Fp32Model(out, inputs, ExportInfo.from_json(info))
 
 
 def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) -> dict[str, Any]:

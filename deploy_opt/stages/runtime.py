@@ -13,6 +13,7 @@ from deploy_opt.config.build import BenchmarkConfig, BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.report.record_sections import BatchRow, BenchmarkRecord
 from deploy_opt.stages import benchmark
 from dopt_common.ort import create_session, usable_threads
 
@@ -50,32 +51,6 @@ def evaluate_runtimes(
     return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
 
 
-@dataclass(frozen=True)
-class BenchmarkRecord:
-    """The benchmark stage's result: median latencies per batch size and session, with the FP32/INT8 speedup
-    (``batches``: ``{batch: {session: latency, "speedup": ...}}``, as :func:`benchmark.compare` writes it)."""
-
-    threads: int
-    warmup: int
-    repeats: int
-    input_shapes: dict[str, list[int]]
-    max_seconds: float | None
-    batches: dict[str, dict[str, object]]
-    same_model: dict[str, str] | None = None  # sessions that run another's graph, timed once
-
-    def to_json(self) -> dict[str, Any]:
-        """The build.json ``benchmark`` section."""
-        return {
-            **({"same_model": dict(self.same_model)} if self.same_model else {}),
-            "threads": self.threads,
-            "warmup": self.warmup,
-            "repeats": self.repeats,
-            "input_shapes": self.input_shapes,
-            "max_seconds": self.max_seconds,
-            "batches": self.batches,
-        }
-
-
 def cpu_timed(config: BuildConfig) -> BenchmarkConfig:
     """The benchmark section, switched off when no deploy target runs on the CPU: a GPU profile's speed is the
     TensorRT engine's (``build/backends.py``), and an ORT CPU timing under its name would say nothing of it."""
@@ -104,8 +79,11 @@ def run_benchmark(
         repeats=bench.repeats,
         input_shapes={k: list(v.shape[1:]) for k, v in sample.inputs.items()},
         max_seconds=bench.max_seconds,
-        batches=benchmark.compare(
-            sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
-        ),
+        batches={
+            size: BatchRow.from_json(row)
+            for size, row in benchmark.compare(
+                sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
+            ).items()
+        },
         same_model=dict(same) if same else None,
     )
