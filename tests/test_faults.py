@@ -382,7 +382,8 @@ def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -
     rows = compare({"ort_fp32": fp32, "ort_int8": int8}, batch, (1, 2), 1, 5, 0.05, same={"ort_int8": "ort_fp32"})
     assert int8.calls == 0 and fp32.calls > 0
     for row in rows.values():
-        assert row["ort_int8"] == row["ort_fp32"] and row["speedup"] == 1.0 and row["speedup_ci95"] == [1.0, 1.0]
+        assert row.timings["ort_int8"] == row.timings["ort_fp32"]
+        assert row.speedups["speedup"] == 1.0 and row.intervals["speedup"] == (1.0, 1.0)
 
 
 def test_align_verify_on_a_truncated_model_exits_2_not_3(tmp_path: Path, capsys) -> None:

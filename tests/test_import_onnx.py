@@ -120,6 +120,6 @@ def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Pat
     )
     assert (elsewhere / "foreign.weights").stat().st_size > 1000
     info = import_onnx(elsewhere / "foreign.onnx", tmp_path / "stage" / ".raw.onnx", ExportConfig())
-    assert info["constants_to_initializers"] == 3 and info["weights_folded"] == 1
+    assert info.changes["constants_to_initializers"] == 3 and info.changes["weights_folded"] == 1
     x = foreign_onnx.calibration()[0][0]["x"]
     np.testing.assert_allclose(_run(tmp_path / "stage" / ".raw.onnx", x), _run(tmp_path / "inline.onnx", x), rtol=1e-5)

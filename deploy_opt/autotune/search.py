@@ -274,7 +274,8 @@ def _smoothquant_trial(
     base = smoothquant_base(ctx, bases)
     candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.config.auto.smoothquant_alpha)
     setup = configured(ctx.config, candidate)
-    source, smoothing = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
+    smoothed = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
+    source, smoothing = smoothed.path, smoothed.to_json()
     model = quantize(setup, source, calibration, work / "smoothquant", smoothing=smoothing)
     ctx.measure("smoothquant", candidate, onnx.load(str(model.path)))
     return [Base(candidate, source, model, smoothing)]

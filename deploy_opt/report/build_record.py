@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from deploy_opt.report.manifest import BUILD_FORMAT
 from deploy_opt.report.model_sections import Backends, ExportInfo, QuantizationInfo
-from deploy_opt.report.record_sections import BenchmarkRecord, GateResult, MetricsRecord, mapping
+from deploy_opt.report.record_sections import BenchmarkRecord, GateResult, MetricsRecord, Targets, mapping
 from dopt_common.errors import ReportError
 
 # Every format a build.json was written in; "deploy_opt.build/1" is the same record, named before the stages'
@@ -55,7 +55,7 @@ class BuildRecord:
     metrics: MetricsRecord | None
     benchmark: BenchmarkRecord | None
     gate: GateResult | None
-    targets: Mapping[str, str]
+    targets: Targets
     calibration: Mapping[str, Any] | None
     fallback: Mapping[str, Any] | None
     auto: Mapping[str, Any] | None
@@ -84,7 +84,7 @@ class BuildRecord:
         head = {"format": self.format, "created": self.created, "name": self.name, "description": self.description}
         data: dict[str, Any] = {**head, "seed": self.seed}
         data |= {k: None if v is None else v.to_json() for k, v in typed.items()}
-        data |= {"targets": self.targets, "calibration": self.calibration, "fallback": self.fallback}
+        data |= {"targets": self.targets.to_json(), "calibration": self.calibration, "fallback": self.fallback}
         data |= {"auto": self.auto, "qat": self.qat, "prune": self.prune}
         data |= {"backends": None if self.backends is None else self.backends.to_json(), "alignment": self.alignment}
         data |= {"comparison": self.comparison, "sensitivity": self.sensitivity, "timings_s": self.timings_s}
@@ -114,7 +114,7 @@ class BuildRecord:
             metrics=_typed(data, "metrics", MetricsRecord.from_json),
             benchmark=_typed(data, "benchmark", BenchmarkRecord.from_json),
             gate=_typed(data, "gate", GateResult.from_json),
-            targets=mapping(data.get("targets"), "targets"),
+            targets=Targets(mapping(data.get("targets"), "targets")),
             backends=_typed(data, "backends", Backends.from_json),
             timings_s=mapping(data.get("timings_s"), "timings_s"),
             versions=mapping(data.get("versions"), "versions"),

@@ -226,7 +226,7 @@ def _accuracy_criterion(metrics: MetricsRecord | None, max_drop: float) -> Crite
 def _speed_criterion(build: BuildRecord, min_speedup: float, speedup_batch: int | None) -> Criterion:
     """INT8 speedup at one batch size, timed where the build deploys; not judged when model.int8.onnx is the FP32
     model (timed against itself)."""
-    targets = list(build.targets)  # build.json: target -> what was built for it
+    targets = list(build.targets.status)  # build.json: target -> what was built for it
     if targets and "ort-cpu" not in targets:
         return _gpu_speed_criterion(build, min_speedup, speedup_batch, targets)
     batches = build.benchmark.batches if build.benchmark else {}

@@ -175,7 +175,7 @@ def render_summary(build: BuildRecord) -> str:
             f"{(comparison.get('first_divergence') or {}).get('tensor', 'none')}"
         )
     lines += ["", "## Gate", ""] + [f"- {line}" for line in _gate_lines(build.gate)]
-    lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build.targets.items()]
+    lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in build.targets.status.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -209,6 +209,16 @@ class MetricsRecord:
 
 
 @dataclass(frozen=True)
+class Targets:
+    """Each deploy target and what was built for it, or why not (build.json ``targets``)."""
+
+    status: Mapping[str, str]
+
+    def to_json(self) -> dict[str, str]:
+        return dict(self.status)
+
+
+@dataclass(frozen=True)
 class Criterion:
     """One gate check with its measured value and limit."""
 

@@ -51,7 +51,9 @@ class QuantizedModel:
     ranges: ActivationRanges
 
 
-def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str) -> dict:
+def constant_scales(
+    model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str
+) -> dict[str, TensorScale]:
     """Activation-type parameters for constant (initializer) inputs that are not weights or biases."""
     inits = {i.name: i for i in model.graph.initializer}
     wanted = set(op_types)

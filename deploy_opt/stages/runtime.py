@@ -13,7 +13,7 @@ from deploy_opt.config.build import BenchmarkConfig, BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
-from deploy_opt.report.record_sections import BatchRow, BenchmarkRecord
+from deploy_opt.report.record_sections import BenchmarkRecord
 from deploy_opt.stages import benchmark
 from dopt_common.ort import create_session, usable_threads
 
@@ -79,11 +79,8 @@ def run_benchmark(
         repeats=bench.repeats,
         input_shapes={k: list(v.shape[1:]) for k, v in sample.inputs.items()},
         max_seconds=bench.max_seconds,
-        batches={
-            size: BatchRow.from_json(row)
-            for size, row in benchmark.compare(
-                sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
-            ).items()
-        },
+        batches=benchmark.compare(
+            sessions, sample, bench.batch_sizes, bench.warmup, bench.repeats, bench.max_seconds, same
+        ),
         same_model=dict(same) if same else None,
     )

@@ -13,7 +13,7 @@ from deploy_opt.config.build import DeployConfig
 from deploy_opt.evaluation.evaluate import Evaluation
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution
-from deploy_opt.report.record_sections import DecisionScores, DropUncertainty, MetricsRecord
+from deploy_opt.report.record_sections import DecisionScores, DropUncertainty, MetricsRecord, Targets
 from deploy_opt.stages.runtime import Runtimes
 from deploy_opt.stages.splits import EvaluationSplit
 from deploy_opt.stages.verify import Backends
@@ -76,7 +76,7 @@ def _uncertainty(scores: Evaluation, base: str) -> DropUncertainty | None:
 NOT_ATTEMPTED = "tensorrt: not attempted"
 
 
-def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
+def target_status(deploy: DeployConfig, backends: Backends) -> Targets:
     """One line per deploy target: what was built for it, or why not."""
     status = {}
     for target in deploy.targets:
@@ -87,7 +87,7 @@ def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
         else:
             engine = backends.artifacts.tensorrt
             status[target] = engine.status if engine is not None and engine.status is not None else NOT_ATTEMPTED
-    return status
+    return Targets(status)
 
 
 @dataclass(frozen=True)
