@@ -171,13 +171,16 @@ class MetricsRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The build.json ``metrics`` section (runtime scores at the top level, as the gate reads them)."""
-        head = {"name": self.name, "higher_is_better": self.higher_is_better, "samples": self.samples}
+        newer = {"higher_is_better": self.higher_is_better, "reference": self.reference, "drop_vs": self.drop_vs}
+        given = {k: v for k, v in newer.items() if v is not None}  # an older record's lack stays a lack
         record: dict[str, Any] = {
-            **{k: v for k, v in head.items() if v is not None or k != "higher_is_better"},
-            **({"reference": self.reference} if self.reference is not None else {}),
+            "name": self.name,
+            **{k: given[k] for k in ("higher_is_better",) if k in given},
+            "samples": self.samples,
+            **{k: given[k] for k in ("reference",) if k in given},
             **self.scores,
             "drop": self.drop,
-            **({"drop_vs": self.drop_vs} if self.drop_vs is not None else {}),
+            **{k: given[k] for k in ("drop_vs",) if k in given},
             **(self.uncertainty.to_json() if self.uncertainty else {}),
         }
         optional = {
