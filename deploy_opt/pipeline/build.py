@@ -31,6 +31,7 @@ from deploy_opt.prune.distill import DistillData
 from deploy_opt.report import record
 from deploy_opt.report.build_record import BuildRecord, ProfileRef
 from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.outcome import GateSettings
 from deploy_opt.report.trust import alignment_criterion, with_criterion
 from deploy_opt.stages.benchmark import respect_fixed_batch
 from deploy_opt.stages.export import Fp32Model, prepare_fp32
@@ -267,8 +268,9 @@ def _evaluated_models(fp32: Fp32Model, precision: Precision, original: Fp32Model
 def _judge(config: BuildConfig, build: BuildRecord, verified: Verification) -> GateResult:
     """The gate on the record's judged metrics, benchmark (a GPU profile's: the TensorRT engine's timing, in its
     backends) and what shipped, plus the alignment criterion."""
-    gate_cfg = config.gate if config.benchmark.enabled else dataclasses.replace(config.gate, min_speedup=None)
-    gate = apply_gate(build, gate_cfg)
+    gate_cfg = config.gate
+    speedup = gate_cfg.min_speedup if config.benchmark.enabled else None  # no benchmark: speed is left out
+    gate = apply_gate(build, GateSettings(gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32))
     return with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
 
 
