@@ -6,6 +6,9 @@
 - nor have the packages of ``deploy_opt`` (``deploy_opt.stages``, ``deploy_opt.evaluation``, ...): one package may
   use another, never both ways, even through modules that form no module cycle;
 - every stage function the build pipeline composes returns a typed result, not a loose ``dict`` or a tuple;
+- no public function of ``deploy_opt/stages/`` returns a dict (bare, or holding plain values), except ORT feeds
+  (``dict[str, np.ndarray]``) and mappings by name to a typed result (``dict[str, Latency]``); JSON serialisers
+  (``to_json``) are methods, not stage functions;
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
   (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,6 +95,7 @@ def violations(root: Path) -> list[str]:
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
     problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in cycles(package_graph(graph))]
     problems += stage_return_violations(root, modules)
+    problems += stage_dict_violations(root, modules)
     return problems + [line for path in modules.values() for line in shape_violations(path, root)]
 
 
@@ -114,6 +119,36 @@ def stage_return_violations(root: Path, modules: dict[str, Path]) -> list[str]:
                     "frozen dataclass with to_json()"
                 )
     return problems
+
+
+def stage_dict_violations(root: Path, modules: dict[str, Path]) -> list[str]:
+    """Public functions of ``deploy_opt/stages/`` whose result is a dict: a record read by key, with no type."""
+    problems = []
+    for name, path in modules.items():
+        if not _within(name, ("deploy_opt.stages",)):
+            continue
+        for function in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(function, ast.FunctionDef) and not function.name.startswith("_"):
+                if _returns_dict(function.returns):
+                    shown = "nothing" if function.returns is None else ast.unparse(function.returns)
+                    problems.append(
+                        f"{path.relative_to(root)}:{function.lineno}: stage function {function.name} returns {shown}; "
+                        "return a frozen dataclass (with to_json() for build.json)"
+                    )
+    return problems
+
+
+def _returns_dict(annotation: ast.expr | None) -> bool:
+    """An unannotated result, or one that is or holds a dict, other than an ORT feed or a dict of typed results."""
+    if annotation is None:
+        return True
+    text = ast.unparse(annotation).replace(" ", "")
+    for allowed in ("dict[str,np.ndarray]", *_TYPED_VALUES.findall(text)):
+        text = text.replace(allowed, "")
+    return "dict" in text or "Mapping" in text
+
+
+_TYPED_VALUES = re.compile(r"dict\[str,(?!Any\])[A-Z]\w*\]")  # by name, a project's typed result: dict[str, Latency]
 
 
 def _loose(annotation: ast.expr | None) -> bool:

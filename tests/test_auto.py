@@ -154,7 +154,7 @@ def test_auto_mode_smooths_the_outlier_channel_away(tmp_path: Path) -> None:
     config, profile = fragile_config(tmp_path, 0.5)
     assert config.quantization.mode == "auto" and config.calibration.method == "auto"
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["auto"]
+    auto = result.build.auto
     assert result.gate.passed, result.gate.lines()
     # inputs, outputs and outputs+chain (fc1's bias Add reads a MatMul) for each scheme, then dynamic INT8 (which
     # the outlier channel defeats too: one range per input tensor), then SmoothQuant
@@ -170,12 +170,12 @@ def test_auto_mode_keeps_the_fragile_layer_float_and_records_every_trial(tmp_pat
     # recovery off: CLE balances fc1 -> fc2 with no FP32 node (test_recovery_search); this is the fallback's test
     config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null, recovery: []}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["auto"]
+    auto = result.build.auto
     assert result.gate.passed, result.gate.lines()
     assert "fc2" in auto["chosen"]["excluded"]
     steps = [t["step"] for t in auto["trials"]]
     assert steps[:6] == ["placement"] * 6 and "fallback" in steps and "smoothquant" not in steps
-    assert result.build["metrics"]["drop"] <= 0.5 and result.build["quantization"]["quantized_nodes"] >= 1
+    assert result.build.metrics.drop <= 0.5 and result.build.quantization.quantized_nodes >= 1
     summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")
     assert "## Search" in summary and "| fallback |" in summary
     assert json.loads((result.out_dir / "build.json").read_text())["auto"]["verdict"] == auto["verdict"]
@@ -186,8 +186,8 @@ def test_when_no_int8_model_meets_the_gate_fp32_ships_and_is_never_called_int8(t
     config, profile = fragile_config(tmp_path, 0.0, "auto: {budget_s: 30}")
     config = unmeetable_gate(config)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    assert result.build["auto"]["chosen"] is None and "FP32 ships" in result.build["auto"]["verdict"]
-    assert result.build["quantization"]["quantized_nodes"] == 0
+    assert result.build.auto["chosen"] is None and "FP32 ships" in result.build.auto["verdict"]
+    assert result.build.quantization.quantized_nodes == 0
     failed = {c.name for c in result.gate.criteria if not c.passed}
     assert "int8_nodes" in failed and not result.gate.passed
     summary = (result.out_dir / "summary.md").read_text(encoding="utf-8")

@@ -43,7 +43,7 @@ def _build_unchanged(config: Path) -> tuple[int, dict]:
     only the benchmark is off: speed figures come from benchmarks/, never from tests."""
     built_config, profile = load_build_config(config, None, ["benchmark.enabled=false"])
     result = run_build(built_config, profile, config.parent / "reports", progress=False)
-    return (0 if result.build["gate"]["passed"] else 1), result.build
+    return (0 if result.build.gate.passed else 1), result.build.to_json()
 
 
 def _page_folders(root: Path) -> Path:

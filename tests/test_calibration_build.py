@@ -132,12 +132,12 @@ def test_every_method_builds_and_is_recorded(tmp_path: Path, tiny_model: Path, m
     assert activations and {t.method for t in activations} == {method}
     assert {t.method for t in scales.tensors.values() if t.role == "weight"} == {"mse"}
     assert scales.provenance["calibration"]["method"] == method
-    tensors = result.build["quantization"]["tensors"]
+    tensors = result.build.quantization.tensors
     for entry in tensors.values():
         low, high = entry["range"]
         assert entry["observed"][0] <= low <= high <= entry["observed"][1]
     assert (result.out_dir / "calibration.png").stat().st_size > 10_000
-    assert result.build["metrics"]["drop"] < 10
+    assert result.build.metrics.drop < 10
 
 
 @pytest.mark.slow
@@ -146,7 +146,7 @@ def test_method_overrides_by_pattern(tmp_path: Path, tiny_model: Path) -> None:
         tmp_path, tiny_model, "  method: entropy\n  overrides:\n    - {pattern: 'x', method: minmax}"
     )
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    methods = {n: e["method"] for n, e in result.build["quantization"]["tensors"].items()}
+    methods = {n: e["method"] for n, e in result.build.quantization.tensors.items()}
     assert methods["x"] == "minmax" and methods["h2"] == "entropy"
 
 

@@ -62,7 +62,7 @@ def test_a_build_records_each_guard_decision(tmp_path) -> None:
     from conftest import build_tiny
 
     result = build_tiny(tmp_path, "calibration: {method: entropy}\nquantization: {op_types: [MatMul]}")
-    tensors = result.build["quantization"]["tensors"]
+    tensors = result.build.quantization.tensors
     inputs = [name for name, entry in tensors.items() if "graph input" in entry.get("guard", "")]
     assert inputs and all(tensors[name]["method"] == "minmax" for name in inputs)
     assert any(entry["method"] == "entropy" for entry in tensors.values())  # the others keep their method

@@ -159,7 +159,7 @@ gate: {{max_drop: 5}}
 """
     config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    record = result.build
+    record = result.build.to_json()
     assert record["metrics"]["name"] == "detection_f1"
     assert record["quantization"]["scale_check"].startswith("pass")
     assert result.gate.passed, result.gate.lines()

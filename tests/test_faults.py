@@ -353,7 +353,7 @@ def test_sensitivity_on_a_build_that_ships_fp32_reports_instead_of_crashing(tmp_
 
     config, profile = fragile_config(tmp_path, 0.0, "sensitivity: {enabled: true}\nauto: {budget_s: 20}")
     result = run_build(unmeetable_gate(config), profile, tmp_path / "reports", progress=False)
-    assert result.build["quantization"]["quantized_nodes"] == 0 and not result.gate.passed
+    assert result.build.quantization.quantized_nodes == 0 and not result.gate.passed
     assert (result.out_dir / "build.json").is_file()
 
 
@@ -382,7 +382,8 @@ def test_a_model_that_is_the_fp32_graph_is_timed_once_with_speedup_exactly_1() -
     rows = compare({"ort_fp32": fp32, "ort_int8": int8}, batch, (1, 2), 1, 5, 0.05, same={"ort_int8": "ort_fp32"})
     assert int8.calls == 0 and fp32.calls > 0
     for row in rows.values():
-        assert row["ort_int8"] == row["ort_fp32"] and row["speedup"] == 1.0 and row["speedup_ci95"] == [1.0, 1.0]
+        assert row.timings["ort_int8"] == row.timings["ort_fp32"]
+        assert row.speedups["speedup"] == 1.0 and row.intervals["speedup"] == (1.0, 1.0)
 
 
 def test_align_verify_on_a_truncated_model_exits_2_not_3(tmp_path: Path, capsys) -> None:

@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from deploy_opt.report.gate import apply_gate
+from deploy_opt.report.build_record import BuildRecord
+from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.outcome import GateSettings
 from dopt_common.errors import ReportError
+
+
+def _judge(
+    build: dict, max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None, **kw: bool
+) -> GateResult:
+    """``apply_gate`` on a build.json document, with the thresholds the gate command would pass."""
+    thresholds = GateSettings(max_drop, min_speedup, speedup_batch, kw.get("allow_fp32", False))
+    return apply_gate(BuildRecord.from_json(build), thresholds)
 
 
 def _build_json(tmp_path: Path, drop: float = 0.4, speedup: float = 1.8, **extra: object) -> Path:
@@ -83,7 +93,7 @@ def test_gate_without_benchmark_does_not_judge_speed(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr  # as the build's own gate: speed left out, said so
     assert "SKIP  speed not measured" in result.stdout
     with pytest.raises(ReportError, match="no speedup at batch 8"):
-        apply_gate(json.loads(_build_json(tmp_path).read_text()), None, 1.0, 8)
+        _judge(json.loads(_build_json(tmp_path).read_text()), None, 1.0, 8)
 
 
 def test_gate_writes_junit(tmp_path: Path) -> None:
@@ -100,32 +110,34 @@ def test_gate_writes_junit(tmp_path: Path) -> None:
 def test_a_build_with_no_quantized_node_fails_unless_fp32_is_allowed() -> None:
     """A model.int8.onnx that quantizes nothing is the FP32 model: never reported as an INT8 pass."""
     build = {"metrics": {"name": "top1", "drop": 0.0}, "quantization": {"quantized_nodes": 0}}
-    refused = apply_gate(build, 1.0, None)
+    refused = _judge(build, 1.0, None)
     assert not refused.passed
     assert any(c.name == "int8_nodes" and "0 nodes" in c.text and "allow_fp32" in c.text for c in refused.criteria)
-    allowed = apply_gate(build, 1.0, None, allow_fp32=True)
+    allowed = _judge(build, 1.0, None, allow_fp32=True)
     assert allowed.passed and any("FP32 ships" in c.text for c in allowed.criteria)
     quantized = {**build, "quantization": {"quantized_nodes": 3}}
-    assert apply_gate(quantized, 1.0, None).passed
-    assert [c.name for c in apply_gate(quantized, 1.0, None).criteria] == ["max_drop"]
+    assert _judge(quantized, 1.0, None).passed
+    assert [c.name for c in _judge(quantized, 1.0, None).criteria] == ["max_drop"]
 
 
 def test_the_speed_of_an_fp32_model_against_itself_is_not_judged() -> None:
     bench = {"benchmark": {"batches": {"32": {"speedup": 0.97}}}}
     fp32 = {"metrics": {"name": "top1", "drop": 0.0}, "quantization": {"quantized_nodes": 0}, **bench}
-    speed = next(c for c in apply_gate(fp32, 1.0, 1.0, allow_fp32=True).criteria if c.name == "min_speedup")
+    speed = next(c for c in _judge(fp32, 1.0, 1.0, allow_fp32=True).criteria if c.name == "min_speedup")
     assert speed.passed and "not judged" in speed.text
     int8 = {**fp32, "quantization": {"quantized_nodes": 2}}
-    assert not next(c for c in apply_gate(int8, 1.0, 1.0).criteria if c.name == "min_speedup").passed
+    assert not next(c for c in _judge(int8, 1.0, 1.0).criteria if c.name == "min_speedup").passed
 
 
 def test_the_summary_counts_int8_nodes_and_flags_unrecognised_weights() -> None:
+    from deploy_opt.report.model_sections import QuantizationInfo
     from deploy_opt.report.record import _coverage_lines
 
     healthy = {"quantized_nodes": 6, "quantizable_nodes": 7, "quantized_tensors": {"activation": 6, "weight": 6}}
-    assert _coverage_lines(healthy) == ["- INT8 nodes: 6 of 7 quantizable; tensors: 6 activations, 6 weights, 0 biases"]
+    expected = ["- INT8 nodes: 6 of 7 quantizable; tensors: 6 activations, 6 weights, 0 biases"]
+    assert _coverage_lines(QuantizationInfo.from_json(healthy)) == expected
     foreign = {"quantized_nodes": 38, "quantizable_nodes": 38, "quantized_tensors": {"activation": 40, "weight": 6}}
-    assert "only 6 weights recognised for 38 INT8 nodes" in _coverage_lines(foreign)[1]
+    assert "only 6 weights recognised for 38 INT8 nodes" in _coverage_lines(QuantizationInfo.from_json(foreign))[1]
 
 
 def test_a_gpu_profile_is_never_judged_on_a_cpu_timing(tmp_path: Path) -> None:

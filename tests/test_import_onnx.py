@@ -89,7 +89,7 @@ benchmark: {{enabled: false}}
 """
     config, profile = load_build_config(write_config(tmp_path, text), "ci", ["quantization.mode=manual"])
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    export = result.build["export"]
+    export = result.build.to_json()["export"]
     assert export["original"] == {"opset": 11, "ir_version": 3, "producer": "foreign2onnx"}
     assert export["opset_converted"].startswith("11 -> 13") and export["ir_changed"].startswith("IR 3 -> 7")
     assert export["constants_to_initializers"] == 3 and export["weights_folded"] == 1
@@ -98,9 +98,9 @@ benchmark: {{enabled: false}}
     scales = json.loads((tmp_path / "reports" / "foreign" / "scales.json").read_text(encoding="utf-8"))
     roles = [t["role"] for t in scales["tensors"].values()]
     assert roles.count("weight") == 3  # conv1, conv2 and the folded MatMul weight
-    assert result.build["alignment"]["verdict"].startswith("pass")
+    assert result.build.alignment["verdict"].startswith("pass")
     create_session(tmp_path / "reports" / "foreign" / "model.int8.onnx", threads=1)
-    assert result.build["metrics"]["ort_int8"] > 0.99, result.build["metrics"]
+    assert result.build.metrics.scores["ort_int8"] > 0.99, result.build.metrics
 
 
 def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Path) -> None:
@@ -120,6 +120,6 @@ def test_a_file_with_external_data_is_imported_from_its_own_folder(tmp_path: Pat
     )
     assert (elsewhere / "foreign.weights").stat().st_size > 1000
     info = import_onnx(elsewhere / "foreign.onnx", tmp_path / "stage" / ".raw.onnx", ExportConfig())
-    assert info["constants_to_initializers"] == 3 and info["weights_folded"] == 1
+    assert info.changes["constants_to_initializers"] == 3 and info.changes["weights_folded"] == 1
     x = foreign_onnx.calibration()[0][0]["x"]
     np.testing.assert_allclose(_run(tmp_path / "stage" / ".raw.onnx", x), _run(tmp_path / "inline.onnx", x), rtol=1e-5)

@@ -62,15 +62,38 @@ def test_a_package_cycle_fails_without_a_module_cycle(tree: Path) -> None:
 def test_a_stage_returning_a_loose_record_fails(tree: Path, loose: str) -> None:
     summary = tree / "deploy_opt/stages/summary.py"
     text = summary.read_text()
-    typed = "def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:"
+    typed = "def target_status(deploy: DeployConfig, backends: Backends) -> Targets:"
     assert typed in text
-    summary.write_text(text.replace(typed, typed.replace("dict[str, str]", loose)))
+    summary.write_text(text.replace(typed, typed.replace("Targets", loose)))
     found = violations(tree)
     assert any("summary.py" in line and "stage target_status returns" in line for line in found), found
 
 
+@pytest.mark.parametrize(
+    ("returns", "flagged"),
+    [
+        ("dict[str, int]", True),
+        ("dict", True),
+        ("tuple[Path, dict[str, Any]]", True),
+        ("Mapping[str, float] | None", True),
+        ("", True),  # unannotated
+        ("dict[str, np.ndarray]", False),  # an ORT feed
+        ("dict[str, Latency]", False),  # typed results by name
+        ("Latency", False),
+    ],
+)
+def test_any_public_stage_function_returning_a_dict_fails(tree: Path, returns: str, flagged: bool) -> None:
+    """Not only the stages the pipeline composes: every public function of deploy_opt/stages/."""
+    arrow = f" -> {returns}" if returns else ""
+    (tree / "deploy_opt/stages/extra.py").write_text(
+        f"def table(){arrow}:\n    ...\n\n\ndef _private() -> dict:\n    ...\n"
+    )
+    found = [line for line in violations(tree) if "extra.py" in line]
+    assert bool(found) is flagged and all("stage function table returns" in line for line in found), found
+
+
 def test_heavy_imports_inside_functions_are_allowed(tree: Path) -> None:
-    (tree / "deploy_opt/stages/lazy.py").write_text("def f():\n    import torch\n    return torch\n")
+    (tree / "deploy_opt/stages/lazy.py").write_text("def f() -> object:\n    import torch\n    return torch\n")
     assert violations(tree) == []
 
 

@@ -56,7 +56,7 @@ compare: {{samples: 8}}
         text += "calibration: {method: minmax}\n"
     config, profile = load_build_config(write_config(tmp_path, text), "ci", [])
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    build = result.build
+    build = result.build.to_json()
     assert build["export"]["opset_converted"].startswith("9 -> 13")
     assert build["export"]["parity"]["max_abs"] <= build["export"]["parity"]["tolerance"]
     assert build["quantization"]["quantized_nodes"] > 0 and result.gate.passed, result.gate.lines()

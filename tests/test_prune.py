@@ -16,10 +16,20 @@ import tiny_prune  # noqa: E402
 from deploy_opt.config.prune import PruneConfig  # noqa: E402
 from deploy_opt.prune.checkpoint import load_pruned, save_pruned  # noqa: E402
 from deploy_opt.prune.structure import find_attention, prune_structure  # noqa: E402
-from deploy_opt.report.gate import apply_gate  # noqa: E402
+from deploy_opt.report.build_record import BuildRecord  # noqa: E402
+from deploy_opt.report.gate import GateResult, apply_gate  # noqa: E402
+from deploy_opt.report.outcome import GateSettings  # noqa: E402
 from dopt_common.errors import ConfigError, ModelError  # noqa: E402
 
 HERE = Path(__file__).parent
+
+
+def _judge(
+    build: dict, max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None, **kw: bool
+) -> GateResult:
+    """``apply_gate`` on a build.json document, with the thresholds the gate command would pass."""
+    thresholds = GateSettings(max_drop, min_speedup, speedup_batch, kw.get("allow_fp32", False))
+    return apply_gate(BuildRecord.from_json(build), thresholds)
 
 
 def _magnitude():
@@ -163,7 +173,7 @@ def test_the_gate_judges_a_pruned_build_against_the_original() -> None:
         "benchmark": {"batches": {"8": {"speedup": 1.0, "speedup_int8_vs_original": 2.6}}},
         "quantization": {"quantized_nodes": 4},
     }
-    result = apply_gate(build, 1.0, 2.5)
+    result = _judge(build, 1.0, 2.5)
     drop, speed = result.criteria
     assert not drop.passed and "unpruned FP32 98.000 → INT8 95.000" in drop.text
     assert speed.passed and speed.measured == 2.6 and "over the unpruned FP32" in speed.text

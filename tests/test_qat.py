@@ -203,7 +203,7 @@ def test_a_bring_your_own_onnx_graph_trains_and_ships_verified_scales(tmp_path) 
         "quantization: {qat: {enabled: true, steps: 40, batch_size: 8}}",
         ["calibration.method=minmax", "quantization.weight_range=full"],  # one answer on CPUs with and without VNNI
     )
-    build, out = result.build, result.out_dir
+    build, out = result.build.to_json(), result.out_dir
     qat = build["qat"]
     assert qat["ran"] and qat["training"]["steps"] == 40
     assert (out / "qat.png").stat().st_size > 1000
@@ -233,7 +233,7 @@ def tiny_qdq(tmp_path):
     qdq_path = out / "model.int8.onnx"
     from deploy_opt.stages.quantize import weight_levels
 
-    config = result.build["config"]  # the build's weight levels: 7-bit on a CPU without VNNI, as the build wrote
+    config = result.build.config  # the build's weight levels: 7-bit on a CPU without VNNI, as the build wrote
     levels = weight_levels(config["quantization"]["weight_range"], tuple(config["deploy"]["targets"]))[0]
     student = build_student(fp32, onnx.load(str(qdq_path)), load_scale_file(out / "scales.json"), levels)
     batches = [Batch({"x": x["x"] if isinstance(x, dict) else x}, y) for x, y in tiny_onnx.calibration()]
@@ -251,7 +251,7 @@ def test_qat_never_ends_worse_than_its_ptq_start(tmp_path) -> None:
     sets = ["quantization.mode=manual", "benchmark.enabled=false", "quantization.qat.enabled=true"]
     sets += ["quantization.qat.steps=30", "quantization.qat.eval_every=10"]
     config, profile = load_build_config(example_config("digits"), "ci", sets)
-    assert_qat_no_worse_than_its_start(run_build(config, profile, tmp_path, progress=False).build)
+    assert_qat_no_worse_than_its_start(run_build(config, profile, tmp_path, progress=False).build.to_json())
 
 
 def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer() -> None:
@@ -280,7 +280,7 @@ def test_qat_ships_only_when_it_meets_the_gate_and_beats_ptqs_answer() -> None:
 
 def test_auto_runs_qat_only_when_ptq_misses_the_gate(tmp_path) -> None:
     result = build_tiny(tmp_path, "quantization: {qat: {enabled: auto}}\ngate: {max_drop: 50}")
-    qat = result.build["qat"]
+    qat = result.build.qat
     assert qat["ran"] is False and "QAT not needed" in qat["why"]
     assert not (result.out_dir / "qat.png").exists()
 
@@ -321,10 +321,10 @@ def test_a_failed_auto_run_keeps_ptqs_answer_and_says_why(tmp_path, monkeypatch)
 
     monkeypatch.setattr(stage, "train_student", broken)
     result = build_tiny(tmp_path, "quantization: {qat: {enabled: auto}}", unmeetable=True)
-    qat = result.build["qat"]
+    qat = result.build.qat
     assert qat["ran"] is False and "QAT failed (RuntimeError: simulated failure" in qat["why"]
     assert "PTQ's answer stands" in qat["why"]
-    assert result.build["quantization"]["quantized_nodes"] > 0
+    assert result.build.quantization.quantized_nodes > 0
     (tmp_path / "true").mkdir()
     with pytest.raises(RuntimeError, match="simulated"):
         build_tiny(tmp_path / "true", "quantization: {qat: {enabled: true}}")

@@ -43,7 +43,7 @@ def test_dynamic_int8_ships_where_no_static_range_fits_every_batch(tmp_path: Pat
 
     config, profile = _scaled_config(tmp_path, "{recovery: []}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["auto"]
+    auto = result.build.auto
     steps = {t["step"]: t for t in auto["trials"]}
     assert min(t["drop"] for t in auto["trials"] if t["step"] == "placement") > 1.0, auto["trials"]
     assert auto["chosen"]["placement"] == "dynamic" and steps["dynamic"]["drop"] <= 1.0, auto["verdict"]
@@ -52,7 +52,7 @@ def test_dynamic_int8_ships_where_no_static_range_fits_every_batch(tmp_path: Pat
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in shipped.graph.node}
     scales = json.loads((folder / "scales.json").read_text())
     assert scales["dynamic"] and all(t["role"] == "weight" for t in scales["tensors"].values())
-    assert result.build["gate"]["verdict"] == "PASSED", result.build["gate"]
+    assert result.build.gate.verdict == "PASSED", result.build.gate
 
 
 def test_dynamic_int8_is_never_offered_with_tensorrt_among_the_targets() -> None:
@@ -80,17 +80,17 @@ def test_cross_layer_equalization_is_a_candidate_that_recovers_an_unbalanced_pai
 
     config, profile = _unbalanced_config(tmp_path, "[cle]")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    trials = result.build["auto"]["trials"]
+    trials = result.build.auto["trials"]
     placed = min(t["drop"] for t in trials if t["step"] == "placement")
     recovered = [t for t in trials if t["step"] == "recovery"]
     assert placed > 0.4 and recovered and recovered[0]["settings"]["recovery"] == ["cle"], trials
     assert recovered[0]["drop"] < placed / 3, trials
-    chosen = result.build["auto"]["chosen"]
-    assert chosen["recovery"] == ["cle"], result.build["auto"]["verdict"]
+    chosen = result.build.auto["chosen"]
+    assert chosen["recovery"] == ["cle"], result.build.auto["verdict"]
     scales = json.loads((tmp_path / "reports" / "unbalanced" / "scales.json").read_text())
     pairs = scales["provenance"]["recovery"]["cle"]["pairs"]
     assert {(p["producer"], p["consumer"]) for p in pairs} >= {("conv2", "conv3")}
-    assert result.build["gate"]["verdict"] == "PASSED", result.build["gate"]
+    assert result.build.gate.verdict == "PASSED", result.build.gate
 
 
 def test_each_recovery_method_is_tried_in_order_and_stacks_on_what_helped(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_each_recovery_method_is_tried_in_order_and_stacks_on_what_helped(tmp_pa
 
     config, profile = _unbalanced_config(tmp_path, "[cle, bias, adaround]")
     result = run_build(unmeetable_gate(config), profile, tmp_path / "reports", progress=False)
-    recovered = [t for t in result.build["auto"]["trials"] if t["step"] == "recovery"]
+    recovered = [t for t in result.build.auto["trials"] if t["step"] == "recovery"]
     methods = [t["settings"]["recovery"] for t in recovered]
     assert [m[-1] for m in methods] == ["cle", "bias", "adaround"], methods
     assert methods[1][:-1] == ["cle"]  # CLE lowered the drop (the test above), so bias correction stacks on it
@@ -120,7 +120,7 @@ def test_equalization_recovers_the_fragile_outlier_channel_with_no_fp32_node(tmp
 
     config, profile = fragile_config(tmp_path, 0.5, "auto: {smoothquant_alpha: null, dynamic: false}")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["auto"]
+    auto = result.build.auto
     # fc3, the head, stays float by quantization.keep_head in every candidate; fc2 is quantized
     assert "cle" in auto["chosen"]["recovery"] and auto["chosen"]["excluded"] == ["fc3"], auto["verdict"]
     assert "fallback" not in {t["step"] for t in auto["trials"]}

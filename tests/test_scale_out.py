@@ -106,9 +106,9 @@ def test_two_ray_workers_give_the_serial_search_and_sensitivity(tmp_path: Path) 
     serial = run_build(config, profile, tmp_path / "serial", progress=False)
     on_ray = dataclasses.replace(config, sensitivity=dataclasses.replace(config.sensitivity, parallel=2))
     parallel = run_build(on_ray, profile, tmp_path / "ray", progress=False)
-    trials = lambda result: [(t["step"], t["settings"], t["drop"]) for t in result.build["auto"]["trials"]]  # noqa: E731
+    trials = lambda result: [(t["step"], t["settings"], t["drop"]) for t in result.build.auto["trials"]]  # noqa: E731
     assert "fallback" in [step for step, _, _ in trials(serial)]
-    assert trials(parallel) == trials(serial) and parallel.build["auto"]["chosen"] == serial.build["auto"]["chosen"]
+    assert trials(parallel) == trials(serial) and parallel.build.auto["chosen"] == serial.build.auto["chosen"]
     nodes = lambda result: json.loads((result.out_dir / "sensitivity.json").read_text())["nodes"]  # noqa: E731
     assert nodes(parallel) == nodes(serial) and all(n["exact"] for n in nodes(serial))
     assert max(nodes(serial), key=lambda n: n["drop_both"])["name"] == "fc2"

@@ -44,7 +44,7 @@ def test_the_fragile_layer_ranks_first(tmp_path: Path) -> None:
         nodes["fc1"]["proxy"]["local_sqnr_db"], nodes["fc3"]["proxy"]["local_sqnr_db"]
     )
     assert {"sensitivity.png", "sensitivity.html"} <= {p.name for p in result.out_dir.iterdir()}
-    assert result.build["sensitivity"]["top"][0]["name"] == "fc2"
+    assert result.build.sensitivity["top"][0]["name"] == "fc2"
 
 
 @pytest.mark.slow
@@ -63,11 +63,11 @@ def test_variants_reproduce_the_full_and_the_float_model(tmp_path: Path) -> None
 def test_auto_fallback_stops_once_the_gate_holds(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=1.0)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["fallback"]["auto"]
+    auto = result.build.fallback["auto"]
     assert auto["met"] and auto["nodes"] == ["fc2"], auto
     assert [s["fallback"] for s in auto["steps"]] == [[], ["fc2"]]
     assert auto["steps"][0]["drop"] > 1.0 >= auto["steps"][-1]["drop"]
-    assert result.build["metrics"]["drop"] <= 1.0 < result.build["metrics"]["drop_no_fallback"]
+    assert result.build.metrics.drop <= 1.0 < result.build.metrics.drop_no_fallback
     assert result.gate.passed
     scales = json.loads((result.out_dir / "scales.json").read_text())
     assert scales["excluded"] == ["fc2"]
@@ -80,7 +80,7 @@ def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> N
     config, profile = _config(tmp_path, "fallback: auto, keep_head: false", max_drop=0.0)
     config = unmeetable_gate(config)
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    auto = result.build["fallback"]["auto"]
+    auto = result.build.fallback["auto"]
     assert not auto["met"] and "cannot meet max_drop -1" in auto["verdict"]
     assert len(auto["steps"]) == 4 and sorted(auto["steps"][-1]["fallback"]) == ["fc1", "fc2", "fc3"]
     assert auto["steps"][1]["fallback"] == ["fc2"]  # most sensitive first
@@ -92,7 +92,7 @@ def test_auto_fallback_reports_when_it_cannot_meet_the_gate(tmp_path: Path) -> N
 def test_fallback_patterns(tmp_path: Path) -> None:
     config, profile = _config(tmp_path, "fallback: ['fc[23]'], keep_head: false")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    assert result.build["fallback"]["nodes"] == ["fc2", "fc3"]
+    assert result.build.fallback["nodes"] == ["fc2", "fc3"]
     qdq = onnx.load(str(result.out_dir / "model.int8.onnx"))
     assert {n.name for n in quantized_nodes(qdq)} == {"fc1"}
 
@@ -111,7 +111,7 @@ def test_the_head_stays_in_high_precision_by_default(tmp_path: Path) -> None:
     assert head_nodes(model, ["MatMul"]) == ["fc3"]
     config, profile = _config(tmp_path, "fallback: none")
     result = run_build(config, profile, tmp_path / "reports", progress=False)
-    assert result.build["fallback"]["nodes"] == ["fc3"]
+    assert result.build.fallback["nodes"] == ["fc3"]
 
 
 @pytest.mark.slow
@@ -122,9 +122,9 @@ def test_smoothquant_in_the_build_is_recorded_and_keeps_the_model(tmp_path: Path
     smoothing = scales["provenance"]["smoothing"]
     assert smoothing["method"] == "smoothquant" and smoothing["alpha"] == 0.8 and smoothing["targets"]
     # model.onnx stays the original graph; the smoothed twin is what was quantized.
-    assert smoothing["source_sha256"] == result.build["artifacts"]["model.onnx"]["sha256"]
+    assert smoothing["source_sha256"] == result.build.artifacts["model.onnx"]["sha256"]
     assert smoothing["smoothed_sha256"] == scales["provenance"]["model_sha256"]
-    assert result.build["metrics"]["drop"] < result.build["metrics"]["ort_fp32"]
+    assert result.build.metrics.drop < result.build.metrics.scores["ort_fp32"]
 
 
 @pytest.mark.slow

@@ -190,7 +190,7 @@ def test_the_cache_header_names_the_module_version_with_only_split_wheels(tmp_pa
     config = SimpleNamespace(deploy=SimpleNamespace(targets=("ort-cpu",)))
     quantized = SimpleNamespace(scales=_random_scales(1, "symmetric"), path=tmp_path / "model.int8.onnx")
     record = write_backend_artifacts(config, quantized, None, tmp_path)  # the build's backends stage
-    header = (tmp_path / record["trt_cache"]).read_text().splitlines()[0]
+    header = (tmp_path / record.trt_cache).read_text().splitlines()[0]
     assert header == "TRT-101601-EntropyCalibration2"  # not the TRT-100001 fallback
 
 
@@ -207,9 +207,9 @@ def test_an_installed_tensorrt_11_gets_no_calibration_cache(tmp_path, monkeypatc
     quantized = SimpleNamespace(scales=_random_scales(1, "symmetric"), path=tmp_path / "model.int8.onnx")
     record = backends.write_backend_artifacts(config, quantized, None, tmp_path)
     assert not (tmp_path / "calibration.cache").exists()
-    assert record["trt_cache"].startswith("not written: the installed TensorRT 11.4.0.106 has no implicit INT8")
+    assert record.trt_cache.startswith("not written: the installed TensorRT 11.4.0.106 has no implicit INT8")
     monkeypatch.setattr(backends, "_installed_trt_version", lambda: "10.16.1.11")
-    assert backends.write_backend_artifacts(config, quantized, None, tmp_path)["trt_cache"] == "calibration.cache"
+    assert backends.write_backend_artifacts(config, quantized, None, tmp_path).trt_cache == "calibration.cache"
 
 
 # ---------------------------------------------------------------- versions

@@ -249,14 +249,15 @@ def test_ort_cuda_is_timed_only_when_the_session_runs_on_cuda(gpu, monkeypatch, 
     on_cuda = "CUDAExecutionProvider" in session_providers
     assert opened == [Path("model.onnx")]  # the FP32 model: ORT's CUDA EP runs a Q/DQ model in float
     for size in ("1", "8"):
-        assert timing[size]["tensorrt_execute"] in (1.0, 2.0, 3.0)  # event-timed
-        assert ("ort_cuda_fp32" in timing[size]) is on_cuda and ("speedup_vs_ort_cuda_fp32" in timing[size]) is on_cuda
+        row = timing.rows[size]
+        assert row["tensorrt_execute"] in (1.0, 2.0, 3.0)  # event-timed
+        assert ("ort_cuda_fp32" in row) is on_cuda and ("speedup_vs_ort_cuda_fp32" in row) is on_cuda
     if on_cuda:
-        assert session.runs > 0 and timing["ort_cuda"].startswith("ran on")
+        assert session.runs > 0 and timing.ort_cuda.startswith("ran on")
     else:
         assert session.runs == 0
-        assert timing["ort_cuda"].startswith("not available: session fell back to CPU")
-        assert "onnxruntime-gpu[cuda,cudnn]" in timing["ort_cuda"]
+        assert timing.ort_cuda.startswith("not available: session fell back to CPU")
+        assert "onnxruntime-gpu[cuda,cudnn]" in timing.ort_cuda
     assert cudart.memory == {}  # the timing runner was closed
 
 

@@ -55,7 +55,7 @@ def test_a_tensorrt_profile_writes_float_biases_and_zero_points_of_zero(tmp_path
     # here its speed is not measured, and the gate says why instead of showing a CPU figure.
     timed = ("benchmark.enabled=true", "benchmark.batch_sizes=[1,4]", "benchmark.repeats=3", "benchmark.warmup=1")
     result = _build(tmp_path, "a100", *timed, "gate.min_speedup=100")
-    out, build = result.out_dir, result.build
+    out, build = result.out_dir, result.build.to_json()
     speed = next(c for c in result.gate.criteria if c.name == "min_speedup")
     assert result.gate.passed and not speed.judged and build["benchmark"] is None
     assert speed.text.startswith("speed not measured: no GPU timing here (tensorrt: ")
@@ -87,7 +87,7 @@ def test_ort_cpu_and_tensorrt_get_one_scale_file_and_two_forms(tmp_path: Path) -
     old = _tensorrt_fails(check_compat(out / "model.int8.onnx", ("tensorrt",)))
     assert old and all(INT32_REASON in f["reason"] for f in old)
     assert not _tensorrt_fails(check_compat(out / "model.trt.onnx", ("tensorrt",)))
-    assert result.build["backends"]["compat"]["compat.trt"]["summary"]["tensorrt"]["fail"] == 0
+    assert result.build.to_json()["backends"]["compat"]["compat.trt"]["summary"]["tensorrt"]["fail"] == 0
     # The same scales, bit for bit: the TensorRT form carries every non-bias entry of scales.json.
     scales = load_scale_file(out / "scales.json")
     expected = {n: t for n, t in scales.tensors.items() if t.role != "bias"}

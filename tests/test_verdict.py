@@ -12,8 +12,18 @@ from conftest import build_tiny, write_config
 
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution, speedup_interval, split_indices
-from deploy_opt.report.gate import apply_gate
+from deploy_opt.report.build_record import BuildRecord
+from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.outcome import GateSettings
 from deploy_opt.stages.splits import split_evaluation
+
+
+def _judge(
+    build: dict, max_drop: float | None, min_speedup: float | None, speedup_batch: int | None = None, **kw: bool
+) -> GateResult:
+    """``apply_gate`` on a build.json document, with the thresholds the gate command would pass."""
+    thresholds = GateSettings(max_drop, min_speedup, speedup_batch, kw.get("allow_fp32", False))
+    return apply_gate(BuildRecord.from_json(build), thresholds)
 
 
 def test_the_drop_interval_is_paired_and_covers_the_drop() -> None:
@@ -60,10 +70,10 @@ def _build_json(samples: int, ci: list[float] | None = None, speed: dict | None 
 
 
 def test_one_evaluation_sample_is_not_judged_and_does_not_pass() -> None:
-    result = apply_gate(_build_json(1), max_drop=1.0, min_speedup=None)
+    result = _judge(_build_json(1), max_drop=1.0, min_speedup=None)
     assert not result.passed and result.verdict == "NOT JUDGED"
     assert result.lines()[0].startswith("SKIP  accuracy not judged: 1 evaluation sample(s)")
-    judged = apply_gate(_build_json(200, [-0.5, 1.5]), max_drop=1.0, min_speedup=None)
+    judged = _judge(_build_json(200, [-0.5, 1.5]), max_drop=1.0, min_speedup=None)
     assert (
         judged.passed
         and "95% CI -0.500 to 1.500" in judged.lines()[0]
@@ -81,7 +91,7 @@ def _speed(low: float, high: float, value: float) -> dict:
     [((1.6, 1.9, 1.75), "PASS"), ((0.5, 0.8, 0.6), "FAIL"), ((0.6, 4.0, 2.0), "SKIP"), ((0.95, 1.08, 1.02), "FAIL")],
 )
 def test_speed_passes_only_when_the_interval_clears_the_limit(ci: tuple[float, float, float], status: str) -> None:
-    result = apply_gate(_build_json(200, speed=_speed(*ci)), max_drop=None, min_speedup=1.0)
+    result = _judge(_build_json(200, speed=_speed(*ci)), max_drop=None, min_speedup=1.0)
     (criterion,) = result.criteria
     assert criterion.status == status, criterion.text
     if status == "SKIP":
@@ -135,4 +145,4 @@ data: {calibration: "@TINY@:calibration", evaluation: "@TINY@:evaluation", valid
 def test_a_build_on_one_evaluation_sample_is_not_judged(tmp_path: Path) -> None:
     result = build_tiny(tmp_path, "", ["data.eval_samples=1"])
     assert not result.gate.passed and result.gate.verdict == "NOT JUDGED"
-    assert result.build["gate"]["verdict"] == "NOT JUDGED" and result.build["metrics"]["samples"] == 1
+    assert result.build.gate.verdict == "NOT JUDGED" and result.build.metrics.samples == 1

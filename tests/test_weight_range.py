@@ -75,8 +75,8 @@ def test_mse_weights_fall_back_to_absmax_with_7_bit_weights(tmp_path) -> None:
     weights = [t for t in scales.tensors.values() if t.role == "weight"]
     assert weights and {t.method for t in weights} == {"absmax"}
     # What was used, not what was asked, in the provenance and build.json alike.
-    assert scales.provenance["calibration"]["weights"] == result.build["quantization"]["weights"] == "absmax"
-    assert result.build["quantization"]["weight_range"].startswith("reduced")
+    assert scales.provenance["calibration"]["weights"] == result.build.quantization.weights == "absmax"
+    assert result.build.to_json()["quantization"]["weight_range"].startswith("reduced")
 
 
 @pytest.mark.slow
@@ -85,6 +85,6 @@ def test_a_build_that_quantizes_no_node_fails_the_gate(tmp_path) -> None:
     from conftest import build_tiny
 
     result = build_tiny(tmp_path, "quantization: {op_types: [Conv]}")
-    assert result.build["quantization"]["quantized_nodes"] == 0
+    assert result.build.quantization.quantized_nodes == 0
     assert not result.gate.passed and "0 nodes" in (result.out_dir / "summary.md").read_text()
     assert build_tiny(tmp_path, "quantization: {op_types: [Conv]}", ["gate.allow_fp32=true"]).gate.passed

@@ -125,7 +125,7 @@ def section_tensorrt(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = ["benchmark.batch_sizes=[1,32]", "benchmark.repeats=30", "auto.budget_s=60"]
     config, profile = load_build_config(example_config("digits"), "a100", settings)
-    build = run_build(config, profile, args.out / "tensorrt", progress=False).build
+    build = run_build(config, profile, args.out / "tensorrt", progress=False).build.to_json()
     trt = build["backends"].get("tensorrt") or {}
     speed = next((c for c in build["gate"]["criteria"] if c["name"] == "min_speedup"), None)
     return {

@@ -44,7 +44,7 @@ def main() -> None:
                 "gate.min_speedup=null",
             ]
             config, profile = load_build_config(path, args.profile, overrides)
-            build = run_build(config, profile, Path(tmp), progress=False).build
+            build = run_build(config, profile, Path(tmp), progress=False).build.to_json()
             metric = build["metrics"]
             for size, row in build["benchmark"]["batches"].items():
                 rows.append(

@@ -256,7 +256,7 @@ def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...],
     except NothingToQuantize as exc:  # e.g. every MatMul reads two activations (attention scores), none a weight
         log.info("auto dynamic: no candidate: %s", exc)
         return []
-    nodes = int(model.info["quantized_nodes"])
+    nodes = int(model.info.quantized_nodes)
     ctx.measure("dynamic", candidate, onnx.load(str(model.path)), nodes=nodes)
     return [Base(candidate, fp32_path, model, None)]
 
@@ -274,7 +274,8 @@ def _smoothquant_trial(
     base = smoothquant_base(ctx, bases)
     candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.config.auto.smoothquant_alpha)
     setup = configured(ctx.config, candidate)
-    source, smoothing = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
+    smoothed = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
+    source, smoothing = smoothed.path, smoothed.to_json()
     model = quantize(setup, source, calibration, work / "smoothquant", smoothing=smoothing)
     ctx.measure("smoothquant", candidate, onnx.load(str(model.path)))
     return [Base(candidate, source, model, smoothing)]

@@ -8,14 +8,14 @@ import argparse
 def cmd_build(args: argparse.Namespace) -> int:
     from deploy_opt.config.profiles import load_build_config
     from deploy_opt.pipeline.build import run_build
-    from deploy_opt.report.outcome import BuildOutcome
+    from deploy_opt.report.outcome import outcome as outcome_of
 
     if len(args.config) > 1:
         return _build_several(args)
     config, profile = load_build_config(args.config[0] if args.config else None, args.profile, args.overrides)
     config = _with_scale_out(config, args)
     result = run_build(config, profile, args.output_dir, progress=not args.quiet, wait=args.wait)
-    outcome = BuildOutcome.from_json(result.build)
+    outcome = outcome_of(result.build)
     shipped = "shipped FP32 (no INT8 node)" if outcome.fp32_ships else "INT8"
     ci = outcome.drop_ci95
     interval = f", 95% CI {ci[0]:.3f} to {ci[1]:.3f}" if ci else ""

@@ -15,9 +15,10 @@ STDOUT = "-"  # --junit - writes the XML to standard output (and the criteria li
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from deploy_opt.report.build_record import BuildRecord
     from deploy_opt.report.gate import apply_gate, apply_ppl_gate, load_build
     from deploy_opt.report.llm_report import LLMReport
-    from deploy_opt.report.outcome import gate_settings
+    from deploy_opt.report.outcome import GateSettings, gate_settings
     from deploy_opt.report.trust import trust_criteria, with_criterion
 
     build = load_build(args.build_json)
@@ -33,7 +34,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     batch = args.speedup_batch or configured.speedup_batch
     # A build without a benchmark gets "speed not measured" (not judged), as its own gate left speed out, whether
     # min_speedup comes from the config or the command line: the issue says so (gate judges any build it reads).
-    result = apply_gate(build, max_drop, min_speedup, batch, configured.allow_fp32)
+    thresholds = GateSettings(max_drop, min_speedup, batch, configured.allow_fp32)
+    result = apply_gate(BuildRecord.from_json(build), thresholds)
     trusted = trust_criteria(args.build_json, build)  # alignment as recorded, integrity of the files checked now
     if not result.criteria and all(c.passed for c in trusted):
         raise DeployOptError("gate: no criterion to check; pass --max-drop and/or --min-speedup")

@@ -13,7 +13,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
@@ -30,14 +29,16 @@ from deploy_opt.pipeline.prune import ORIGINAL_DIR, PrunedModel, finish_prune, p
 from deploy_opt.pipeline.qat import fine_tune, int8_nodes
 from deploy_opt.prune.distill import DistillData
 from deploy_opt.report import record
+from deploy_opt.report.build_record import BuildRecord, ProfileRef
 from deploy_opt.report.gate import GateResult, apply_gate
+from deploy_opt.report.outcome import GateSettings
 from deploy_opt.report.trust import alignment_criterion, with_criterion
 from deploy_opt.stages.benchmark import respect_fixed_batch
 from deploy_opt.stages.export import Fp32Model, prepare_fp32
 from deploy_opt.stages.inputs import BuildInputs, load_inputs, training_batches
-from deploy_opt.stages.runtime import BenchmarkRecord, cpu_timed, evaluate_runtimes, run_benchmark
+from deploy_opt.stages.runtime import cpu_timed, evaluate_runtimes, run_benchmark
 from deploy_opt.stages.splits import split_evaluation
-from deploy_opt.stages.summary import MetricsRecord, metric_record, sensitivity_summary, target_status
+from deploy_opt.stages.summary import metric_record, sensitivity_summary, target_status
 from deploy_opt.stages.verify import Verification, compare_and_align, write_backends
 from dopt_common.files import ensure_writable_dir
 from dopt_common.names import run_dir
@@ -54,7 +55,7 @@ class BuildResult:
     failed its gate (this one is then in ``<name>.failed/`` beside it), else None."""
 
     out_dir: Path
-    build: dict[str, Any]
+    build: BuildRecord
     gate: GateResult
     kept: Path | None = None
 
@@ -108,7 +109,7 @@ def input_locations(config: BuildConfig) -> tuple[list[Path], list[Path]]:
     return [base, *paths], [p for p in paths if p.is_dir()]
 
 
-def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[dict, GateResult]:
+def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[BuildRecord, GateResult]:
     times, threads = Timings(), config.benchmark.threads
     seed_everything(config.seed)
     with times.stage("load", explain=False):
@@ -157,25 +158,24 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         (log.info if verified.alignment.ok else log.error)("align verify: %s", verified.alignment.verdict)
     metrics = metric_record(metric, runtimes, labelled=inputs.head[0].label is not None, split=split)
     prune = None if pruned is None else finish_prune(pruned, metrics, bench, models, metric.name, stage)
-    gate = _judge(config, metrics, bench, shipped.info, verified, backends.to_json())
     sensitivity = sensitivity_summary(precision.sensitivity)
     build = record.build_record(
         name=config.name,
         description=config.description,
         seed=config.seed,
-        profile={"name": profile.name, "description": profile.description},
+        profile=ProfileRef(profile.name, profile.description),
         export=fp32.info,
         quantization=shipped.info,
-        metrics=metrics.to_json(),
-        benchmark=bench.to_json() if bench else None,
-        gate=gate.to_json(),
+        metrics=metrics,
+        benchmark=bench,
+        gate=None,  # judged below, on this record
         targets=target_status(config.deploy, backends),
         calibration=inputs.calibration.to_json(),
         fallback=precision.fallback.to_json(),
         auto=precision.auto.to_json() if precision.auto else None,
         qat=precision.qat,
         prune=prune.to_json() if prune else None,
-        backends=backends.to_json(),
+        backends=backends,
         alignment=verified.alignment_summary(),
         comparison=verified.comparison_summary(),
         sensitivity=sensitivity.to_json() if sensitivity else None,
@@ -183,7 +183,8 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         versions=record.versions(),
         config=config.to_dict(),
     )
-    record.write_reports(stage, build)
+    gate = _judge(config, build, verified)
+    build = record.write_reports(stage, dataclasses.replace(build, gate=gate))
     return build, gate
 
 
@@ -264,26 +265,12 @@ def _evaluated_models(fp32: Fp32Model, precision: Precision, original: Fp32Model
     return models if original is None else {"ort_fp32_original": original.path} | models
 
 
-def _judge(
-    config: BuildConfig,
-    metrics: MetricsRecord,
-    bench: BenchmarkRecord | None,
-    info: dict,
-    verified: Verification,
-    backends: dict,
-) -> GateResult:
-    """The gate on the judged samples' metrics, the benchmark (a GPU profile's: the TensorRT engine's timing, in
-    ``backends``) and what shipped, plus the alignment criterion."""
+def _judge(config: BuildConfig, build: BuildRecord, verified: Verification) -> GateResult:
+    """The gate on the record's judged metrics, benchmark (a GPU profile's: the TensorRT engine's timing, in its
+    backends) and what shipped, plus the alignment criterion."""
     gate_cfg = config.gate
-    speedup = gate_cfg.min_speedup if config.benchmark.enabled else None
-    judged = {
-        "metrics": metrics.to_json(),
-        "benchmark": bench.to_json() if bench else None,
-        "quantization": info,
-        "targets": config.deploy.targets,
-        "backends": backends,
-    }
-    gate = apply_gate(judged, gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32)
+    speedup = gate_cfg.min_speedup if config.benchmark.enabled else None  # no benchmark: speed is left out
+    gate = apply_gate(build, GateSettings(gate_cfg.max_drop, speedup, gate_cfg.speedup_batch, gate_cfg.allow_fp32))
     return with_criterion(gate, alignment_criterion(verified.alignment.ok, verified.alignment.verdict))
 
 

@@ -44,7 +44,7 @@ def build_one(settings: FleetSettings, config_path: str) -> FleetRow:
     """Build one config (in a worker or here) and summarise it; a deploy_opt error becomes an exit-2 row."""
     from deploy_opt.config.profiles import load_build_config
     from deploy_opt.pipeline.build import run_build
-    from deploy_opt.report.outcome import BuildOutcome
+    from deploy_opt.report.outcome import outcome as outcome_of
     from dopt_common.errors import DeployOptError
 
     try:
@@ -52,7 +52,7 @@ def build_one(settings: FleetSettings, config_path: str) -> FleetRow:
         result = run_build(config, profile, settings.output_dir, progress=False, wait=settings.wait)
     except DeployOptError as exc:
         return FleetRow(config=config_path, name=Path(config_path).stem, error=f"{Path(config_path).name}: {exc}")
-    outcome = BuildOutcome.from_json(result.build)
+    outcome = outcome_of(result.build)
     speedup = outcome.batches[0].speedup if outcome.batches else None
     return FleetRow(
         config=config_path,

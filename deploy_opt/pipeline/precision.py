@@ -163,7 +163,8 @@ def quantize_fully(config: BuildConfig, fp32_path: Path, calibration: Calibratio
     """SmoothQuant (when configured), then the fully quantized model."""
     source, smoothing = fp32_path, None
     if config.quantization.smoothing == "smoothquant":
-        source, smoothing = smooth_model(config, fp32_path, calibration, stage / ".smoothed.onnx")
+        smoothed = smooth_model(config, fp32_path, calibration, stage / ".smoothed.onnx")
+        source, smoothing = smoothed.path, smoothed.to_json()
     static = static_fallback(config, source)
     mixed = bool(static) or config.quantization.fallback == "auto"
     out = stage / ".full" if mixed else stage

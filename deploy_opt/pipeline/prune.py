@@ -152,7 +152,9 @@ def stage_table(
                 "bytes": sizes.get(key),
                 "metric_torch": None if name == "int8" else base["metric"],
                 "metric_ort": metrics.scores.get(key) if key else None,
-                "latency_ms": {b: row[key]["median_ms"] for b, row in batches.items() if key and key in row},
+                "latency_ms": {
+                    b: row.timings[key].median_ms for b, row in batches.items() if key and key in row.timings
+                },
             }
         )
     return rows

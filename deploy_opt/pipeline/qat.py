@@ -251,7 +251,7 @@ def _start(
     config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, work: Path
 ) -> tuple[_Start, BuildConfig]:
     """QAT starts from the fully quantized PTQ model; when the search shipped FP32, from a fresh one."""
-    if precision.full.info["quantized_nodes"] and precision.setup is not None:
+    if precision.full.info.quantized_nodes and precision.setup is not None:
         return _Start(precision.source, precision.full), precision.setup
     setup = with_excluded(config, ())
     model = quantize(setup, fp32_path, calibration, work / "start")

@@ -98,7 +98,7 @@ def publish_sensitivity(
         built = run_build(config, profile, stage / ".build", progress=progress)  # a working folder: dropped
         analysis = json.loads((built.out_dir / "sensitivity.json").read_text(encoding="utf-8"))
         published = Path(output_root) / config.name / "build.json"
-        figures = build_figures(_read_build(published), built.build, published)
+        figures = build_figures(_read_build(published), built.build.to_json(), published)
         record = dataclasses.replace(SensitivityRecord.from_json(analysis), build=figures)
         write_json(stage / "sensitivity.json", record.to_json())
         shutil.copyfile(built.out_dir / "sensitivity.png", stage / "sensitivity.png")

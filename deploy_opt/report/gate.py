@@ -11,58 +11,17 @@ import json
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from xml.sax.saxutils import quoteattr
 
 from deploy_opt.evaluation.uncertainty import MIN_JUDGED_SAMPLES, NOISY_WIDTH, perplexity_increase_interval
+from deploy_opt.report.build_record import READABLE_FORMATS, BuildRecord
 from deploy_opt.report.llm_report import LLMReport
-from deploy_opt.report.record import BUILD_FORMAT
+from deploy_opt.report.manifest import BUILD_FORMAT
+from deploy_opt.report.record_sections import BatchRow, Criterion, GateResult, MetricsRecord
 from dopt_common.errors import ConfigError, NumericsError, ReportError
 from dopt_common.files import write_text
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """One gate check with its measured value and limit."""
-
-    name: str
-    measured: float
-    limit: float
-    passed: bool
-    text: str
-    # False: the evidence cannot settle it (too few samples, timing too noisy). An accuracy criterion that is not
-    # judged does not pass; a speed criterion that is not judged is skipped and says why.
-    judged: bool = True
-
-    @property
-    def status(self) -> str:
-        """PASS, FAIL, or SKIP for a criterion that could not be judged."""
-        return "SKIP" if not self.judged else "PASS" if self.passed else "FAIL"
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """The verdict and every criterion behind it."""
-
-    passed: bool
-    criteria: tuple[Criterion, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for build.json."""
-        return {"passed": self.passed, "verdict": self.verdict, "criteria": [asdict(c) for c in self.criteria]}
-
-    @property
-    def verdict(self) -> str:
-        """PASSED, FAILED, or NOT JUDGED when a criterion that must pass could not be judged."""
-        if self.passed:
-            return "PASSED"
-        return "FAILED" if any(c.judged and not c.passed for c in self.criteria) else "NOT JUDGED"
-
-    def lines(self) -> list[str]:
-        """One human line per criterion, then the verdict."""
-        return [f"{c.status}  {c.text}" for c in self.criteria] + [f"gate: {self.verdict}"]
 
 
 def load_build(path: str | Path) -> dict[str, Any]:
@@ -83,7 +42,7 @@ def load_build(path: str | Path) -> dict[str, Any]:
             "fix: pass a deploy_opt build.json or quantize_report.json"
         )
     found = data.get("format", BUILD_FORMAT) if "metrics" in data else BUILD_FORMAT  # none: a hand-written report
-    if found != BUILD_FORMAT:
+    if found not in READABLE_FORMATS:
         raise ReportError(
             f"build report '{path}' has format {found!r}, which this deploy_opt does not read (it reads "
             f"'{BUILD_FORMAT}'); fix: rebuild with this deploy_opt, or gate it with the version that wrote it"
@@ -200,44 +159,57 @@ def read_back_criteria(report: LLMReport) -> list[Criterion]:
     return [Criterion("read_back", measured, float(meaning["max_gap"]), bool(meaning["passed"]), text)]
 
 
-def apply_gate(
-    build: dict[str, Any],
-    max_drop: float | None,
-    min_speedup: float | None,
-    speedup_batch: int | None = None,
-    allow_fp32: bool = False,
-) -> GateResult:
+class GateThresholds(Protocol):
+    """What the gate checks: the build config's ``gate`` section, or the ``gate`` command's flags over it."""
+
+    @property
+    def max_drop(self) -> float | None: ...
+
+    @property
+    def min_speedup(self) -> float | None: ...
+
+    @property
+    def speedup_batch(self) -> int | None: ...
+
+    @property
+    def allow_fp32(self) -> bool: ...
+
+
+def apply_gate(build: BuildRecord, gate: GateThresholds) -> GateResult:
     """Judge a build: metric drop (FP32 → INT8, in metric points) and INT8 speedup at one batch size.
 
-    A build whose Q/DQ model quantizes no node is never passed off as INT8: it fails unless ``allow_fp32``.
+    A build whose Q/DQ model quantizes no node is never passed off as INT8: it fails unless ``gate.allow_fp32``.
     """
+    max_drop, min_speedup = gate.max_drop, gate.min_speedup
     if max_drop is not None and not math.isfinite(max_drop):
         raise ConfigError(f"gate: --max-drop {max_drop} is not a finite number; give the largest drop in points")
     if min_speedup is not None and not (math.isfinite(min_speedup) and min_speedup >= 0):
         raise ConfigError(f"gate: --min-speedup {min_speedup} must be a finite factor >= 0, e.g. 1.2")
-    criteria: list[Criterion] = _int8_criterion(build, allow_fp32)
+    quantized_nodes = build.quantization.quantized_nodes if build.quantization else None
+    criteria: list[Criterion] = _int8_criterion(quantized_nodes, gate.allow_fp32)
     if max_drop is not None:
-        criteria.append(_accuracy_criterion(build["metrics"], max_drop))
+        criteria.append(_accuracy_criterion(build.metrics, max_drop))
     if min_speedup is not None:
-        criteria.append(_speed_criterion(build, min_speedup, speedup_batch))
+        criteria.append(_speed_criterion(build, min_speedup, gate.speedup_batch))
     return GateResult(all(c.passed for c in criteria), tuple(criteria))
 
 
-def _accuracy_criterion(metrics: dict[str, Any], max_drop: float) -> Criterion:
+def _accuracy_criterion(metrics: MetricsRecord | None, max_drop: float) -> Criterion:
     """The drop on the judged samples, with its interval, sample count and resolution; not judged (and not
     passed) on fewer than ``MIN_JUDGED_SAMPLES`` samples."""
     try:
-        drop = float(metrics["drop"])
-    except (KeyError, TypeError, ValueError) as exc:
+        drop = float(metrics.drop)  # type: ignore[union-attr, arg-type]
+    except (AttributeError, TypeError, ValueError) as exc:
         raise ReportError("build report: metrics.drop is missing; rebuild with this deploy_opt") from exc
-    base = metrics.get("drop_vs", "ort_fp32")
-    fp32, int8 = metrics.get(base, float("nan")), metrics.get("ort_int8", float("nan"))
+    base = metrics.drop_vs or "ort_fp32"
+    fp32, int8 = metrics.scores.get(base, float("nan")), metrics.scores.get("ort_int8", float("nan"))
     what = "unpruned FP32" if base == "ort_fp32_original" else "FP32"
-    samples, ci, step = metrics.get("samples"), metrics.get("drop_ci95"), metrics.get("resolution")
-    interval = f" (95% CI {ci[0]:.3f} to {ci[1]:.3f})" if ci else ""
+    samples, u = metrics.samples, metrics.uncertainty
+    step = u.resolution if u else None
+    interval = f" (95% CI {u.low:.3f} to {u.high:.3f})" if u else ""
     on = f" on {samples} judged samples" if samples is not None else ""
     text = (
-        f"{metrics.get('name', 'metric')} drop {drop:.3f} points{interval}{on} ({what} {fp32:.3f} → INT8 "
+        f"{metrics.name or 'metric'} drop {drop:.3f} points{interval}{on} ({what} {fp32:.3f} → INT8 "
         f"{int8:.3f}) <= {max_drop:g}"
     )
     if step:
@@ -251,13 +223,13 @@ def _accuracy_criterion(metrics: dict[str, Any], max_drop: float) -> Criterion:
     return Criterion("max_drop", drop, max_drop, drop <= max_drop, text)
 
 
-def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: int | None) -> Criterion:
+def _speed_criterion(build: BuildRecord, min_speedup: float, speedup_batch: int | None) -> Criterion:
     """INT8 speedup at one batch size, timed where the build deploys; not judged when model.int8.onnx is the FP32
     model (timed against itself)."""
-    targets = list(build.get("targets") or ())  # build.json: target -> what was built for it
+    targets = list(build.targets.status)  # build.json: target -> what was built for it
     if targets and "ort-cpu" not in targets:
         return _gpu_speed_criterion(build, min_speedup, speedup_batch, targets)
-    batches = (build.get("benchmark") or {}).get("batches") or {}
+    batches = build.benchmark.batches if build.benchmark else {}
     if not batches:  # benchmark.enabled=false: the build's own gate leaves speed out, so does this one
         text = (
             f"speed not measured: the build ran without a benchmark (benchmark.enabled=false), so min_speedup "
@@ -265,42 +237,40 @@ def _speed_criterion(build: dict[str, Any], min_speedup: float, speedup_batch: i
         )
         return Criterion("min_speedup", 0.0, min_speedup, True, text, judged=False)
     size = str(speedup_batch or max(int(b) for b in batches))
-    if size not in batches or "speedup" not in batches[size]:
+    if size not in batches or "speedup" not in batches[size].speedups:
         raise ReportError(
             f"build report has no speedup at batch {size}; measured batches: {', '.join(sorted(batches))}"
         )
-    vs_original = "speedup_int8_vs_original" in batches[size]  # a pruned build: judged against the unpruned FP32
-    speedup = float(batches[size]["speedup_int8_vs_original" if vs_original else "speedup"])
-    if (build.get("quantization") or {}).get("quantized_nodes") == 0:
+    row = batches[size]
+    vs_original = "speedup_int8_vs_original" in row.speedups  # a pruned build: judged against the unpruned FP32
+    speedup = float(row.speedups["speedup_int8_vs_original" if vs_original else "speedup"])
+    if build.quantization is not None and build.quantization.quantized_nodes == 0:
         text = f"speed not judged: model.int8.onnx is the FP32 model ({speedup:.2f}x against itself is noise)"
         return Criterion("min_speedup", speedup, min_speedup, True, text, judged=False)
     against = " over the unpruned FP32" if vs_original else ""
-    ci = None if vs_original else batches[size].get("speedup_ci95")
+    ci = None if vs_original else row.intervals.get("speedup")
     if not ci:  # a build.json from before intervals, or a pruned build's unpruned baseline: the median alone
         text = f"INT8 speedup{against} {speedup:.2f}x at batch {size} (median, no interval) >= {min_speedup:g}x"
         return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
-    return _interval_speed(batches[size], speedup, (float(ci[0]), float(ci[1])), min_speedup, size)
+    return _interval_speed(row, speedup, (float(ci[0]), float(ci[1])), min_speedup, size)
 
 
 def _gpu_speed_criterion(
-    build: dict[str, Any], min_speedup: float, speedup_batch: int | None, targets: list[str]
+    build: BuildRecord, min_speedup: float, speedup_batch: int | None, targets: list[str]
 ) -> Criterion:
     """A GPU profile's speed: the TensorRT engine against ORT CUDA running the FP32 model, where both ran here;
     otherwise not measured. A CPU timing is never shown under a GPU profile's targets."""
-    trt = (build.get("backends") or {}).get("tensorrt")
-    timing = trt.get("timing_ms") if isinstance(trt, dict) else None
-    rows = {}
-    if isinstance(timing, dict):
-        rows = {k: v for k, v in timing.items() if isinstance(v, dict) and "speedup_vs_ort_cuda_fp32" in v}
-    if rows and (build.get("quantization") or {}).get("quantized_nodes") != 0:
+    trt = build.backends.artifacts.tensorrt if build.backends else None
+    rows = trt.speedups if trt is not None else {}
+    if rows and (build.quantization is None or build.quantization.quantized_nodes != 0):
         size = str(speedup_batch) if str(speedup_batch) in rows else max(rows, key=int)
-        speedup = float(rows[size]["speedup_vs_ort_cuda_fp32"])
+        speedup = float(rows[size])
         sign = ">=" if speedup >= min_speedup else "<"
         text = f"TensorRT INT8 over ORT CUDA FP32: {speedup:.2f}x at batch {size} (median) {sign} {min_speedup:g}x"
         return Criterion("min_speedup", speedup, min_speedup, speedup >= min_speedup, text)
-    found = [str(trt.get("status"))] if isinstance(trt, dict) and trt.get("status") else []
-    if isinstance(timing, dict) and isinstance(timing.get("ort_cuda"), str):
-        found.append(f"ORT CUDA: {timing['ort_cuda']}")
+    found = [str(trt.status)] if trt is not None and trt.status else []
+    if trt is not None and trt.ort_cuda is not None:
+        found.append(f"ORT CUDA: {trt.ort_cuda}")
     why = f" ({'; '.join(found)})" if found else ""
     text = (
         f"speed not measured: no GPU timing here{why}; the build deploys to {', '.join(targets)}, whose speed a "
@@ -309,14 +279,14 @@ def _gpu_speed_criterion(
     return Criterion("min_speedup", 0.0, min_speedup, True, text, judged=False)
 
 
-def _interval_speed(row: dict[str, Any], speedup: float, ci: tuple[float, float], limit: float, size: str) -> Criterion:
+def _interval_speed(row: BatchRow, speedup: float, ci: tuple[float, float], limit: float, size: str) -> Criterion:
     """Pass only when the interval's lower end clears ``limit``; fail when its upper end is below it; a wide
     interval across ``limit`` is timing noise and is not judged."""
     low, high = ci
     spread = "; ".join(
-        f"{name[4:].upper()} p10/median/p90 {t['p10_ms']:.3g}/{t['median_ms']:.3g}/{t['p90_ms']:.3g} ms"
-        for name, t in row.items()
-        if name in ("ort_fp32", "ort_int8") and isinstance(t, dict)
+        f"{name[4:].upper()} p10/median/p90 {t.p10_ms:.3g}/{t.median_ms:.3g}/{t.p90_ms:.3g} ms"
+        for name, t in row.timings.items()
+        if name in ("ort_fp32", "ort_int8")
     )
     measured = f"{speedup:.2f}x (95% CI {low:.2f}-{high:.2f}x) at batch {size}"
     if low >= limit:
@@ -328,9 +298,8 @@ def _interval_speed(row: dict[str, Any], speedup: float, ci: tuple[float, float]
     return Criterion("min_speedup", speedup, limit, False, text)
 
 
-def _int8_criterion(build: dict[str, Any], allow_fp32: bool) -> list[Criterion]:
+def _int8_criterion(count: int | None, allow_fp32: bool) -> list[Criterion]:
     """A failing criterion when model.int8.onnx quantizes no node (a passing one when FP32 is allowed)."""
-    count = (build.get("quantization") or {}).get("quantized_nodes")
     if count is None or count > 0:
         return []
     if allow_fp32:

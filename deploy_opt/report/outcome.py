@@ -1,16 +1,18 @@
-"""build.json read back as typed fields: what ``build`` prints and what ``gate`` takes from the build's config.
+"""What ``build`` prints of a build record, and what ``gate`` takes from the build's config.
 
-``BuildOutcome.from_json`` is the one place that knows where these fields sit in build.json (format
-``BUILD_FORMAT``); the CLI reads attributes, so a moved or missing field is one ReportError naming it, not a
-``KeyError`` or a silent ``None`` from a chain of ``.get`` calls.
+``outcome`` is a view of a ``BuildRecord`` (build_record.py reads build.json; nothing here parses it): a field
+the CLI needs and the record lacks is one ReportError naming it, not a ``KeyError`` or a silent ``None``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deploy_opt.report.record import BUILD_FORMAT, size_line
+from deploy_opt.report.build_record import BuildRecord
+from deploy_opt.report.record import size_line
+from deploy_opt.report.record_sections import BatchRow
 from dopt_common.errors import ReportError
 
 
@@ -63,37 +65,46 @@ class BuildOutcome:
         return self.quantized_nodes == 0
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BuildOutcome:
-        """Read a build.json's fields; a missing one is a ReportError naming it."""
-        found = data.get("format", BUILD_FORMAT)
-        if found != BUILD_FORMAT:
-            raise ReportError(f"build.json has format {found!r}; this deploy_opt reads {BUILD_FORMAT!r}")
-        metrics = _section(data, "metrics")
-        qat = data.get("qat")
-        batches = (data.get("benchmark") or {}).get("batches") or {}
-        return cls(
-            format=found,
-            name=str(data.get("name", "build")),
-            metric=str(_field(metrics, "metrics", "name")),
-            fp32_score=float(_field(metrics, "metrics", "ort_fp32")),
-            shipped_score=float(_field(metrics, "metrics", "ort_int8")),
-            drop=float(_field(metrics, "metrics", "drop")),
-            drop_ci95=_pair(metrics.get("drop_ci95")),
-            samples=int(_field(metrics, "metrics", "samples")),
-            split=metrics.get("split") or None,
-            quantized_nodes=(data.get("quantization") or {}).get("quantized_nodes"),
-            auto_verdict=(data.get("auto") or {}).get("verdict"),
-            qat_line=_qat_line(qat) if qat else None,
-            size=size_line(data.get("artifacts") or {}),
-            batches=tuple(_timing(size, row) for size, row in batches.items()),
-            timings_s=tuple((str(k), float(v)) for k, v in (data.get("timings_s") or {}).items()),
-            gate=gate_settings(data),
-        )
+    def from_json(cls, data: Mapping[str, Any]) -> BuildOutcome:
+        """A build.json document read as a BuildRecord, then viewed; a missing field is a ReportError naming it."""
+        return outcome(BuildRecord.from_json(data))
 
 
-def gate_settings(data: dict[str, Any]) -> GateSettings:
+def outcome(record: BuildRecord) -> BuildOutcome:
+    """What the CLI prints of a build record; a field it needs and the record lacks is a ReportError naming it."""
+    metrics = record.metrics
+    if metrics is None:
+        raise ReportError("build.json has no 'metrics' section; fix: pass a build.json written by deploy_opt build")
+    batches = record.benchmark.batches if record.benchmark else {}
+    return BuildOutcome(
+        format=record.format,
+        name=str(record.name or "build"),
+        metric=str(_field(metrics.name, "metrics", "name")),
+        fp32_score=float(_field(metrics.scores.get("ort_fp32"), "metrics", "ort_fp32")),
+        shipped_score=float(_field(metrics.scores.get("ort_int8"), "metrics", "ort_int8")),
+        drop=float(_field(metrics.drop, "metrics", "drop")),
+        drop_ci95=(metrics.uncertainty.low, metrics.uncertainty.high) if metrics.uncertainty else None,
+        samples=int(_field(metrics.samples, "metrics", "samples")),
+        split=metrics.split or None,
+        quantized_nodes=record.quantization.quantized_nodes if record.quantization else None,
+        auto_verdict=(record.auto or {}).get("verdict"),
+        qat_line=_qat_line(record.qat) if record.qat else None,
+        size=size_line(record.artifacts or {}),
+        batches=tuple(_timing(size, row) for size, row in batches.items()),
+        timings_s=tuple((str(k), float(v)) for k, v in record.timings_s.items()),
+        gate=configured_gate(record.config),
+    )
+
+
+def gate_settings(data: Mapping[str, Any]) -> GateSettings:
     """The gate section of a build.json's (or quantize_report.json's) config; defaults for a hand-written report."""
-    gate = (data.get("config") or {}).get("gate") or {}
+    config = data.get("config")
+    return configured_gate(config if isinstance(config, Mapping) else {})
+
+
+def configured_gate(config: Mapping[str, Any]) -> GateSettings:
+    """The thresholds of a recorded build config's ``gate`` section (defaults where it has none)."""
+    gate = config.get("gate") or {}
     return GateSettings(
         max_drop=gate.get("max_drop"),
         min_speedup=gate.get("min_speedup"),
@@ -103,34 +114,24 @@ def gate_settings(data: dict[str, Any]) -> GateSettings:
     )
 
 
-def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
-    section = data.get(name)
-    if not isinstance(section, dict):
-        raise ReportError(f"build.json has no '{name}' section; fix: pass a build.json written by deploy_opt build")
-    return section
-
-
-def _field(section: dict[str, Any], where: str, name: str) -> Any:
-    if section.get(name) is None:
+def _field(value: Any, where: str, name: str) -> Any:
+    if value is None:
         raise ReportError(f"build.json's '{where}' has no '{name}'; fix: pass a build.json written by deploy_opt build")
-    return section[name]
+    return value
 
 
-def _pair(value: Any) -> tuple[float, float] | None:
-    return (float(value[0]), float(value[1])) if value else None
-
-
-def _timing(size: str, row: dict[str, Any]) -> BatchTiming:
+def _timing(size: str, row: BatchRow) -> BatchTiming:
     where = f"benchmark.batches.{size}"
-    fp32, shipped = (_field(row, where, key) for key in ("ort_fp32", "ort_int8"))
+    fp32, shipped = (_field(row.timings.get(key), where, key) for key in ("ort_fp32", "ort_int8"))
+    ci = row.intervals.get("speedup")
     return BatchTiming(
         str(size),
-        float(_field(fp32, f"{where}.ort_fp32", "median_ms")),
-        float(_field(shipped, f"{where}.ort_int8", "median_ms")),
-        float(_field(row, where, "speedup")),
-        _pair(row.get("speedup_ci95")),
+        float(_field(fp32.median_ms, f"{where}.ort_fp32", "median_ms")),
+        float(_field(shipped.median_ms, f"{where}.ort_int8", "median_ms")),
+        float(_field(row.speedups.get("speedup"), where, "speedup")),
+        (float(ci[0]), float(ci[1])) if ci else None,
     )
 
 
-def _qat_line(qat: dict[str, Any]) -> str:
+def _qat_line(qat: Mapping[str, Any]) -> str:
     return f"{qat['shipped']} ships; {qat['why']}" if qat.get("ran") else f"not run: {qat.get('why', '')}"

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from calibrators.scales.format import ScaleFile
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.report.model_sections import BackendArtifacts, TensorRTRecord
 from deploy_opt.stages.benchmark import feed_of_size
 from deploy_opt.stages.quantize import QuantizedModel
 from dopt_common.errors import DeployOptError
@@ -37,8 +39,8 @@ def write_backend_artifacts(
     stage: Path,
     shapes: Sequence[Mapping[str, Shape]] = (),
     fp32: Path | None = None,
-) -> dict[str, str | dict[str, Any]]:
-    """Write the interop files and, where possible, the TensorRT engine; returns the build.json section.
+) -> BackendArtifacts:
+    """Write the interop files and, where possible, the TensorRT engine; returns what each wrote, or why not.
 
     ``shapes``: ``{input: shape}`` of every batch the build runs (calibration and evaluation), for the engine's
     optimisation profile. ``fp32``: the FP32 model the engine is timed against on ORT CUDA (the Q/DQ model
@@ -54,8 +56,8 @@ def write_backend_artifacts(
                 f"{qdq.name}: model.int8.onnx keeps ORT's int32 biases for ORT CPU; TensorRT refuses them, so the "
                 "engine is built from this copy with float biases and the same scales"
             )
-        record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes, fp32 or quantized.path)
-    return record
+        record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes, fp32 or quantized.path).to_json()
+    return BackendArtifacts.from_json(record)
 
 
 def write_calibration_cache(scales: ScaleFile, stage: Path) -> str:
@@ -98,14 +100,14 @@ def build_tensorrt(
     stage: Path,
     shapes: Sequence[Mapping[str, Shape]],
     fp32: Path,
-) -> dict[str, Any]:
+) -> TensorRTRecord:
     """The engine and its timing against ORT CUDA on ``fp32``, or 'not available: why' without failing."""
     from exporters.tensorrt.engine import build_engine, tensorrt_status
 
     status = tensorrt_status()
     if not status.startswith("available"):
         log.warning("tensorrt: %s; the Q/DQ model, cache and compat report are written, the engine is not", status)
-        return {"status": f"tensorrt: {status}"}
+        return TensorRTRecord.from_json({"status": f"tensorrt: {status}"})
     try:
         profile = engine_profile(config, qdq, sample, shapes)
         built = build_engine(
@@ -116,15 +118,16 @@ def build_tensorrt(
         )
     except DeployOptError as exc:
         log.error("tensorrt engine build failed: %s", exc)
-        return {"status": f"tensorrt: build failed: {exc}"}
+        return TensorRTRecord.from_json({"status": f"tensorrt: build failed: {exc}"})
     record: dict[str, Any] = {"status": f"built: {built.path.name}", **built.to_json()}
     record["profile"] = {name: profile.describe(name) for name in profile.shapes}
     try:
-        record["timing_ms"] = time_engine_vs_ort_cuda(built.path, fp32, sample, config.benchmark.batch_sizes)
+        timing = time_engine_vs_ort_cuda(built.path, fp32, sample, config.benchmark.batch_sizes)
+        record["timing_ms"] = timing.to_json()
     except DeployOptError as exc:
         log.error("tensorrt timing failed: %s", exc)
         record["timing_ms"] = f"failed: {exc}"
-    return record
+    return TensorRTRecord.from_json(record)
 
 
 def engine_profile(
@@ -155,7 +158,20 @@ TIMING_METHOD = (
 ORT_GPU_FIX = "pip install 'onnxruntime-gpu[cuda,cudnn]' in place of onnxruntime"
 
 
-def time_engine_vs_ort_cuda(engine: Path, fp32: Path, sample: Batch, sizes: tuple[int, ...]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EngineTiming:
+    """The engine's median ms per batch size, and ORT CUDA's on the FP32 model where CUDA really ran it."""
+
+    ort_cuda: str  # 'ran on ...', or 'not available: why'
+    rows: dict[str, dict[str, float]]  # by batch size: tensorrt_execute, tensorrt, ort_cuda_fp32, speedup_vs_...
+    method: str = TIMING_METHOD
+
+    def to_json(self) -> dict[str, Any]:
+        """build.json's ``backends.tensorrt.timing_ms``."""
+        return {"method": self.method, "ort_cuda": self.ort_cuda, **self.rows}
+
+
+def time_engine_vs_ort_cuda(engine: Path, fp32: Path, sample: Batch, sizes: tuple[int, ...]) -> EngineTiming:
     """Median ms per batch size: the INT8 engine, and ORT CUDA on the FP32 model where CUDA really runs it.
 
     Not the Q/DQ model: ORT's CUDA EP fuses no Q/DQ (its QDQ selectors serve the CPU, DML and ACL providers) and
@@ -163,7 +179,7 @@ def time_engine_vs_ort_cuda(engine: Path, fp32: Path, sample: Batch, sizes: tupl
     from exporters.tensorrt.runner import engine_runner, time_runner, wall_median_ms
 
     session, cuda_status = ort_cuda_session(fp32)
-    timing: dict[str, Any] = {"method": TIMING_METHOD, "ort_cuda": cuda_status}
+    rows: dict[str, dict[str, float]] = {}
     with engine_runner(engine) as runner:
         for size in sizes:
             feeds = feed_of_size(sample, size)
@@ -171,8 +187,8 @@ def time_engine_vs_ort_cuda(engine: Path, fp32: Path, sample: Batch, sizes: tupl
             if session is not None:
                 row["ort_cuda_fp32"] = wall_median_ms(lambda f: session.run(None, f), feeds)
                 row["speedup_vs_ort_cuda_fp32"] = row["ort_cuda_fp32"] / row["tensorrt"]
-            timing[str(size)] = row
-    return timing
+            rows[str(size)] = row
+    return EngineTiming(cuda_status, rows)
 
 
 def ort_cuda_session(qdq: Path) -> tuple[Any | None, str]:

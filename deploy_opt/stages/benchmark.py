@@ -13,6 +13,7 @@ import onnx
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.uncertainty import NOISY_WIDTH, speedup_interval
+from deploy_opt.report.record_sections import BatchRow
 from dopt_common.timer import StopRule, deciles, median_ms, runner, time_rounds, warm_up
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def compare(
     repeats: int,
     max_seconds: float | None = None,
     same: dict[str, str] | None = None,
-) -> dict[str, dict[str, object]]:
+) -> dict[str, BatchRow]:
     """Latency of every session at each batch size, with the FP32/INT8 speedup (ratio of medians) and its 95%
     interval from bootstrapping the interleaved rounds as pairs (``speedup_ci95``).
 
@@ -141,7 +142,7 @@ def compare(
     """
     same = same or {}
     timed = {name: session for name, session in sessions.items() if name not in same}
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, BatchRow] = {}
     for size in sizes:
         stats = _measured_pairs(timed, feed_of_size(batch, size), warmup, repeats, max_seconds)
         stats |= {name: stats[source] for name, source in same.items() if name in sessions}
@@ -154,5 +155,5 @@ def compare(
         if "ort_fp32_original" in stats:  # a pruned build: both pruned models against the unpruned FP32
             for name in ("ort_fp32", "ort_int8"):
                 row[f"speedup_{name[4:]}_vs_original"] = stats["ort_fp32_original"].median_ms / stats[name].median_ms
-        results[str(size)] = row
+        results[str(size)] = BatchRow.from_json(row)
     return results

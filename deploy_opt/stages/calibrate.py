@@ -165,7 +165,8 @@ def choose_ranges(
         measuring = (
             work_seconds(config.benchmark.threads) - measuring
         )  # not repeated by rescheme, so not in choice_seconds
-    picked, evidence = choose_methods(noise.get(scheme_key(config), {}), auto)
+    choice = choose_methods(noise.get(scheme_key(config), {}), auto)
+    picked, evidence = choice.methods, choice.evidence
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
     chosen: dict[str, tuple[float, float]] = {}
@@ -241,9 +242,15 @@ def scheme_noise(
     return {scheme: {n: {m: by[(scheme, m)] for m in AUTO_METHODS} for n, by in noise.items()} for scheme in SCHEMES}
 
 
-def choose_methods(
-    noise: dict[str, dict[str, float]], names: list[str]
-) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+@dataclass(frozen=True)
+class MethodChoice:
+    """``calibration.method: auto``'s answer: each tensor's method, and each candidate's output SQNR (dB)."""
+
+    methods: dict[str, str]
+    evidence: dict[str, dict[str, float]]
+
+
+def choose_methods(noise: dict[str, dict[str, float]], names: list[str]) -> MethodChoice:
     """``calibration.method: auto``: per tensor, the chosen method and each candidate's propagated output SQNR.
 
     Empty when there is no evidence (the torch evaluator cannot run the graph): those tensors keep mse's range,
@@ -251,11 +258,11 @@ def choose_methods(
     """
     measured = {n: noise[n] for n in names if n in noise}
     if not measured:
-        return {}, {}
+        return MethodChoice({}, {})
     picked = pick_methods(measured)
     log.info(
         "calibration auto: %s over %d tensors (propagated output error)",
         {m: sum(v == m for v in picked.values()) for m in AUTO_METHODS},
         len(picked),
     )
-    return picked, {n: {m: json_db(noise_db(v), 2) for m, v in by.items()} for n, by in measured.items()}
+    return MethodChoice(picked, {n: {m: json_db(noise_db(v), 2) for m, v in by.items()} for n, by in measured.items()})

@@ -16,6 +16,7 @@ import onnx
 
 from calibrators.scales.format import load_scale_file, save_scale_file
 from deploy_opt.config.build import BuildConfig
+from deploy_opt.report.model_sections import QuantizationInfo
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.quantize import QuantizedModel, weight_levels
 from dopt_common.errors import ScaleMismatchError
@@ -73,4 +74,6 @@ def quantize_dynamic(
     }
     nodes, dynamic = len(written.quantized_nodes), len(scales.dynamic)
     log.info("dynamic INT8: %d nodes, %d run-time quantized activations", nodes, dynamic)
-    return QuantizedModel(written.path, scales_path, scales, info, ActivationRanges.empty(samples))
+    return QuantizedModel(
+        written.path, scales_path, scales, QuantizationInfo.from_json(info), ActivationRanges.empty(samples)
+    )

@@ -14,6 +14,7 @@ from deploy_opt.config.build import BuildConfig, ExportConfig
 from deploy_opt.config.model import DTYPES, InputSpec
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
+from deploy_opt.report.model_sections import ExportInfo
 from dopt_common.errors import InputError, ModelError, one_line
 from exporters.onnx.checks import check_onnx, check_parity, simplify_onnx
 from exporters.onnx.export import export_onnx
@@ -38,7 +39,7 @@ class Fp32Model:
 
     path: Path
     inputs: tuple[InputSpec, ...]
-    info: dict[str, Any]
+    info: ExportInfo
 
 
 def input_specs_from_onnx(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
@@ -83,7 +84,7 @@ def prepare_fp32(
     raw = stage / ".raw.onnx"
     info: dict[str, Any] = {}
     if config.model.onnx:
-        info.update(import_onnx((Path(config.base_dir) / config.model.onnx).resolve(), raw, config.export))
+        info.update(import_onnx((Path(config.base_dir) / config.model.onnx).resolve(), raw, config.export).to_json())
     else:
         specs = config.model.inputs
         names = [s.name for s in specs]
@@ -148,7 +149,7 @@ def prepare_fp32(
         }
     else:
         info["parity"] = _import_parity(config, out, parity_batches)
-    return Fp32Model(out, inputs, info)
+    return Fp32Model(out, inputs, ExportInfo.from_json(info))
 
 
 def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) -> dict[str, Any]:
@@ -174,7 +175,20 @@ def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) 
     }
 
 
-def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OnnxImport:
+    """The user's ONNX file as read (opset, IR version, producer) and what was changed to make it quantizable."""
+
+    source: str
+    original: dict[str, Any]  # opset, ir_version, producer
+    changes: dict[str, Any]  # only what changed: opset_converted, ir_changed, constants_to_initializers, ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The first entries of build.json's ``export`` section."""
+        return {"source": self.source, "exporter": "none (model.onnx)", "original": self.original, **self.changes}
+
+
+def import_onnx(source: Path, raw: Path, export: ExportConfig) -> OnnxImport:
     """Check the user's file and make it quantizable into ``raw``; returns what changed, for ``build.json``.
 
     The opset is raised to 13 when older, the IR version to what that opset needs, and weights held by
@@ -182,8 +196,7 @@ def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]
     weights). The simplifier and a parity run against ``source`` follow in ``prepare_fp32``.
     """
     model = check_onnx(source)
-    info: dict[str, Any] = {"source": str(source), "exporter": "none (model.onnx)"}
-    info["original"] = {"opset": default_opset(model), "ir_version": model.ir_version, "producer": _producer(model)}
+    original = {"opset": default_opset(model), "ir_version": model.ir_version, "producer": _producer(model)}
     model, converted = upgrade_opset(model)
     changes = {
         "opset_converted": converted,
@@ -191,9 +204,8 @@ def import_onnx(source: Path, raw: Path, export: ExportConfig) -> dict[str, Any]
         "constants_to_initializers": constants_to_initializers(model),
         "weights_folded": fold_weight_chains(model),
     }
-    info.update({k: v for k, v in changes.items() if v})
     save_onnx(model, raw, export.external_data_mb)
-    return info
+    return OnnxImport(str(source), original, {k: v for k, v in changes.items() if v})
 
 
 def _producer(model: onnx.ModelProto) -> str:

@@ -27,6 +27,7 @@ from calibrators.scales.format import (
 from deploy_opt import __version__
 from deploy_opt.config.build import BuildConfig
 from deploy_opt.report.calibration_plot import plotted_tensors, tensor_summary
+from deploy_opt.report.model_sections import QuantizationInfo
 from deploy_opt.stages.calibrate import ActivationRanges, calibrate_activations
 from deploy_opt.stages.calibration_set import CalibrationSet
 from dopt_common.errors import ScaleMismatchError
@@ -46,11 +47,13 @@ class QuantizedModel:
     path: Path
     scales_path: Path
     scales: ScaleFile
-    info: dict[str, Any]
+    info: QuantizationInfo
     ranges: ActivationRanges
 
 
-def constant_scales(model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str) -> dict:
+def constant_scales(
+    model: onnx.ModelProto, op_types: Iterable[str], known: set[str], scheme: str
+) -> dict[str, TensorScale]:
     """Activation-type parameters for constant (initializer) inputs that are not weights or biases."""
     inits = {i.name: i for i in model.graph.initializer}
     wanted = set(op_types)
@@ -131,7 +134,7 @@ def quantize(
         "quantized_nodes": nodes,
         "quantizable_nodes": quantizable,
     }
-    return QuantizedModel(int8_path, scales_path, scales, info, ranges)
+    return QuantizedModel(int8_path, scales_path, scales, QuantizationInfo.from_json(info), ranges)
 
 
 def int32_biases(targets: tuple[str, ...]) -> bool:

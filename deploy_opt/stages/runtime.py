@@ -13,6 +13,7 @@ from deploy_opt.config.build import BenchmarkConfig, BuildConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.report.record_sections import BenchmarkRecord
 from deploy_opt.stages import benchmark
 from dopt_common.ort import create_session, usable_threads
 
@@ -48,32 +49,6 @@ def evaluate_runtimes(
     reference = "torch_fp32" if torch_model is not None else "ort_fp32"
     decided = evaluate(runners, decision, metric, reference, progress) if decision else None
     return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
-
-
-@dataclass(frozen=True)
-class BenchmarkRecord:
-    """The benchmark stage's result: median latencies per batch size and session, with the FP32/INT8 speedup
-    (``batches``: ``{batch: {session: latency, "speedup": ...}}``, as :func:`benchmark.compare` writes it)."""
-
-    threads: int
-    warmup: int
-    repeats: int
-    input_shapes: dict[str, list[int]]
-    max_seconds: float | None
-    batches: dict[str, dict[str, object]]
-    same_model: dict[str, str] | None = None  # sessions that run another's graph, timed once
-
-    def to_json(self) -> dict[str, Any]:
-        """The build.json ``benchmark`` section."""
-        return {
-            **({"same_model": dict(self.same_model)} if self.same_model else {}),
-            "threads": self.threads,
-            "warmup": self.warmup,
-            "repeats": self.repeats,
-            "input_shapes": self.input_shapes,
-            "max_seconds": self.max_seconds,
-            "batches": self.batches,
-        }
 
 
 def cpu_timed(config: BuildConfig) -> BenchmarkConfig:

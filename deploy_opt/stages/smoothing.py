@@ -8,6 +8,7 @@ The smoothed model is what gets calibrated and quantized; ``model.onnx`` stays t
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,29 @@ from exporters.onnx.io import save_onnx
 log = logging.getLogger(__name__)
 
 
-def smooth_model(
-    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, out_path: Path
-) -> tuple[Path, dict[str, Any]]:
-    """Write the smoothed FP32 model to ``out_path``; returns it and the provenance record."""
+@dataclass(frozen=True)
+class SmoothedModel:
+    """The smoothed FP32 model and how it was made (scales.json's ``provenance.smoothing``)."""
+
+    path: Path
+    alpha: float
+    source_sha256: str
+    smoothed_sha256: str
+    targets: list[dict[str, Any]]  # one record per smoothed tensor
+
+    def to_json(self) -> dict[str, Any]:
+        """The provenance record."""
+        return {
+            "method": "smoothquant",
+            "alpha": self.alpha,
+            "source_sha256": self.source_sha256,
+            "smoothed_sha256": self.smoothed_sha256,
+            "targets": self.targets,
+        }
+
+
+def smooth_model(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, out_path: Path) -> SmoothedModel:
+    """Write the smoothed FP32 model to ``out_path``; returns it with its provenance."""
     quant = config.quantization
     model = onnx.load(str(fp32_path))
     targets = smoothing_targets(model)
@@ -42,10 +62,4 @@ def smooth_model(
     smoothed, records = apply_smoothquant(model, observer.absmax(), quant.smoothing_alpha)
     save_onnx(smoothed, out_path, external_data_mb=config.export.external_data_mb)
     log.info("smoothquant: %d tensors smoothed (alpha %.2f)", len(records), quant.smoothing_alpha)
-    return out_path, {
-        "method": "smoothquant",
-        "alpha": quant.smoothing_alpha,
-        "source_sha256": sha256_file(fp32_path),
-        "smoothed_sha256": sha256_file(out_path),
-        "targets": records,
-    }
+    return SmoothedModel(out_path, quant.smoothing_alpha, sha256_file(fp32_path), sha256_file(out_path), records)

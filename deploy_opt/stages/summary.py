@@ -13,74 +13,11 @@ from deploy_opt.config.build import DeployConfig
 from deploy_opt.evaluation.evaluate import Evaluation
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.uncertainty import drop_interval, resolution
+from deploy_opt.report.record_sections import DecisionScores, DropUncertainty, MetricsRecord, Targets
 from deploy_opt.stages.runtime import Runtimes
 from deploy_opt.stages.splits import EvaluationSplit
 from deploy_opt.stages.verify import Backends
 from dopt_common.errors import NumericsError
-
-
-@dataclass(frozen=True)
-class DropUncertainty:
-    """A drop's paired 95% bootstrap interval, and the resolution (None: a continuous score)."""
-
-    low: float
-    high: float
-    resolution: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"drop_ci95": [self.low, self.high], "resolution": self.resolution}
-
-
-@dataclass(frozen=True)
-class DecisionScores:
-    """The reference and shipped scores on the samples the search decided on (biased in its favour)."""
-
-    samples: int
-    scores: dict[str, float]
-    drop: float
-    uncertainty: DropUncertainty | None
-
-    def to_json(self) -> dict[str, Any]:
-        tail = self.uncertainty.to_json() if self.uncertainty else {}
-        return {"samples": self.samples, **self.scores, "drop": self.drop, **tail}
-
-
-@dataclass(frozen=True)
-class MetricsRecord:
-    """The evaluate stage's verdict: every runtime's score on the judged samples and the FP32 → INT8 drop."""
-
-    name: str
-    higher_is_better: bool
-    samples: int
-    reference: str  # "labels", or the runner every other is compared with
-    scores: dict[str, float]  # by runtime: ort_fp32, ort_int8, ...
-    drop: float
-    drop_vs: str  # the baseline of ``drop``: ort_fp32, or a pruned build's ort_fp32_original
-    uncertainty: DropUncertainty | None = None
-    drop_pruned_fp32: float | None = None
-    drop_no_fallback: float | None = None
-    split: str | None = None
-    decision: DecisionScores | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The build.json ``metrics`` section (runtime scores at the top level, as the gate reads them)."""
-        record: dict[str, Any] = {
-            "name": self.name,
-            "higher_is_better": self.higher_is_better,
-            "samples": self.samples,
-            "reference": self.reference,
-            **self.scores,
-            "drop": self.drop,
-            "drop_vs": self.drop_vs,
-            **(self.uncertainty.to_json() if self.uncertainty else {}),
-        }
-        optional = {
-            "drop_pruned_fp32": self.drop_pruned_fp32,
-            "drop_no_fallback": self.drop_no_fallback,
-            "split": self.split,
-            "decision": self.decision.to_json() if self.decision else None,
-        }
-        return record | {k: v for k, v in optional.items() if v is not None}
 
 
 def metric_record(
@@ -136,7 +73,10 @@ def _uncertainty(scores: Evaluation, base: str) -> DropUncertainty | None:
     return DropUncertainty(interval.low, interval.high, step)
 
 
-def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
+NOT_ATTEMPTED = "tensorrt: not attempted"
+
+
+def target_status(deploy: DeployConfig, backends: Backends) -> Targets:
     """One line per deploy target: what was built for it, or why not."""
     status = {}
     for target in deploy.targets:
@@ -145,8 +85,9 @@ def target_status(deploy: DeployConfig, backends: Backends) -> dict[str, str]:
         elif target == "ort-cuda":
             status[target] = f"ships model.onnx (FP32): {CUDA_QDQ_NOTE}"
         else:
-            status[target] = (backends.artifacts.get("tensorrt") or {}).get("status", "tensorrt: not attempted")
-    return status
+            engine = backends.artifacts.tensorrt
+            status[target] = engine.status if engine is not None and engine.status is not None else NOT_ATTEMPTED
+    return Targets(status)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from deploy_opt.analysis.compat import check_compat
 from deploy_opt.analysis.compat_report import write_compat
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.data.sources import Batch
+from deploy_opt.report.model_sections import Backends
 from deploy_opt.stages.backends import write_backend_artifacts
 from deploy_opt.stages.quantize import QuantizedModel
 
@@ -35,18 +36,6 @@ class Verification:
     def alignment_summary(self) -> dict[str, Any]:
         """The align verify verdict and one line per artifact, for build.json."""
         return {"verdict": self.alignment.verdict, "artifacts": [c.to_json() for c in self.alignment.checks]}
-
-
-@dataclass(frozen=True)
-class Backends:
-    """The other backends' artifacts (AIMET encodings, TensorRT cache and engine) and the compat reports' counts."""
-
-    artifacts: dict[str, Any]  # build.json's names: aimet, trt_cache, tensorrt_qdq, tensorrt
-    compat: dict[str, dict[str, Any]]  # by report (compat, compat.int8, compat.trt): summary and flagged count
-
-    def to_json(self) -> dict[str, Any]:
-        """The build.json ``backends`` section."""
-        return {**self.artifacts, "compat": self.compat}
 
 
 def write_backends(
