@@ -154,7 +154,7 @@ def new_context(
     calibration: CalibrationSet,
     work: Path,
 ) -> SearchContext:
-    threads = config.benchmark.threads
+    threads = config.stage_runtime.threads
     fp32 = onnx.load(str(fp32_path))
     session = create_session(fp32_path, threads=threads, spin=False)  # its CPU time is budgeted work
     references = [session.run(None, b.inputs)[0] for b in held]

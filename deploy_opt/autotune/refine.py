@@ -49,7 +49,7 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     config = ctx.config
     qdq = onnx.load(str(base.model.path))
     subset = pick_subset(held, config.sensitivity.subset, config.seed)
-    threads = config.benchmark.threads
+    threads = config.stage_runtime.threads
     scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
     op_types = base.candidate.op_types(config.quantization.op_types)
     record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)

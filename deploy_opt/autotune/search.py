@@ -78,7 +78,9 @@ def run_search(
 
     With ``sensitivity.parallel`` > 1 (or an address) the fallback scores its next doublings as Ray tasks at once
     and then walks them in the serial order, so it takes the serial run's decisions (``refine.py``)."""
-    clock = WorkClock.start(config.auto.budget_s, config.auto.budget_s * config.auto.wall_cap, config.benchmark.threads)
+    clock = WorkClock.start(
+        config.auto.budget_s, config.auto.budget_s * config.auto.wall_cap, config.stage_runtime.threads
+    )
     ctx = new_context(config, fp32_path, held, metric, clock, calibration, work)
     try:
         return _search(ctx, config, fp32_path, calibration, held, static, work)

@@ -109,7 +109,7 @@ def input_locations(config: BuildConfig) -> tuple[list[Path], list[Path]]:
 
 
 def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[dict, GateResult]:
-    times, threads = Timings(), config.benchmark.threads
+    times, threads = Timings(), config.stage_runtime.threads
     seed_everything(config.seed)
     with times.stage("load", explain=False):
         inputs = load_inputs(config)

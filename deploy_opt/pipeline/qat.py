@@ -260,7 +260,7 @@ def _start(
 
 def _scores(config: BuildConfig, models: dict[str, Path], held: list[Batch], metric: Metric) -> dict[str, float]:
     """ORT's score of each model (``ort_fp32`` among them: the reference of unlabelled data)."""
-    threads = config.benchmark.threads
+    threads = config.stage_runtime.threads
     runners = {name: session_runner(create_session(path, threads=threads)) for name, path in models.items()}
     return evaluate(runners, held, metric, "ort_fp32", False).values
 

@@ -120,7 +120,7 @@ def _observe(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, 
 
     symmetric = config.quantization.activations == "symmetric"
     methods = {name: _basis(cal.method_for(name)) for name in names}
-    threads = config.benchmark.threads
+    threads = config.stage_runtime.threads
     if "percentile" not in methods.values():
         # minmax, entropy and mse: ranges and growing |x| histograms in one inference pass.
         streaming = StreamingObserver(set(names), cal.bins)
@@ -150,7 +150,7 @@ def choose_ranges(
     config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
 ) -> ActivationRanges:
     """Each tensor's range by its method (``auto``: by propagated output error), then the guards."""
-    started = work_seconds(config.benchmark.threads)
+    started = work_seconds(config.stage_runtime.threads)
     cal = config.calibration
     symmetric = config.quantization.activations == "symmetric"
     observed, signed, absolute = stats.observed, stats.signed, stats.absolute
@@ -160,10 +160,10 @@ def choose_ranges(
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
     noise, measuring = (stats.noise if scheme_key(config) in stats.noise else {}), 0.0
     if auto and not noise:
-        measuring = work_seconds(config.benchmark.threads)
+        measuring = work_seconds(config.stage_runtime.threads)
         noise = scheme_noise(fp32_path, auto, observed, absolute, config, calibration)
         measuring = (
-            work_seconds(config.benchmark.threads) - measuring
+            work_seconds(config.stage_runtime.threads) - measuring
         )  # not repeated by rescheme, so not in choice_seconds
     picked, evidence = choose_methods(noise.get(scheme_key(config), {}), auto)
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
@@ -191,7 +191,7 @@ def choose_ranges(
         plotted=stats.plotted,
         guards=guards,
         evidence=evidence,
-        choice_seconds=work_seconds(config.benchmark.threads) - started - measuring,
+        choice_seconds=work_seconds(config.stage_runtime.threads) - started - measuring,
         noise=noise,
     )
 

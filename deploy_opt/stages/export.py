@@ -138,7 +138,7 @@ def prepare_fp32(
             (b.inputs for b in parity_batches),
             atol=config.export.parity_atol,
             rtol=config.export.parity_rtol,
-            threads=config.benchmark.threads,
+            threads=config.stage_runtime.threads,
         )
         info["parity"] = {
             "max_abs": parity.max_abs,
@@ -156,14 +156,14 @@ def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) 
     from dopt_common.ort import create_session
 
     source = (Path(config.base_dir) / str(config.model.onnx)).resolve()
-    original = create_session(source, threads=config.benchmark.threads)
+    original = create_session(source, threads=config.stage_runtime.threads)
     parity = check_parity(
         session_runner(original),
         out,
         (b.inputs for b in parity_batches),
         atol=config.export.parity_atol,
         rtol=config.export.parity_rtol,
-        threads=config.benchmark.threads,
+        threads=config.stage_runtime.threads,
     )
     return {
         "reference": "the original model.onnx on ONNX Runtime",

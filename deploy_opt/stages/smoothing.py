@@ -37,7 +37,7 @@ def smooth_model(
         (b.inputs for b in calibration.batches),
         [t.tensor for t in targets],
         observer,
-        threads=config.benchmark.threads,
+        threads=config.stage_runtime.threads,
     )
     smoothed, records = apply_smoothquant(model, observer.absmax(), quant.smoothing_alpha)
     save_onnx(smoothed, out_path, external_data_mb=config.export.external_data_mb)

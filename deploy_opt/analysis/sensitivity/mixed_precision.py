@@ -90,7 +90,7 @@ def run_sensitivity(
     """Analyze every quantized node on a seeded evaluation subset and write the three report files."""
     from tqdm import tqdm
 
-    sens, threads = config.sensitivity, config.benchmark.threads
+    sens, threads = config.sensitivity, config.stage_runtime.threads
     subset = pick_subset(evaluation, sens.subset, config.seed)
     scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
@@ -135,7 +135,7 @@ def auto_fallback(
     record: SensitivityRecord,
 ) -> dict[str, Any]:
     """Greedy fallback in sensitivity order until the gate's max_drop holds on the evaluation set."""
-    threads = config.benchmark.threads
+    threads = config.stage_runtime.threads
     scorer = SubsetScorer(evaluation, fp32_references(fp32_path, evaluation, threads), metric, threads)
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
     baseline = scorer.score(fp32)
