@@ -17,8 +17,8 @@ from typing import Any
 
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
-from deploy_opt.data.sources import Batch
-from deploy_opt.evaluation.metrics import Metric, resolve_metric
+from deploy_opt.evaluation.metrics import resolve_metric
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.pipeline.precision import (
     Precision,
     auto_precision,
@@ -122,10 +122,11 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
         inputs.calibration,
         config.seed,
     )
-    evaluation = list(split.decide)  # what every choice below is made on; the gate judges split.judge
-    inputs, fp32, pruned, original = _export_models(config, inputs, evaluation, metric, stage, times, progress)
+    # every choice below is made on split.decide; the gate judges split.judge
+    ctx = StageContext(stage, times, progress, metric, list(split.decide))
+    inputs, fp32, pruned, original = _export_models(config, inputs, ctx)
     config = respect_fixed_batch(config, fp32.path)
-    precision = _quantize(config, fp32, inputs, evaluation, metric, stage, times, progress)
+    precision = _quantize(config, fp32, inputs, ctx)
     shipped = precision.shipped
     samples = split.judge if isinstance(split.judge, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
@@ -188,13 +189,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
 
 
 def _export_models(
-    config: BuildConfig,
-    inputs: BuildInputs,
-    evaluation: list[Batch],
-    metric: Metric,
-    stage: Path,
-    times: Timings,
-    progress: bool,
+    config: BuildConfig, inputs: BuildInputs, ctx: StageContext
 ) -> tuple[BuildInputs, Fp32Model, PrunedModel | None, Fp32Model | None]:
     """Prune (when asked), then export: (inputs with the pruned torch model, FP32 model, pruned run, original FP32).
 
@@ -202,18 +197,19 @@ def _export_models(
     baseline. Without pruning the last two are None.
     """
     pruned = original = None
+    stage = ctx.stage
     if config.prune.enabled:
-        with times.stage("prune"):
+        with ctx.times.stage("prune"):
             data = DistillData(
                 names=[s.name for s in inputs.specs],
                 batches=[*inputs.calibration.batches, *training_batches(config, inputs.specs)],
-                evaluation=evaluation,
-                metric=metric,
+                evaluation=ctx.evaluation,
+                metric=ctx.metric,
             )
             factory = str(config.model.factory)
-            pruned = prune_model(config.prune, factory, inputs.torch_model, data, stage, config.seed, progress)
+            pruned = prune_model(config.prune, factory, inputs.torch_model, data, stage, config.seed, ctx.progress)
         inputs = dataclasses.replace(inputs, torch_model=pruned.model)
-    with times.stage("export"):
+    with ctx.times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])
         fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
         if pruned is not None:  # the reference the gate judges against, and the latency baseline
@@ -227,31 +223,20 @@ def _export_models(
     return inputs, fp32, pruned, original
 
 
-def _quantize(
-    config: BuildConfig,
-    fp32: Fp32Model,
-    inputs: BuildInputs,
-    evaluation: list[Batch],
-    metric: Metric,
-    stage: Path,
-    times: Timings,
-    progress: bool,
-) -> Precision:
+def _quantize(config: BuildConfig, fp32: Fp32Model, inputs: BuildInputs, ctx: StageContext) -> Precision:
     """Calibrate and quantize: the auto search, or the configured ranges with the sensitivity fallback; then QAT
-    when asked. Every choice is made on ``evaluation`` (the decide split)."""
+    when asked. Every choice is made on ``ctx.evaluation`` (the decide split)."""
     if config.quantization.mode == "auto":
-        with times.stage("auto_search"):
-            precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
+        with ctx.times.stage("auto_search"):
+            precision = auto_precision(config, fp32.path, inputs.calibration, ctx)
     else:
-        with times.stage("calibrate_quantize"):
-            quantized = quantize_fully(config, fp32.path, inputs.calibration, stage)
-        with times.stage("sensitivity_fallback"):
-            precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
+        with ctx.times.stage("calibrate_quantize"):
+            quantized = quantize_fully(config, fp32.path, inputs.calibration, ctx.stage)
+        with ctx.times.stage("sensitivity_fallback"):
+            precision = choose_precision(config, quantized, inputs.calibration, ctx)
     if config.quantization.qat.enabled:
-        with times.stage("qat"):
-            precision = fine_tune(
-                config, fp32.path, precision, inputs.calibration, evaluation, metric, stage, inputs.specs, progress
-            )
+        with ctx.times.stage("qat"):
+            precision = fine_tune(config, fp32.path, precision, inputs.calibration, ctx, inputs.specs)
     return precision
 
 

@@ -7,7 +7,6 @@ searches from it; the model that ships is then quantized again with the chosen n
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,7 @@ from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.config.build import BuildConfig
-from deploy_opt.data.sources import Batch
-from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.report.calibration_plot import plot_histograms
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.calibration_set import CalibrationSet
@@ -78,16 +76,9 @@ def needs_held_evaluation(config: BuildConfig) -> bool:
     return config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
 
 
-def auto_precision(
-    config: BuildConfig,
-    fp32_path: Path,
-    calibration: CalibrationSet,
-    evaluation: Iterable[Batch],
-    metric: Metric,
-    stage: Path,
-) -> Precision:
+def auto_precision(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, ctx: StageContext) -> Precision:
     """``quantization.mode: auto``: search, then write the chosen model (or the FP32 one) as model.int8.onnx."""
-    held = list(evaluation)
+    held, metric, stage = list(ctx.evaluation), ctx.metric, ctx.stage
     static = static_fallback(config, fp32_path)
     work = stage / ".auto"
     try:
@@ -172,14 +163,10 @@ def quantize_fully(config: BuildConfig, fp32_path: Path, calibration: Calibratio
 
 
 def choose_precision(
-    config: BuildConfig,
-    quantized: FullQuantization,
-    calibration: CalibrationSet,
-    evaluation: Iterable[Batch],
-    metric: Metric,
-    stage: Path,
+    config: BuildConfig, quantized: FullQuantization, calibration: CalibrationSet, ctx: StageContext
 ) -> Precision:
     """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
+    evaluation, metric, stage = ctx.evaluation, ctx.metric, ctx.stage
     source, full, static, smoothing = quantized.source, quantized.full, quantized.static, quantized.smoothing
     auto = config.quantization.fallback == "auto"
     analyze = config.sensitivity.enabled or auto

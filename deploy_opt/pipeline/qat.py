@@ -26,6 +26,7 @@ from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.onnx_torch import unsupported_ops
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
@@ -47,16 +48,14 @@ def fine_tune(
     fp32_path: Path,
     precision: Precision,
     calibration: CalibrationSet,
-    held: list[Batch],
-    metric: Metric,
-    stage: Path,
+    ctx: StageContext,
     specs: tuple[InputSpec, ...],
-    progress: bool = True,
 ) -> Precision:
     """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record.
 
     ``specs``: the model's input specs (as the load stage resolved them), for ``data.train``'s batches.
     """
+    held, metric, stage, progress = ctx.evaluation, ctx.metric, ctx.stage, ctx.progress
     why = _skip_reason(config, fp32_path, precision, held, metric)
     if why is not None:
         log.info("QAT skipped: %s", why)
