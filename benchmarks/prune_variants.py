@@ -43,7 +43,7 @@ def main() -> None:
         for text in extra:
             parse_override(text)  # fail early on a malformed variant
         config, _ = load_build_config(args.config, None, [*args.overrides, *extra])
-        inputs = load_inputs(config)
+        inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
         metric = resolve_metric(config.data.metric, config.base_dir)
         evaluation = inputs.evaluation(hold=True)
         names = [s.name for s in inputs.specs]

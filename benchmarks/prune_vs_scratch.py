@@ -35,11 +35,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config, _ = load_build_config(args.config, None, args.overrides)
-    inputs = load_inputs(config)
+    inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
     metric = resolve_metric(config.data.metric, config.base_dir)
     evaluation = inputs.evaluation(hold=True)
     names = [s.name for s in inputs.specs]
-    train = [*inputs.calibration.batches, *training_batches(config, inputs.specs)]
+    train = [*inputs.calibration.batches, *training_batches(config.data, config.base_dir, inputs.specs)]
     original = inputs.torch_model.eval()
     example = ordered_tensors(train[0].head(2).inputs, names)
     pruned = copy.deepcopy(original)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,18 @@ HEAVY_ALLOWED = (
 MAX_FUNCTION_LINES = 80
 PIPELINE = Path("deploy_opt/pipeline/build.py")  # the composition whose stages must return typed results
 STAGE_PACKAGES = ("deploy_opt.stages", "deploy_opt.pipeline")
+# Where a function may take the whole ``BuildConfig``: the modules that compose stages, the CLI and the config
+# itself. Everywhere else a function takes the sections it reads (``quantization: QuantizationConfig``, ...).
+WHOLE_CONFIG_MODULES = (
+    "deploy_opt.config",
+    "deploy_opt.cli",
+    "deploy_opt.pipeline.build",
+    "deploy_opt.pipeline.fleet",
+    "deploy_opt.pipeline.sensitivity",
+)
+# Functions elsewhere that take a whole BuildConfig, as module:function: those that transform one (a candidate's
+# settings, a fixed batch) and those still to narrow to their sections.
+WHOLE_CONFIG_FUNCTIONS = frozenset({"deploy_opt.stages.benchmark:respect_fixed_batch"})
 FMT_SKIP = "# fmt: " + "skip"  # split, so this file does not carry the marker it forbids
 
 
@@ -91,6 +104,7 @@ def violations(root: Path) -> list[str]:
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
     problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in cycles(package_graph(graph))]
     problems += stage_return_violations(root, modules)
+    problems += whole_config_violations(root, modules)
     return problems + [line for path in modules.values() for line in shape_violations(path, root)]
 
 
@@ -114,6 +128,33 @@ def stage_return_violations(root: Path, modules: dict[str, Path]) -> list[str]:
                     "frozen dataclass with to_json()"
                 )
     return problems
+
+
+def whole_config_violations(root: Path, modules: dict[str, Path]) -> list[str]:
+    """Functions outside the composing modules (``WHOLE_CONFIG_MODULES``) with a parameter annotated BuildConfig."""
+    problems = []
+    for name, path in modules.items():
+        if _within(name, WHOLE_CONFIG_MODULES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if f"{name}:{node.name}" in WHOLE_CONFIG_FUNCTIONS:
+                continue
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if arg is not None and arg.annotation is not None and _names_build_config(arg.annotation):
+                    problems.append(
+                        f"{path.relative_to(root)}:{node.lineno}: {node.name} takes {arg.arg}: BuildConfig; take the "
+                        "sections it reads (only the pipeline composes the whole config)"
+                    )
+    return problems
+
+
+def _names_build_config(annotation: ast.expr) -> bool:
+    """Whether an annotation names BuildConfig (bare, quoted, dotted or inside ``X | None``)."""
+    text = annotation.value if isinstance(annotation, ast.Constant) else ast.unparse(annotation)
+    return re.search(r"\bBuildConfig\b", str(text)) is not None
 
 
 def _loose(annotation: ast.expr | None) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
+from deploy_opt.config.setup import BackendSettings, SearchSettings
 from deploy_opt.evaluation.metrics import resolve_metric
 from deploy_opt.pipeline.context import StageContext
 from deploy_opt.pipeline.precision import (
@@ -112,13 +113,13 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     times, threads = Timings(), config.stage_runtime.threads
     seed_everything(config.seed)
     with times.stage("load", explain=False):
-        inputs = load_inputs(config)
+        inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
     metric = resolve_metric(config.data.metric, config.base_dir)
     split = split_evaluation(
         config.data,
         inputs.specs,
         config.base_dir,
-        inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled),
+        inputs.evaluation(hold=needs_held_evaluation(config.quantization, config.sensitivity) or config.prune.enabled),
         inputs.calibration,
         config.seed,
     )
@@ -132,7 +133,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
     shapes = input_shapes(b.inputs for b in (*inputs.calibration.batches, *samples))
     with times.stage("backends"):
-        backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage, shapes)
+        backends = write_backends(BackendSettings.of(config), fp32.path, shipped, inputs.head[0], stage, shapes)
     with times.stage("evaluate"):
         models = _evaluated_models(fp32, precision, original)
         reference = inputs.torch_model if pruned is None else pruned.original
@@ -143,7 +144,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("benchmark"):
         fp32_ships = not int8_nodes(shipped.path, config.quantization.op_types)
         same = {"ort_int8": "ort_fp32"} if fp32_ships else None  # the same graph: timed once
-        bench = run_benchmark(cpu_timed(config), runtimes.sessions, inputs.head[0], same)
+        bench = run_benchmark(cpu_timed(config.deploy, config.benchmark), runtimes.sessions, inputs.head[0], same)
     with times.stage("compare_align"):
         verified = compare_and_align(
             _comparison_setting(config.compare, fp32_ships),
@@ -202,7 +203,7 @@ def _export_models(
         with ctx.times.stage("prune"):
             data = DistillData(
                 names=[s.name for s in inputs.specs],
-                batches=[*inputs.calibration.batches, *training_batches(config, inputs.specs)],
+                batches=[*inputs.calibration.batches, *training_batches(config.data, config.base_dir, inputs.specs)],
                 evaluation=ctx.evaluation,
                 metric=ctx.metric,
             )
@@ -211,10 +212,11 @@ def _export_models(
         inputs = dataclasses.replace(inputs, torch_model=pruned.model)
     with ctx.times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])
-        fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
+        source = (config.export, config.model, config.stage_runtime, config.base_dir)
+        fp32 = prepare_fp32(*source, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
         if pruned is not None:  # the reference the gate judges against, and the latency baseline
             original = prepare_fp32(
-                config,
+                *source,
                 pruned.original,
                 inputs.calibration.batches[0],
                 parity,
@@ -226,17 +228,19 @@ def _export_models(
 def _quantize(config: BuildConfig, fp32: Fp32Model, inputs: BuildInputs, ctx: StageContext) -> Precision:
     """Calibrate and quantize: the auto search, or the configured ranges with the sensitivity fallback; then QAT
     when asked. Every choice is made on ``ctx.evaluation`` (the decide split)."""
+    settings = SearchSettings.of(config)
     if config.quantization.mode == "auto":
         with ctx.times.stage("auto_search"):
-            precision = auto_precision(config, fp32.path, inputs.calibration, ctx)
+            precision = auto_precision(settings, config.name, fp32.path, inputs.calibration, ctx)
     else:
         with ctx.times.stage("calibrate_quantize"):
-            quantized = quantize_fully(config, fp32.path, inputs.calibration, ctx.stage)
+            quantized = quantize_fully(settings.setup, fp32.path, inputs.calibration, ctx.stage)
         with ctx.times.stage("sensitivity_fallback"):
-            precision = choose_precision(config, quantized, inputs.calibration, ctx)
+            precision = choose_precision(settings, config.name, quantized, inputs.calibration, ctx)
     if config.quantization.qat.enabled:
+        extra = lambda: training_batches(config.data, config.base_dir, inputs.specs)  # noqa: E731 - read when QAT trains
         with ctx.times.stage("qat"):
-            precision = fine_tune(config, fp32.path, precision, inputs.calibration, ctx, inputs.specs)
+            precision = fine_tune(settings, fp32.path, precision, inputs.calibration, ctx, extra)
     return precision
 
 
