@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from deploy_opt.config.profiles import list_profiles, load_build_config
+from deploy_opt.config.setup import SearchSettings
 from dopt_common.errors import ConfigError
 
 SHIPPED_PROFILES = {"cpu-server", "ci", "a100", "rtx3090", "v100"}
@@ -303,6 +304,8 @@ def test_runtime_threads_default_to_benchmark_threads(
 ) -> None:
     config, _ = load_build_config(write_config(tmp_path), None, overrides)
     assert config.stage_runtime.threads == stages and config.benchmark.threads == timing
+    settings = SearchSettings.of(config)  # what the stages are handed
+    assert settings.setup.runtime.threads == stages and settings.benchmark.threads == timing
     assert config.runtime.threads == (None if not any("runtime" in o for o in overrides) else stages)
 
 

@@ -163,9 +163,11 @@ def new_context(
     timed = setup.auto.min_gain is not None and "ort-cpu" in setup.deploy.targets and bench.enabled
     batch = settings.gate.speedup_batch or max(bench.batch_sizes)
     probe = None
-    if timed:  # the final timing runs as users run (spinning, ``threads``); the ranking on one thread's CPU time
-        timed_fp32, single = create_session(fp32_path, threads=threads), create_session(fp32_path, threads=1)
-        probe = LatencyProbe(timed_fp32, feed_of_size(held[0], batch), threads, fp32_single=single)
+    if timed:  # the final timing runs as the benchmark does (spinning, benchmark.threads); the ranking on one
+        # thread's CPU time
+        timing = bench.threads
+        timed_fp32, single = create_session(fp32_path, threads=timing), create_session(fp32_path, threads=1)
+        probe = LatencyProbe(timed_fp32, feed_of_size(held[0], batch), timing, fp32_single=single)
     baseline = scorer.sample_scores(fp32)
     from deploy_opt.analysis.sensitivity.mixed_precision import task_executor
 

@@ -98,7 +98,7 @@ def calibrate_activations(setup: QuantSetup, fp32_path: Path, calibration: Calib
 def rescheme(
     ranges: ActivationRanges, setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet
 ) -> ActivationRanges | None:
-    """The same statistics with ranges chosen for ``config``'s activation scheme, without another pass.
+    """The same statistics with ranges chosen for ``setup``'s activation scheme, without another pass.
 
     None when a tensor takes percentile, whose histogram itself depends on the scheme.
     """
@@ -197,7 +197,7 @@ def choose_ranges(
 
 
 def scheme_key(setup: QuantSetup) -> str:
-    """The activation scheme ``config`` quantizes with: the key of its noise in ``SchemeNoise``."""
+    """The activation scheme ``setup`` quantizes with: the key of its noise in ``SchemeNoise``."""
     return "symmetric" if setup.quantization.activations == "symmetric" else "asymmetric"
 
 
