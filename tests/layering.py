@@ -6,6 +6,8 @@
 - nor have the packages of ``deploy_opt`` (``deploy_opt.stages``, ``deploy_opt.evaluation``, ...): one package may
   use another, never both ways, even through modules that form no module cycle;
 - every stage function the build pipeline composes returns a typed result, not a loose ``dict`` or a tuple;
+- only the modules that compose stages (``WHOLE_CONFIG_MODULES``) take a whole ``BuildConfig``; every other
+  function takes the sections it reads (``WHOLE_CONFIG_FUNCTIONS`` names the few that transform a whole one);
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
   (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
