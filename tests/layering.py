@@ -9,6 +9,8 @@
 - no public function of ``deploy_opt/stages/`` returns a dict (bare, or holding plain values), except ORT feeds
   (``dict[str, np.ndarray]``) and mappings by name to a typed result (``dict[str, Latency]``); JSON serialisers
   (``to_json``) are methods, not stage functions;
+- only the modules that compose stages (``WHOLE_CONFIG_MODULES``) take a whole ``BuildConfig``; every other
+  function takes the sections it reads (``WHOLE_CONFIG_FUNCTIONS`` names the few that transform a whole one);
 - no function is longer than ``MAX_FUNCTION_LINES``, and no line hands its formatting to a ``# fmt: skip``
   (``ruff format`` lays out every call; a call too wide to read is a signature to narrow).
 """
@@ -45,6 +47,18 @@ HEAVY_ALLOWED = (
 MAX_FUNCTION_LINES = 80
 PIPELINE = Path("deploy_opt/pipeline/build.py")  # the composition whose stages must return typed results
 STAGE_PACKAGES = ("deploy_opt.stages", "deploy_opt.pipeline")
+# Where a function may take the whole ``BuildConfig``: the modules that compose stages, the CLI and the config
+# itself. Everywhere else a function takes the sections it reads (``quantization: QuantizationConfig``, ...).
+WHOLE_CONFIG_MODULES = (
+    "deploy_opt.config",
+    "deploy_opt.cli",
+    "deploy_opt.pipeline.build",
+    "deploy_opt.pipeline.fleet",
+    "deploy_opt.pipeline.sensitivity",
+)
+# Functions elsewhere that take a whole BuildConfig, as module:function: those that transform one (a candidate's
+# settings, a fixed batch) and those still to narrow to their sections.
+WHOLE_CONFIG_FUNCTIONS = frozenset({"deploy_opt.stages.benchmark:respect_fixed_batch"})
 FMT_SKIP = "# fmt: " + "skip"  # split, so this file does not carry the marker it forbids
 
 
@@ -96,6 +110,7 @@ def violations(root: Path) -> list[str]:
     problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in cycles(package_graph(graph))]
     problems += stage_return_violations(root, modules)
     problems += stage_dict_violations(root, modules)
+    problems += whole_config_violations(root, modules)
     return problems + [line for path in modules.values() for line in shape_violations(path, root)]
 
 
@@ -138,6 +153,27 @@ def stage_dict_violations(root: Path, modules: dict[str, Path]) -> list[str]:
     return problems
 
 
+def whole_config_violations(root: Path, modules: dict[str, Path]) -> list[str]:
+    """Functions outside the composing modules (``WHOLE_CONFIG_MODULES``) with a parameter annotated BuildConfig."""
+    problems = []
+    for name, path in modules.items():
+        if _within(name, WHOLE_CONFIG_MODULES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if f"{name}:{node.name}" in WHOLE_CONFIG_FUNCTIONS:
+                continue
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if arg is not None and arg.annotation is not None and _names_build_config(arg.annotation):
+                    problems.append(
+                        f"{path.relative_to(root)}:{node.lineno}: {node.name} takes {arg.arg}: BuildConfig; take the "
+                        "sections it reads (only the pipeline composes the whole config)"
+                    )
+    return problems
+
+
 def _returns_dict(annotation: ast.expr | None) -> bool:
     """An unannotated result, or one that is or holds a dict, other than an ORT feed or a dict of typed results."""
     if annotation is None:
@@ -149,6 +185,12 @@ def _returns_dict(annotation: ast.expr | None) -> bool:
 
 
 _TYPED_VALUES = re.compile(r"dict\[str,(?!Any\])[A-Z]\w*\]")  # by name, a project's typed result: dict[str, Latency]
+
+
+def _names_build_config(annotation: ast.expr) -> bool:
+    """Whether an annotation names BuildConfig (bare, quoted, dotted or inside ``X | None``)."""
+    text = annotation.value if isinstance(annotation, ast.Constant) else ast.unparse(annotation)
+    return re.search(r"\bBuildConfig\b", str(text)) is not None
 
 
 def _loose(annotation: ast.expr | None) -> bool:

@@ -208,13 +208,13 @@ def test_smoothquant_starts_from_the_most_accurate_base_that_pays() -> None:
         Trial("placement", plain, 88.2, 8.6, None, 12.0, 1.31, 40, 9.0),
     ]
     bases = [Base(c, Path("model.onnx"), None, None) for c in (slow, fast, plain)]  # type: ignore[arg-type]
-    auto = SimpleNamespace(auto=SimpleNamespace(min_gain=1.02))
-    timed = SimpleNamespace(trials=trials, probe=object(), config=auto)
+    auto = SimpleNamespace(setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02)))
+    timed = SimpleNamespace(trials=trials, probe=object(), settings=auto)
     assert smoothquant_base(timed, bases) is bases[1]  # type: ignore[arg-type]
     # Untimed every base pays, and when none pays the most accurate of all is still SmoothQuant's best hope.
-    assert smoothquant_base(SimpleNamespace(trials=trials, probe=None, config=auto), bases) is bases[0]  # type: ignore[arg-type]
+    assert smoothquant_base(SimpleNamespace(trials=trials, probe=None, settings=auto), bases) is bases[0]  # type: ignore[arg-type]
     slower = [dataclasses.replace(t, speedup=0.9) for t in trials]
-    assert smoothquant_base(SimpleNamespace(trials=slower, probe=object(), config=auto), bases) is bases[0]  # type: ignore[arg-type]
+    assert smoothquant_base(SimpleNamespace(trials=slower, probe=object(), settings=auto), bases) is bases[0]  # type: ignore[arg-type]
 
 
 def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
@@ -229,15 +229,14 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
         Trial("placement", slow, 96.8, 0.05, None, 30.0, 0.42, 40, 9.0),
         Trial("placement", fast, 94.0, 2.395, None, 9.0, 1.99, 40, 9.0),
     ]
-    config = SimpleNamespace(
+    settings = SimpleNamespace(
         gate=SimpleNamespace(max_drop=1.0),
-        auto=SimpleNamespace(min_gain=1.02),
-        deploy=SimpleNamespace(targets=("ort-cpu",)),
+        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
     )
     clock = WorkClock.start(240.0, 1200.0, 2)
     spent = SimpleNamespace(
         trials=trials,
-        config=config,
+        settings=settings,
         baseline_scores=np.zeros(0),
         time_left=lambda extra=0.0: False,
         clock=clock,
@@ -249,7 +248,7 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
     assert "wall-clock cap" not in verdict
     finished = SimpleNamespace(
         trials=trials,
-        config=config,
+        settings=settings,
         baseline_scores=np.zeros(0),
         time_left=lambda extra=0.0: True,
         clock=clock,
@@ -266,10 +265,9 @@ def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search
     from deploy_opt.autotune.search import _verdict
 
     trials = [Trial("placement", Candidate("outputs", "asymmetric"), 94.0, 2.4, None, 9.0, 1.5, 40, 9.0)]
-    config = SimpleNamespace(
+    settings = SimpleNamespace(
         gate=SimpleNamespace(max_drop=1.0),
-        auto=SimpleNamespace(min_gain=1.02),
-        deploy=SimpleNamespace(targets=("ort-cpu",)),
+        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
     )
     monkeypatch.setattr(clock_module, "_machine_busy", lambda: (100.0, 1.0))  # every process's CPU s, this one's
     monkeypatch.setattr(clock_module.os, "cpu_count", lambda: 2)
@@ -277,7 +275,7 @@ def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search
     capped.wall0 -= 10.0  # started 10 s ago: 20 CPU seconds of capacity on two CPUs
     ctx = SimpleNamespace(
         trials=trials,
-        config=config,
+        settings=settings,
         baseline_scores=np.zeros(0),
         time_left=lambda extra=0.0: False,
         clock=capped,
@@ -327,14 +325,13 @@ def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     assert not noisy.pays(1.02) and dataclasses.replace(noisy, speedup_low=1.01).pays(1.02)
     assert _trial(0.0, 1.07).pays(1.02)  # a first timing has no interval: min_gain alone
     assert noisy.to_json()["speedup_ci95_low"] == 0.97
-    config = SimpleNamespace(
+    settings = SimpleNamespace(
         gate=SimpleNamespace(max_drop=1.0),
-        auto=SimpleNamespace(min_gain=1.02),
-        deploy=SimpleNamespace(targets=("ort-cpu",)),
+        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
     )
     ctx = SimpleNamespace(
         trials=[_trial(0.0, 1.03), noisy],
-        config=config,
+        settings=settings,
         baseline_scores=np.zeros(0),
         time_left=lambda extra=0.0: True,
         probe=None,
@@ -439,9 +436,9 @@ def test_the_verdict_says_when_one_decide_sample_moves_the_metric_more_than_max_
     from deploy_opt.autotune.search import _coarse_decisions
 
     def ctx(samples: int, metric: str = "top1") -> SimpleNamespace:
-        config = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), data=SimpleNamespace(metric=metric))
+        settings = SimpleNamespace(gate=SimpleNamespace(max_drop=1.0), setup=SimpleNamespace(metric=metric))
         scores = [100.0] * (samples - 3) + [0.0] * 3 if metric == "top1" else np.linspace(90, 100, samples)
-        return SimpleNamespace(baseline_scores=np.array(scores), config=config)
+        return SimpleNamespace(baseline_scores=np.array(scores), settings=settings)
 
     said = _coarse_decisions(ctx(64))
     assert "64 samples" in said and "1.56 points" in said and "at least 100 samples" in said
@@ -455,8 +452,8 @@ def test_a_gpu_profile_s_verdict_says_its_candidates_were_not_timed_where_they_r
     from deploy_opt.autotune.search import _untimed_targets
 
     def ctx(targets: tuple[str, ...], probe: object = None) -> SimpleNamespace:
-        config = SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=targets))
-        return SimpleNamespace(config=config, probe=probe)
+        setup = SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=targets))
+        return SimpleNamespace(settings=SimpleNamespace(setup=setup), probe=probe)
 
     said = _untimed_targets(ctx(("tensorrt", "ort-cuda")))  # type: ignore[arg-type]
     assert said.startswith("candidates were not timed: the targets (tensorrt, ort-cuda) run on GPUs")

@@ -20,6 +20,7 @@ from photo_folders import orientation_onnx, skimage_photo, write_photo_folder
 from PIL import Image
 
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.pipeline.build import run_build
 from deploy_opt.stages.calibrate import calibrate_activations
 from deploy_opt.stages.inputs import load_inputs
@@ -86,8 +87,8 @@ data: {{calibration: {source}, evaluation: data/evaluation, classes: {classes}, 
 """
         (tmp_path / "c.yaml").write_text(text)
         config, _ = load_build_config(tmp_path / "c.yaml")
-        inputs = load_inputs(config)
-        ranges[source] = calibrate_activations(config, ORIENTATION, inputs.calibration)
+        inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
+        ranges[source] = calibrate_activations(QuantSetup.of(config), ORIENTATION, inputs.calibration)
     folder, npz = ranges.values()
     assert folder.chosen and folder.chosen == npz.chosen and folder.observed == npz.observed
     assert folder.methods == npz.methods and folder.samples == npz.samples == 8

@@ -15,6 +15,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataReader, Calibratio
 
 from calibrators.scales.format import load_scale_file
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.pipeline.build import run_build
 from deploy_opt.stages.calibrate import calibrate_activations
 from deploy_opt.stages.calibration_set import choose_calibration
@@ -60,8 +61,8 @@ def _ort_ranges(model: Path, tmp_path: Path, method: CalibrationMethod, **option
 
 def _our_ranges(tmp_path: Path, model: Path, calibration: str) -> dict:
     config, _ = _config(tmp_path, model, calibration)
-    chosen = choose_calibration(config, config.model.inputs or _specs(model))
-    return calibrate_activations(config, model, chosen).chosen
+    chosen = choose_calibration(config.calibration, config.data, config.base_dir, config.model.inputs or _specs(model))
+    return calibrate_activations(QuantSetup.of(config), model, chosen).chosen
 
 
 def _specs(model: Path):
@@ -77,7 +78,11 @@ def test_percentile_ranges_equal_onnxruntime(tmp_path: Path, tiny_model: Path, p
     # Guards off: this compares the bare method with ORT's (the guard would give the graph input min/max).
     overrides = [f"quantization.activations={scheme}", "calibration.guards=false"]
     config, _ = _config(tmp_path, tiny_model, calibration, overrides)
-    ours = calibrate_activations(config, tiny_model, choose_calibration(config, _specs(tiny_model))).chosen
+    ours = calibrate_activations(
+        QuantSetup.of(config),
+        tiny_model,
+        choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model)),
+    ).chosen
     # ORT's own default is symmetric=True (|x| percentile); its symmetric=False cuts each tail.
     ort = _ort_ranges(
         tiny_model,
@@ -103,7 +108,11 @@ def test_minmax_ranges_equal_onnxruntime(tmp_path: Path, tiny_model: Path) -> No
 
 def test_entropy_thresholds_against_onnxruntime(tmp_path: Path, tiny_model: Path) -> None:
     config, _ = _config(tmp_path, tiny_model, "  method: entropy\n  stratify: none\n  guards: false")
-    ranges = calibrate_activations(config, tiny_model, choose_calibration(config, _specs(tiny_model)))
+    ranges = calibrate_activations(
+        QuantSetup.of(config),
+        tiny_model,
+        choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model)),
+    )
     ort = _ort_ranges(tiny_model, tmp_path, CalibrationMethod.Entropy, num_bins=2048, num_quantized_bins=128)
     assert len(set(ranges.chosen) & set(ort)) >= 3
     for name in set(ranges.chosen) & set(ort):
@@ -154,7 +163,7 @@ def test_stratified_choice_is_seeded_and_recorded(tmp_path: Path, tiny_model: Pa
     hashes = {}
     for seed in (0, 0, 1):
         config, _ = _config(tmp_path, tiny_model, f"  samples: 60\n  seed: {seed}")
-        chosen = choose_calibration(config, _specs(tiny_model))
+        chosen = choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model))
         assert sum(b.size for b in chosen.batches) == 60 and chosen.stratify == "label"
         hashes.setdefault(seed, set()).add(chosen.selection.sample_hash)
         assert sum(chosen.selection.counts.values()) == 60
@@ -180,7 +189,7 @@ def test_label_stratify_without_labels_is_an_error(tmp_path: Path, tiny_model: P
     )
     config, _ = load_build_config(write_config(tmp_path, text), "ci", [])
     with pytest.raises(CalibrationError, match="stratify is 'label' but data.calibration yields no labels"):
-        choose_calibration(config, _specs(tiny_model))
+        choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model))
 
 
 def test_nondeterministic_calibration_source_is_an_error(tmp_path: Path, tiny_model: Path) -> None:
@@ -196,7 +205,7 @@ def test_nondeterministic_calibration_source_is_an_error(tmp_path: Path, tiny_mo
     )
     config, _ = load_build_config(write_config(tmp_path, text), "ci", [])
     with pytest.raises(CalibrationError, match="yielded different samples when called again"):
-        choose_calibration(config, _specs(tiny_model))
+        choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model))
 
 
 def _nan_model(path: Path) -> Path:
@@ -287,15 +296,19 @@ def test_auto_measures_both_schemes_in_one_pass_and_rescheme_reuses_it(
         return config
 
     asym, symm = config_for("asymmetric"), config_for("symmetric")
-    chosen = choose_calibration(asym, _specs(tiny_model))
-    first = calibrate_activations(asym, tiny_model, chosen)
+    chosen = choose_calibration(asym.calibration, asym.data, asym.base_dir, _specs(tiny_model))
+    first = calibrate_activations(QuantSetup.of(asym), tiny_model, chosen)
     assert set(first.noise) == {"asymmetric", "symmetric"} and first.evidence  # measured, and the choice shown
-    fresh = calibrate_activations(symm, tiny_model, choose_calibration(symm, _specs(tiny_model)))
+    fresh = calibrate_activations(
+        QuantSetup.of(symm),
+        tiny_model,
+        choose_calibration(symm.calibration, symm.data, symm.base_dir, _specs(tiny_model)),
+    )
 
     def no_second_pass(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("rescheme ran the propagated-noise pass again")
 
     monkeypatch.setattr(calibrate, "propagated_range_noise", no_second_pass)
-    again = calibrate.rescheme(first, symm, tiny_model, chosen)
+    again = calibrate.rescheme(first, QuantSetup.of(symm), tiny_model, chosen)
     assert again is not None
     assert again.methods == fresh.methods and again.chosen == fresh.chosen and again.evidence == fresh.evidence

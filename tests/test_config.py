@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from deploy_opt.config.profiles import list_profiles, load_build_config
+from deploy_opt.config.setup import SearchSettings
 from dopt_common.errors import ConfigError
 
 SHIPPED_PROFILES = {"cpu-server", "ci", "a100", "rtx3090", "v100"}
@@ -287,6 +288,30 @@ def test_later_set_overrides_win_and_values_parse_as_yaml(tmp_path: Path) -> Non
     assert config.benchmark.threads == 4
     assert config.gate.min_speedup is None
     assert config.benchmark.enabled is False
+
+
+@pytest.mark.parametrize(
+    "overrides,stages,timing",
+    [
+        ([], 2, 2),  # the default: runtime.threads null is benchmark.threads
+        (["benchmark.threads=4"], 4, 4),  # a config from before the runtime section: one count drives both
+        (["runtime.threads=8"], 8, 2),  # the build's work at 8 threads, the benchmark still timed at 2
+        (["benchmark.threads=1", "runtime.threads=3"], 3, 1),
+    ],
+)
+def test_runtime_threads_default_to_benchmark_threads(
+    tmp_path: Path, overrides: list[str], stages: int, timing: int
+) -> None:
+    config, _ = load_build_config(write_config(tmp_path), None, overrides)
+    assert config.stage_runtime.threads == stages and config.benchmark.threads == timing
+    settings = SearchSettings.of(config)  # what the stages are handed
+    assert settings.setup.runtime.threads == stages and settings.benchmark.threads == timing
+    assert config.runtime.threads == (None if not any("runtime" in o for o in overrides) else stages)
+
+
+def test_runtime_threads_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"runtime\.threads must be positive or null, got 0"):
+        load_build_config(write_config(tmp_path), None, ["runtime.threads=0"])
 
 
 def test_int_is_accepted_for_a_float_field(tmp_path: Path) -> None:

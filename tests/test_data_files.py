@@ -331,10 +331,14 @@ def test_the_sampler_balances_over_a_named_column(tmp_path: Path) -> None:
         "data: {calibration: c.npz, evaluation: e.npz, strata: domain}\ncalibration: {samples: 16}\n"
     )
     config, _ = load_build_config(tmp_path / "b.yaml")
-    chosen = choose_calibration(config, (InputSpec("x", ("batch", 16), "float32"),))
+    chosen = choose_calibration(
+        config.calibration, config.data, config.base_dir, (InputSpec("x", ("batch", 16), "float32"),)
+    )
     assert chosen.stratify == "data.strata 'domain'"
     assert chosen.selection.counts == {"news": 8, "law": 8}  # balanced: 8 of each, not 13 and 3
     (tmp_path / "b.yaml").write_text((tmp_path / "b.yaml").read_text().replace("strata: domain", "strata: topic"))
     config, _ = load_build_config(tmp_path / "b.yaml")
     with pytest.raises(InputError, match=r"has no array 'topic' \(data.strata\); it holds \['x', 'domain'\]"):
-        choose_calibration(config, (InputSpec("x", ("batch", 16), "float32"),))
+        choose_calibration(
+            config.calibration, config.data, config.base_dir, (InputSpec("x", ("batch", 16), "float32"),)
+        )

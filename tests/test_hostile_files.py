@@ -214,9 +214,9 @@ def test_build_with_a_hf_folder_whose_safetensors_is_damaged_is_refused(tmp_path
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "bert"}), encoding="utf-8")
     (folder / "model.safetensors").write_bytes(_safetensors(b"{}", length=2**40))
-    config = SimpleNamespace(base_dir=str(tmp_path), model=SimpleNamespace(hf="bert", task="text-classification"))
+    model = SimpleNamespace(hf="bert", task="text-classification")
     with pytest.raises(CheckpointError, match=r"bert/model.safetensors' is not valid safetensors: .* over the"):
-        load_hf_model(config)
+        load_hf_model(model, str(tmp_path))
 
 
 @pytest.mark.parametrize("shard", ["../../outside.safetensors", 7])

@@ -104,3 +104,22 @@ def test_the_import_test_covers_every_module() -> None:
 
     assert "deploy_opt.pipeline.build" in all_modules() and len(all_modules()) > 80
     assert deploy_opt.__name__ == "deploy_opt"
+
+
+@pytest.mark.parametrize(
+    "annotation", ["BuildConfig", "BuildConfig | None", "'BuildConfig'", "build.BuildConfig", "list[BuildConfig]"]
+)
+def test_a_stage_taking_the_whole_config_fails(tree: Path, annotation: str) -> None:
+    """Outside the composing modules a function takes the sections it reads, never the whole BuildConfig."""
+    (tree / "deploy_opt/stages/greedy.py").write_text(
+        f"def calibrate(x: int, *, config: {annotation}) -> None:\n    pass\n"
+    )
+    found = violations(tree)
+    assert any("stages/greedy.py:1: calibrate takes config: BuildConfig" in line for line in found), found
+
+
+def test_the_composing_modules_and_listed_transformations_may_take_the_whole_config(tree: Path) -> None:
+    (tree / "deploy_opt/pipeline/build.py").write_text(
+        (tree / "deploy_opt/pipeline/build.py").read_text() + "\n\ndef _more(config: BuildConfig) -> None:\n    pass\n"
+    )
+    assert violations(tree) == []

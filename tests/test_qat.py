@@ -301,7 +301,7 @@ def test_data_train_adds_training_batches(tmp_path) -> None:
         "train": f"{source}:calibration",
     }
     config = resolve_config({"name": "t", "model": {"onnx": model.name}, "data": data}, {}, [], str(tmp_path))
-    batches = training_batches(config, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
+    batches = training_batches(config.data, config.base_dir, (InputSpec("x", ("batch", tiny_onnx.FEATURES)),))
     assert sum(b.size for b in batches) == 128 and set(batches[0].inputs) == {"x"}
     with pytest.raises(ConfigError, match="data.train and data.evaluation"):
         resolve_config(

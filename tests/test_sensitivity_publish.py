@@ -100,7 +100,7 @@ def _build(fp32: float, int8_sha: str = "b", gate: float = 1.0, threads: int = 1
     return {
         "metrics": {"ort_fp32": fp32, "ort_int8": fp32 - 1, "samples": 256},
         "artifacts": {"model.onnx": {"sha256": "a"}, "model.int8.onnx": {"sha256": int8_sha}},
-        "config": {"gate": {"max_drop": gate}, "benchmark": {"threads": threads}},
+        "config": {"gate": {"max_drop": gate}, "benchmark": {"threads": threads}, "runtime": {"threads": None}},
     }
 
 
@@ -108,6 +108,7 @@ def _build(fp32: float, int8_sha: str = "b", gate: float = 1.0, threads: int = 1
     "published,why",
     [
         (_build(97.56, threads=4), None),  # benchmark settings are the command's own: still the same build
+        ({**_build(97.56), "config": {"gate": {"max_drop": 1.0}}}, None),  # build.json from before runtime/benchmark
         (None, "no build.json"),
         (_build(97.56, gate=2.0), "another config"),
         (_build(97.56, int8_sha="other"), "model.int8.onnx is not the model analyzed"),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.config.profiles import load_build_config
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.stages import calibrate
 from deploy_opt.stages.inputs import load_inputs
 
@@ -38,8 +39,8 @@ def timed_calibration(config_path: Path, samples: int) -> tuple[float, float, in
     """(collection s, choice s, tensors, calibration samples) with the choice run on ``samples`` samples."""
     config, _ = load_build_config(config_path, None, [])
     config = dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, method="auto"))
-    setup = configured(config, Candidate("outputs", config.quantization.activations, None, (), "chain"))
-    inputs = load_inputs(config)
+    setup = configured(QuantSetup.of(config), Candidate("outputs", config.quantization.activations, None, (), "chain"))
+    inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
     fp32 = Path(config.base_dir) / str(config.model.onnx)
     calibrate.AUTO_SAMPLES = samples
     choose = calibrate.scheme_noise

@@ -43,13 +43,13 @@ def load_setup(config_path: str, overrides: list[str], with_training_data: bool)
     """The config with ``overrides``; training batches are the calibration batches, plus the config's training
     data when ``with_training_data``."""
     config, _ = load_build_config(config_path, None, overrides)
-    inputs = load_inputs(config)
+    inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
     metric = resolve_metric(config.data.metric, config.base_dir)
     evaluation = inputs.evaluation(hold=True)
     names = [s.name for s in inputs.specs]
     train = list(inputs.calibration.batches)
     if with_training_data:
-        train = [*train, *training_batches(config, inputs.specs)]
+        train = [*train, *training_batches(config.data, config.base_dir, inputs.specs)]
     return Setup(config, names, train, evaluation, metric, inputs.torch_model.eval())
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import QuantSetup
 
 SCHEMES = ("asymmetric", "symmetric")
 # "chain" coverage also quantizes the ops between weighted ones that ONNX Runtime's CPU kernels run on integers
@@ -95,17 +95,17 @@ def allowed_placements(targets: tuple[str, ...], placements: tuple[str, ...]) ->
     return placements
 
 
-def configured(config: BuildConfig, candidate: Candidate) -> BuildConfig:
-    """The build config that quantizes exactly as ``candidate`` says (manual mode, no further fallback)."""
+def configured(setup: QuantSetup, candidate: Candidate) -> QuantSetup:
+    """The setup that quantizes exactly as ``candidate`` says (manual mode, no further fallback)."""
     quant = dataclasses.replace(
-        config.quantization,
+        setup.quantization,
         mode="manual",
         quantize_outputs=candidate.placement == "outputs",
         activations=candidate.activations,
         smoothing="none" if candidate.smoothing_alpha is None else "smoothquant",
         smoothing_alpha=candidate.smoothing_alpha if candidate.smoothing_alpha is not None else 0.5,
         exclude_nodes=candidate.excluded,
-        op_types=candidate.op_types(config.quantization.op_types),
+        op_types=candidate.op_types(setup.quantization.op_types),
         fallback="none",
     )
-    return dataclasses.replace(config, quantization=quant)
+    return dataclasses.replace(setup, quantization=quant)

@@ -19,7 +19,7 @@ from deploy_opt.analysis.sensitivity.variants import exclusion_variant
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.latency import LatencyProbe
 from deploy_opt.autotune.trials import Trial
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import SearchSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.uncertainty import standard_error
@@ -48,7 +48,7 @@ class Base:
 class SearchContext:
     """What every trial needs: the models, the scorer, the latency probe and the clock (work, not wall time)."""
 
-    config: BuildConfig
+    settings: SearchSettings
     fp32_path: Path
     fp32: onnx.ModelProto
     scorer: SubsetScorer
@@ -110,7 +110,7 @@ class SearchContext:
         value = float(np.mean(scores))
         latency, speedup = self.probe.speedup(data) if self.probe else (None, None)
         if nodes is None:  # Q/DQ nodes; a dynamic INT8 model's caller counts its own
-            nodes = sum(n.op_type in self.config.quantization.op_types for n in quantized_nodes(model))
+            nodes = sum(n.op_type in self.settings.setup.quantization.op_types for n in quantized_nodes(model))
         trial = Trial(
             step,
             candidate,
@@ -146,7 +146,7 @@ def _scores_of(scorer: SubsetScorer, model: bytes) -> np.ndarray:
 
 
 def new_context(
-    config: BuildConfig,
+    settings: SearchSettings,
     fp32_path: Path,
     held: list[Batch],
     metric: Metric,
@@ -154,23 +154,26 @@ def new_context(
     calibration: CalibrationSet,
     work: Path,
 ) -> SearchContext:
-    threads = config.benchmark.threads
+    setup, bench = settings.setup, settings.benchmark
+    threads = setup.runtime.threads
     fp32 = onnx.load(str(fp32_path))
     session = create_session(fp32_path, threads=threads, spin=False)  # its CPU time is budgeted work
     references = [session.run(None, b.inputs)[0] for b in held]
     scorer = SubsetScorer(held, references, metric, threads)
-    timed = config.auto.min_gain is not None and "ort-cpu" in config.deploy.targets and config.benchmark.enabled
-    batch = config.gate.speedup_batch or max(config.benchmark.batch_sizes)
+    timed = setup.auto.min_gain is not None and "ort-cpu" in setup.deploy.targets and bench.enabled
+    batch = settings.gate.speedup_batch or max(bench.batch_sizes)
     probe = None
-    if timed:  # the final timing runs as users run (spinning, ``threads``); the ranking on one thread's CPU time
-        timed_fp32, single = create_session(fp32_path, threads=threads), create_session(fp32_path, threads=1)
-        probe = LatencyProbe(timed_fp32, feed_of_size(held[0], batch), threads, fp32_single=single)
+    if timed:  # the final timing runs as the benchmark does (spinning, benchmark.threads); the ranking on one
+        # thread's CPU time
+        timing = bench.threads
+        timed_fp32, single = create_session(fp32_path, threads=timing), create_session(fp32_path, threads=1)
+        probe = LatencyProbe(timed_fp32, feed_of_size(held[0], batch), timing, fp32_single=single)
     baseline = scorer.sample_scores(fp32)
     from deploy_opt.analysis.sensitivity.mixed_precision import task_executor
 
-    executor = task_executor(config.sensitivity)
+    executor = task_executor(settings.sensitivity)
     return SearchContext(
-        config,
+        settings,
         fp32_path,
         fp32,
         scorer,
@@ -189,7 +192,7 @@ def new_context(
 def paying(ctx: SearchContext, bases: list[Base]) -> list[Base]:
     """The bases faster than FP32 by ``auto.min_gain`` (all of them when the search is not timed)."""
     measured = {t.candidate: t for t in ctx.trials}
-    return [b for b in bases if ctx.probe is None or measured[b.candidate].pays(ctx.config.auto.min_gain)]
+    return [b for b in bases if ctx.probe is None or measured[b.candidate].pays(ctx.settings.setup.auto.min_gain)]
 
 
 def most_accurate(trials: list[Trial], bases: list[Base]) -> Base:
@@ -227,13 +230,13 @@ def variant_model(
     Chain coverage lets ORT's writer remove a Relu or Clip and do its clip in the producer's Q/DQ pair; excluding
     that producer would take the clip away with the pair, so those variants are written by the writer itself.
     """
-    op_types = candidate.op_types(ctx.config.quantization.op_types)
+    op_types = candidate.op_types(ctx.settings.setup.quantization.op_types)
     if candidate.coverage != "chain":
         return exclusion_variant(qdq, source, op_types, candidate.excluded, candidate.placement)
     ctx.variants += 1
     folder = ctx.work / f"variant-{ctx.variants}"
     written = quantize(
-        configured(ctx.config, candidate),
+        configured(ctx.settings.setup, candidate),
         base.source,
         ctx.calibration,
         folder,

@@ -39,21 +39,21 @@ ROUNDING_MACS_PER_S = 2e10
 
 def recovery_trials(ctx: SearchContext, bases: list[Base], work: Path) -> list[Base]:
     """Each recovery method on the most accurate paying base, stacked while each lowers the drop."""
-    config = ctx.config
-    goal = config.auto.min_gain if ctx.probe is not None else None
+    settings, setup = ctx.settings, ctx.settings.setup
+    goal = setup.auto.min_gain if ctx.probe is not None else None
     measured = {t.candidate: t for t in ctx.trials}
     candidates = paying(ctx, bases)
     if not candidates:
         return []
     current = min(candidates, key=lambda b: measured[b.candidate].drop)
-    if measured[current.candidate].drop <= RECOVERY_FROM * config.gate.max_drop:
+    if measured[current.candidate].drop <= RECOVERY_FROM * settings.gate.max_drop:
         # a few float nodes close a small gap for less than a recovery pass costs (MiniLM at drop 1.03 of 1:
         # bias correction and learned rounding of 36 MatMuls spent most of a 240 s budget, the fallback needs two)
         log.info("auto recovery: not tried, the most accurate base misses max_drop by little; the fallback closes it")
         return []
     found: list[Base] = []
-    for method in (m for m in RECOVERY_METHODS if m in config.auto.recovery):
-        if best_trial(ctx.trials, config.gate.max_drop, goal) is not None:
+    for method in (m for m in RECOVERY_METHODS if m in setup.auto.recovery):
+        if best_trial(ctx.trials, settings.gate.max_drop, goal) is not None:
             break
         if not ctx.time_left(ctx.calibration_s if method == "cle" else 0.0):
             break
@@ -78,9 +78,9 @@ def _recovered(ctx: SearchContext, method: str, base: Base, work: Path) -> Base 
         return None
     label = "-".join((*base.candidate.recovery, method))
     source = work.parent / f".recovered-{base.candidate.placement}-{base.candidate.activations[:4]}-{label}.onnx"
-    save_onnx(graph, source, external_data_mb=ctx.config.export.external_data_mb)
+    save_onnx(graph, source, external_data_mb=ctx.settings.setup.export.external_data_mb)
     candidate = dataclasses.replace(base.candidate, recovery=(*base.candidate.recovery, method))
-    setup = configured(ctx.config, candidate)
+    setup = configured(ctx.settings.setup, candidate)
     ranges = base.model.ranges
     if method == "cle":  # equalization rescales activations channel by channel: their ranges must be observed again
         started = ctx.clock.spent()
@@ -125,5 +125,7 @@ def _transform(
     weights = {
         name: t for name, t in base.model.scales.tensors.items() if t.role == "weight" and name not in kept_float
     }
-    rounded = adaround(fp32, weights, feeds, max_work=ROUNDING_SHARE * ctx.config.auto.budget_s * ROUNDING_MACS_PER_S)
+    rounded = adaround(
+        fp32, weights, feeds, max_work=ROUNDING_SHARE * ctx.settings.setup.auto.budget_s * ROUNDING_MACS_PER_S
+    )
     return (rounded.model if rounded.layers else None), rounded.to_json()

@@ -33,7 +33,7 @@ def fallback_bases(ctx: SearchContext, bases: list[Base]) -> list[Base]:
         return [most_accurate(ctx.trials, bases)]
     accurate = most_accurate(ctx.trials, fast_enough)
     best = measured[accurate.candidate].drop
-    band = best + max(0.25 * abs(best), 0.1 * ctx.config.gate.max_drop)
+    band = best + max(0.25 * abs(best), 0.1 * ctx.settings.gate.max_drop)
     near = [b for b in fast_enough if measured[b.candidate].drop <= band]
     quickest = fastest([measured[b.candidate] for b in near]).candidate
     other = next(b for b in near if b.candidate == quickest)
@@ -46,12 +46,12 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     Each prefix also keeps in float the INT8 islands it leaves whose conversions cost more than INT8 saves
     there (``islands.Islands``), so the float nodes form contiguous regions rather than alternating with INT8.
     """
-    config = ctx.config
+    settings, setup = ctx.settings, ctx.settings.setup
     qdq = onnx.load(str(base.model.path))
-    subset = pick_subset(held, config.sensitivity.subset, config.seed)
-    threads = config.benchmark.threads
+    subset = pick_subset(held, settings.sensitivity.subset, settings.seed)
+    threads = setup.runtime.threads
     scorer = SubsetScorer(subset, fp32_references(ctx.fp32_path, subset, threads), ctx.metric, threads)
-    op_types = base.candidate.op_types(config.quantization.op_types)
+    op_types = base.candidate.op_types(setup.quantization.op_types)
     record = analyze(base.source, base.model.path, scorer, op_types, "proxy", 1)
     order = [group[0] for group in sensitivity_order(record, "node") if group[0] not in base.candidate.excluded]
     predicted = {n.name: n.proxy.get("predicted_drop") for n in record.nodes}
@@ -87,7 +87,7 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
     low, high, count = 0, None, 1
     while order and ctx.time_left():
         look_ahead(count)
-        if attempt(count).meets(config.gate.max_drop):
+        if attempt(count).meets(settings.gate.max_drop):
             high = count
             break
         if count == len(order):
@@ -95,14 +95,14 @@ def fallback_trials(ctx: SearchContext, base: Base, held: list[Batch]) -> None:
         low, count = count, min(count * 2, len(order))
     while high is not None and high - low > 1 and ctx.time_left():
         middle = (low + high) // 2
-        low, high = (low, middle) if attempt(middle).meets(config.gate.max_drop) else (middle, high)
+        low, high = (low, middle) if attempt(middle).meets(settings.gate.max_drop) else (middle, high)
 
 
 def latency_trials(ctx: SearchContext, accurate: Trial, base: Base) -> None:
     """Keep low-intensity nodes in FP32 where INT8 there costs more in Q/DQ than it saves."""
     qdq = onnx.load(str(base.model.path))
     source = onnx.load(str(base.source))
-    lengths = reduction_lengths(source, ctx.config.quantization.op_types)
+    lengths = reduction_lengths(source, ctx.settings.setup.quantization.op_types)
     live = {n: k for n, k in lengths.items() if n not in accurate.candidate.excluded}
     for _, group in intensity_groups(live):
         if not ctx.time_left():

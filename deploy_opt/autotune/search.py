@@ -39,12 +39,20 @@ import numpy as np
 import onnx
 
 from deploy_opt.autotune.candidates import CHAIN_OPS, Candidate, allowed_placements, allowed_schemes, configured
-from deploy_opt.autotune.context import Base, SearchContext, base_of, most_accurate, new_context, paying, variant_model
+from deploy_opt.autotune.context import (
+    Base,
+    SearchContext,
+    base_of,
+    most_accurate,
+    new_context,
+    paying,
+    variant_model,
+)
 from deploy_opt.autotune.head import float_head
 from deploy_opt.autotune.recover import recovery_trials
 from deploy_opt.autotune.refine import fallback_bases, fallback_trials, latency_trials
 from deploy_opt.autotune.trials import SPEED_TIE, AutoSearch, Trial, best_trial, chosen_trial
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import SearchSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.stages.calibrate import ActivationRanges, calibrate_activations, rescheme
@@ -66,7 +74,7 @@ class SearchOutcome:
 
 
 def run_search(
-    config: BuildConfig,
+    settings: SearchSettings,
     fp32_path: Path,
     calibration: CalibrationSet,
     held: list[Batch],
@@ -78,10 +86,11 @@ def run_search(
 
     With ``sensitivity.parallel`` > 1 (or an address) the fallback scores its next doublings as Ray tasks at once
     and then walks them in the serial order, so it takes the serial run's decisions (``refine.py``)."""
-    clock = WorkClock.start(config.auto.budget_s, config.auto.budget_s * config.auto.wall_cap, config.benchmark.threads)
-    ctx = new_context(config, fp32_path, held, metric, clock, calibration, work)
+    auto = settings.setup.auto
+    clock = WorkClock.start(auto.budget_s, auto.budget_s * auto.wall_cap, settings.setup.runtime.threads)
+    ctx = new_context(settings, fp32_path, held, metric, clock, calibration, work)
     try:
-        return _search(ctx, config, fp32_path, calibration, held, static, work)
+        return _search(ctx, fp32_path, calibration, held, static, work)
     finally:
         if ctx.executor is not None:
             ctx.executor.close()
@@ -89,7 +98,6 @@ def run_search(
 
 def _search(
     ctx: SearchContext,
-    config: BuildConfig,
     fp32_path: Path,
     calibration: CalibrationSet,
     held: list[Batch],
@@ -98,29 +106,31 @@ def _search(
 ) -> SearchOutcome:
     from tqdm import tqdm
 
+    auto = ctx.settings.setup.auto
+
     if sys.stderr.isatty():  # no bar object at all otherwise: a signal landing in its __del__ would be swallowed
         ctx.bar = tqdm(
-            total=round(config.auto.budget_s),
+            total=round(auto.budget_s),
             desc="auto search (of its budget)",
             unit="s",
             leave=False,
             bar_format="{desc}: {n:.0f}/{total} s {bar} {postfix}",
         )
     bases = _placement_trials(ctx, fp32_path, calibration, static, work)
-    max_drop = config.gate.max_drop
+    max_drop = ctx.settings.gate.max_drop
     # Search on while no candidate both meets max_drop and pays (when timed): an accurate candidate slower than
     # FP32 is no answer when a fast one with its head in float, or a few nodes back in FP32, would be.
-    goal = config.auto.min_gain if ctx.probe is not None else None
+    goal = auto.min_gain if ctx.probe is not None else None
     dynamic: list[Base] = []  # kept apart: the steps below vary Q/DQ models, which a dynamic one is not
     if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and _dynamic_pays(ctx):
         dynamic = _dynamic_trial(ctx, fp32_path, static, work)
-    smoothquant = config.auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
+    smoothquant = auto.smoothquant_alpha is not None and _has_smoothing_targets(ctx.fp32)
     # SmoothQuant calibrates the smoothed model again: on a ViT-S that started at 165 s of 240 and ended at 297 s
     if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left(ctx.calibration_s) and smoothquant:
         bases += _smoothquant_trial(ctx, fp32_path, calibration, bases, work)
     if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left():
         bases += _head_trials(ctx, bases)
-    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and config.auto.recovery:
+    if best_trial(ctx.trials, max_drop, goal) is None and ctx.time_left() and auto.recovery:
         bases += recovery_trials(ctx, bases, work)
     if best_trial(ctx.trials, max_drop, goal) is None:
         for base in fallback_bases(ctx, bases):
@@ -130,11 +140,11 @@ def _search(
     accurate = chosen_trial(static_trials, max_drop, None)
     if accurate is not None and ctx.probe is not None and ctx.time_left():
         latency_trials(ctx, accurate, base_of(accurate, bases))
-    chosen = chosen_trial(ctx.trials, max_drop, config.auto.min_gain)
-    if chosen is None and ctx.probe is not None and config.auto.min_gain is not None:
+    chosen = chosen_trial(ctx.trials, max_drop, auto.min_gain)
+    if chosen is None and ctx.probe is not None and auto.min_gain is not None:
         # The ranking's one-thread CPU time can undersell INT8 at benchmark.threads (textdet's fallback: 1.02x on
         # one thread, 1.12x on the wall clock at two): one within the tie band is timed as users run it.
-        chosen = chosen_trial(ctx.trials, max_drop, config.auto.min_gain / (1 + SPEED_TIE))
+        chosen = chosen_trial(ctx.trials, max_drop, auto.min_gain / (1 + SPEED_TIE))
     chosen = _confirmed(ctx, chosen)
     verdict = _verdict(ctx, chosen)
     if ctx.bar is not None:
@@ -164,34 +174,34 @@ def _confirmed(ctx: SearchContext, chosen: Trial | None) -> Trial | None:
     ctx.trials.append(again)
     interval = f"{speed.value:.2f}x FP32 (95% CI {speed.low:.2f}-{speed.high:.2f}x)"
     log.info("auto confirm     %-24s %s", chosen.candidate.label, interval)
-    return again if again.pays(ctx.config.auto.min_gain) else None
+    return again if again.pays(ctx.settings.setup.auto.min_gain) else None
 
 
 def _placement_trials(
     ctx: SearchContext, fp32_path: Path, calibration: CalibrationSet, static: tuple[str, ...], work: Path
 ) -> list[Base]:
-    config, bases = ctx.config, []
-    placements = allowed_placements(config.deploy.targets, PLACEMENTS)
+    setup, bases = ctx.settings.setup, []
+    placements = allowed_placements(setup.deploy.targets, PLACEMENTS)
     shapes = [(p, "weighted") for p in placements] + ([("outputs", "chain")] if _chains_pay(ctx) else [])
-    widest = configured(config, Candidate("outputs", config.quantization.activations, None, static, shapes[-1][1]))
+    widest = configured(setup, Candidate("outputs", setup.quantization.activations, None, static, shapes[-1][1]))
     first: ActivationRanges | None = None  # one calibration pass (of every tensor any shape quantizes)
-    for scheme in allowed_schemes(config.deploy.targets, config.quantization.activations):
+    for scheme in allowed_schemes(setup.deploy.targets, setup.quantization.activations):
         ranges: ActivationRanges | None = None  # each further scheme only re-chooses the ranges
         for placement, coverage in shapes if first is None else _affordable(ctx, shapes, scheme, first):
             again = first.choice_seconds if ranges is None and first is not None else 0.0
             if bases and not ctx.time_left(again):
                 return bases
             candidate = Candidate(placement, scheme, None, static, coverage)
-            setup = configured(config, candidate)
+            chosen = configured(setup, candidate)
             if ranges is None and first is not None:
-                ranges = rescheme(first, setup, fp32_path, calibration)
+                ranges = rescheme(first, chosen, fp32_path, calibration)
             if ranges is None:
                 calibrating = ctx.clock.spent()
                 ranges = calibrate_activations(widest, fp32_path, calibration)
                 ctx.calibration_s = ctx.clock.spent() - calibrating
             first = first or ranges
             folder = work / f"{placement}-{coverage}-{scheme}"
-            model = quantize(setup, fp32_path, calibration, folder, ranges=ranges)
+            model = quantize(chosen, fp32_path, calibration, folder, ranges=ranges)
             ctx.measure("placement", candidate, onnx.load(str(model.path)))
             bases.append(Base(candidate, fp32_path, model, None))
     return bases
@@ -227,10 +237,10 @@ def _chains_pay(ctx: SearchContext) -> bool:
 
     Not with TensorRT among the targets: chains quantize outputs, which TensorRT's placement never does.
     """
-    targets = ctx.config.deploy.targets
+    targets = ctx.settings.setup.deploy.targets
     if "ort-cpu" not in targets or "tensorrt" in targets:
         return False
-    weighted = set(ctx.config.quantization.op_types)
+    weighted = set(ctx.settings.setup.quantization.op_types)
     produced = {out for n in ctx.fp32.graph.node if n.op_type in weighted for out in n.output}
     return any(n.op_type in CHAIN_OPS and set(n.input) & produced for n in ctx.fp32.graph.node)
 
@@ -240,7 +250,11 @@ def _dynamic_pays(ctx: SearchContext) -> bool:
     or Attention nodes that ORT's dynamic mode quantizes."""
     from deploy_opt.stages.dynamic import dynamic_allowed, dynamic_nodes
 
-    return ctx.config.auto.dynamic and dynamic_allowed(ctx.config.deploy.targets) and bool(dynamic_nodes(ctx.fp32))
+    return (
+        ctx.settings.setup.auto.dynamic
+        and dynamic_allowed(ctx.settings.setup.deploy.targets)
+        and bool(dynamic_nodes(ctx.fp32))
+    )
 
 
 def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...], work: Path) -> list[Base]:
@@ -252,7 +266,7 @@ def _dynamic_trial(ctx: SearchContext, fp32_path: Path, static: tuple[str, ...],
     candidate = Candidate("dynamic", "asymmetric", None, static)
     samples = len(ctx.calibration.selection.indices)
     try:
-        model = quantize_dynamic(ctx.config, fp32_path, work / "dynamic", static, samples)
+        model = quantize_dynamic(ctx.settings.setup, fp32_path, work / "dynamic", static, samples)
     except NothingToQuantize as exc:  # e.g. every MatMul reads two activations (attention scores), none a weight
         log.info("auto dynamic: no candidate: %s", exc)
         return []
@@ -272,9 +286,11 @@ def _smoothquant_trial(
 ) -> list[Base]:
     """``smoothquant_base`` again, on the SmoothQuant-ed model (written next to ``work``: it may ship)."""
     base = smoothquant_base(ctx, bases)
-    candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.config.auto.smoothquant_alpha)
-    setup = configured(ctx.config, candidate)
-    smoothed = smooth_model(setup, fp32_path, calibration, work.parent / ".smoothed.onnx")
+    candidate = dataclasses.replace(base.candidate, smoothing_alpha=ctx.settings.setup.auto.smoothquant_alpha)
+    setup = configured(ctx.settings.setup, candidate)
+    smoothed = smooth_model(
+        setup.quantization, setup.export, setup.runtime, fp32_path, calibration, work.parent / ".smoothed.onnx"
+    )
     source, smoothing = smoothed.path, smoothed.to_json()
     model = quantize(setup, source, calibration, work / "smoothquant", smoothing=smoothing)
     ctx.measure("smoothquant", candidate, onnx.load(str(model.path)))
@@ -297,7 +313,7 @@ def _head_trials(ctx: SearchContext, bases: list[Base]) -> list[Base]:
     """
     heads: list[Base] = []
     for base in paying(ctx, bases):
-        op_types = base.candidate.op_types(ctx.config.quantization.op_types)
+        op_types = base.candidate.op_types(ctx.settings.setup.quantization.op_types)
         head = tuple(n for n in float_head(ctx.fp32, op_types) if n not in base.candidate.excluded)
         if not head or not ctx.time_left():
             continue
@@ -351,9 +367,9 @@ def _bounds(ctx: SearchContext) -> str:
 
 def _untimed_targets(ctx: SearchContext) -> str:
     """What to say when a GPU profile's search could not time its candidates where they will run."""
-    if ctx.probe is not None or ctx.config.auto.min_gain is None:
+    if ctx.probe is not None or ctx.settings.setup.auto.min_gain is None:
         return ""
-    targets = ctx.config.deploy.targets
+    targets = ctx.settings.setup.deploy.targets
     if "ort-cpu" in targets:
         return ""
     return (
@@ -370,8 +386,8 @@ def _coarse_decisions(ctx: SearchContext) -> str:
     from deploy_opt.evaluation.uncertainty import resolution
 
     scores = np.asarray(ctx.baseline_scores)
-    max_drop = ctx.config.gate.max_drop
-    step = resolution([scores], right_or_wrong=ctx.config.data.metric in STEP_METRICS) if scores.size else None
+    max_drop = ctx.settings.gate.max_drop
+    step = resolution([scores], right_or_wrong=ctx.settings.setup.metric in STEP_METRICS) if scores.size else None
     if step is None or step <= max_drop or max_drop <= 0:
         return ""
     needed = math.ceil(scores.size * step / max_drop)
@@ -383,7 +399,7 @@ def _coarse_decisions(ctx: SearchContext) -> str:
 
 
 def _answer(ctx: SearchContext, chosen: Trial | None) -> str:
-    max_drop, min_gain = ctx.config.gate.max_drop, ctx.config.auto.min_gain
+    max_drop, min_gain = ctx.settings.gate.max_drop, ctx.settings.setup.auto.min_gain
     timed = " within the time budget" if not ctx.time_left() else ""
     if chosen is not None:
         speed = f", {chosen.speedup:.2f}x FP32" if chosen.speedup is not None else ""

@@ -232,6 +232,20 @@ class BenchmarkConfig:
 
 
 @dataclass(frozen=True)
+class RuntimeConfig:
+    """How the build's own work runs: calibration, smoothing, the auto search, evaluation and the comparison (the
+    benchmark's timing runs at ``benchmark.threads``)."""
+
+    # ORT (and torch) intra-op threads of every stage but the benchmark; null: benchmark.threads, which drove them
+    # all before this section existed, so a config that sets only benchmark.threads builds as it always did.
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads <= 0:
+            raise ConfigError(f"runtime.threads must be positive or null, got {self.threads}")
+
+
+@dataclass(frozen=True)
 class GateConfig:
     """Release criteria: the largest metric drop and the smallest speedup allowed."""
 
@@ -303,6 +317,8 @@ class BuildConfig:
     sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    # As written: threads null means benchmark.threads; stages take ``stage_runtime``, where that is resolved.
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     # Structured pruning and distillation of a torch model before export (deploy_opt/prune/); off by default.
@@ -323,6 +339,12 @@ class BuildConfig:
                 "prune needs model.factory: structured pruning works on a torch model before export, not on an "
                 "ONNX file; fix: give the torch factory, or set prune.ratio: 0"
             )
+
+    @property
+    def stage_runtime(self) -> RuntimeConfig:
+        """``runtime`` with its threads resolved (null: ``benchmark.threads``): what the stages run with."""
+        threads = self.benchmark.threads if self.runtime.threads is None else self.runtime.threads
+        return RuntimeConfig(threads=threads)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain data, for build.json."""

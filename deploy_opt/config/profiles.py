@@ -26,6 +26,7 @@ PROFILE_SECTIONS = {
     "sensitivity": cfg.SensitivityConfig,
     "deploy": cfg.DeployConfig,
     "benchmark": cfg.BenchmarkConfig,
+    "runtime": cfg.RuntimeConfig,
     "gate": cfg.GateConfig,
 }
 # Sections for the LLM path (``quantize-llm``, ``serve``), not applied to INT8 builds.

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from deploy_opt.config.build import BuildConfig, CompareConfig
 from deploy_opt.config.profiles import Profile
-from deploy_opt.data.sources import Batch
-from deploy_opt.evaluation.metrics import Metric, resolve_metric
+from deploy_opt.config.setup import BackendSettings, SearchSettings
+from deploy_opt.evaluation.metrics import resolve_metric
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.pipeline.precision import (
     Precision,
     auto_precision,
@@ -110,29 +111,30 @@ def input_locations(config: BuildConfig) -> tuple[list[Path], list[Path]]:
 
 
 def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bool) -> tuple[BuildRecord, GateResult]:
-    times, threads = Timings(), config.benchmark.threads
+    times, threads = Timings(), config.stage_runtime.threads
     seed_everything(config.seed)
     with times.stage("load", explain=False):
-        inputs = load_inputs(config)
+        inputs = load_inputs(config.model, config.data, config.calibration, config.export, config.base_dir)
     metric = resolve_metric(config.data.metric, config.base_dir)
     split = split_evaluation(
         config.data,
         inputs.specs,
         config.base_dir,
-        inputs.evaluation(hold=needs_held_evaluation(config) or config.prune.enabled),
+        inputs.evaluation(hold=needs_held_evaluation(config.quantization, config.sensitivity) or config.prune.enabled),
         inputs.calibration,
         config.seed,
     )
-    evaluation = list(split.decide)  # what every choice below is made on; the gate judges split.judge
-    inputs, fp32, pruned, original = _export_models(config, inputs, evaluation, metric, stage, times, progress)
+    # every choice below is made on split.decide; the gate judges split.judge
+    ctx = StageContext(stage, times, progress, metric, list(split.decide))
+    inputs, fp32, pruned, original = _export_models(config, inputs, ctx)
     config = respect_fixed_batch(config, fp32.path)
-    precision = _quantize(config, fp32, inputs, evaluation, metric, stage, times, progress)
+    precision = _quantize(config, fp32, inputs, ctx)
     shipped = precision.shipped
     samples = split.judge if isinstance(split.judge, list) else inputs.head  # what the comparison will run
     # Every input shape a stage runs, so the TensorRT profile spans them (sequence axes padded per batch vary).
     shapes = input_shapes(b.inputs for b in (*inputs.calibration.batches, *samples))
     with times.stage("backends"):
-        backends = write_backends(config, fp32.path, shipped, inputs.head[0], stage, shapes)
+        backends = write_backends(BackendSettings.of(config), fp32.path, shipped, inputs.head[0], stage, shapes)
     with times.stage("evaluate"):
         models = _evaluated_models(fp32, precision, original)
         reference = inputs.torch_model if pruned is None else pruned.original
@@ -143,7 +145,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
     with times.stage("benchmark"):
         fp32_ships = not int8_nodes(shipped.path, config.quantization.op_types)
         same = {"ort_int8": "ort_fp32"} if fp32_ships else None  # the same graph: timed once
-        bench = run_benchmark(cpu_timed(config), runtimes.sessions, inputs.head[0], same)
+        bench = run_benchmark(cpu_timed(config.deploy, config.benchmark), runtimes.sessions, inputs.head[0], same)
     with times.stage("compare_align"):
         verified = compare_and_align(
             _comparison_setting(config.compare, fp32_ships),
@@ -189,13 +191,7 @@ def _build_into(config: BuildConfig, profile: Profile, stage: Path, progress: bo
 
 
 def _export_models(
-    config: BuildConfig,
-    inputs: BuildInputs,
-    evaluation: list[Batch],
-    metric: Metric,
-    stage: Path,
-    times: Timings,
-    progress: bool,
+    config: BuildConfig, inputs: BuildInputs, ctx: StageContext
 ) -> tuple[BuildInputs, Fp32Model, PrunedModel | None, Fp32Model | None]:
     """Prune (when asked), then export: (inputs with the pruned torch model, FP32 model, pruned run, original FP32).
 
@@ -203,23 +199,25 @@ def _export_models(
     baseline. Without pruning the last two are None.
     """
     pruned = original = None
+    stage = ctx.stage
     if config.prune.enabled:
-        with times.stage("prune"):
+        with ctx.times.stage("prune"):
             data = DistillData(
                 names=[s.name for s in inputs.specs],
-                batches=[*inputs.calibration.batches, *training_batches(config, inputs.specs)],
-                evaluation=evaluation,
-                metric=metric,
+                batches=[*inputs.calibration.batches, *training_batches(config.data, config.base_dir, inputs.specs)],
+                evaluation=ctx.evaluation,
+                metric=ctx.metric,
             )
             factory = str(config.model.factory)
-            pruned = prune_model(config.prune, factory, inputs.torch_model, data, stage, config.seed, progress)
+            pruned = prune_model(config.prune, factory, inputs.torch_model, data, stage, config.seed, ctx.progress)
         inputs = dataclasses.replace(inputs, torch_model=pruned.model)
-    with times.stage("export"):
+    with ctx.times.stage("export"):
         parity = list(inputs.head[: config.export.parity_batches])
-        fp32 = prepare_fp32(config, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
+        source = (config.export, config.model, config.stage_runtime, config.base_dir)
+        fp32 = prepare_fp32(*source, inputs.torch_model, inputs.calibration.batches[0], parity, stage)
         if pruned is not None:  # the reference the gate judges against, and the latency baseline
             original = prepare_fp32(
-                config,
+                *source,
                 pruned.original,
                 inputs.calibration.batches[0],
                 parity,
@@ -228,31 +226,22 @@ def _export_models(
     return inputs, fp32, pruned, original
 
 
-def _quantize(
-    config: BuildConfig,
-    fp32: Fp32Model,
-    inputs: BuildInputs,
-    evaluation: list[Batch],
-    metric: Metric,
-    stage: Path,
-    times: Timings,
-    progress: bool,
-) -> Precision:
+def _quantize(config: BuildConfig, fp32: Fp32Model, inputs: BuildInputs, ctx: StageContext) -> Precision:
     """Calibrate and quantize: the auto search, or the configured ranges with the sensitivity fallback; then QAT
-    when asked. Every choice is made on ``evaluation`` (the decide split)."""
+    when asked. Every choice is made on ``ctx.evaluation`` (the decide split)."""
+    settings = SearchSettings.of(config)
     if config.quantization.mode == "auto":
-        with times.stage("auto_search"):
-            precision = auto_precision(config, fp32.path, inputs.calibration, evaluation, metric, stage)
+        with ctx.times.stage("auto_search"):
+            precision = auto_precision(settings, config.name, fp32.path, inputs.calibration, ctx)
     else:
-        with times.stage("calibrate_quantize"):
-            quantized = quantize_fully(config, fp32.path, inputs.calibration, stage)
-        with times.stage("sensitivity_fallback"):
-            precision = choose_precision(config, quantized, inputs.calibration, evaluation, metric, stage)
+        with ctx.times.stage("calibrate_quantize"):
+            quantized = quantize_fully(settings.setup, fp32.path, inputs.calibration, ctx.stage)
+        with ctx.times.stage("sensitivity_fallback"):
+            precision = choose_precision(settings, config.name, quantized, inputs.calibration, ctx)
     if config.quantization.qat.enabled:
-        with times.stage("qat"):
-            precision = fine_tune(
-                config, fp32.path, precision, inputs.calibration, evaluation, metric, stage, inputs.specs, progress
-            )
+        extra = lambda: training_batches(config.data, config.base_dir, inputs.specs)  # noqa: E731 - read when QAT trains
+        with ctx.times.stage("qat"):
+            precision = fine_tune(settings, fp32.path, precision, inputs.calibration, ctx, extra)
     return precision
 
 

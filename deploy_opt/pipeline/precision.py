@@ -7,7 +7,6 @@ searches from it; the model that ships is then quantized again with the chosen n
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,10 @@ from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.autotune.candidates import Candidate, configured
 from deploy_opt.autotune.search import run_search
 from deploy_opt.autotune.trials import AutoSearch
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import QuantizationConfig, SensitivityConfig
+from deploy_opt.config.setup import QuantSetup, SearchSettings
 from deploy_opt.data.sources import Batch
-from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.report.calibration_plot import plot_histograms
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.calibration_set import CalibrationSet
@@ -61,7 +61,7 @@ class Precision:
     fallback: FallbackChoice
     sensitivity: SensitivityRecord | None
     auto: AutoSearch | None = None  # the auto search's record (quantization.mode: auto)
-    setup: BuildConfig | None = None  # the settings ``full`` was written with (QAT writes its model with them)
+    setup: QuantSetup | None = None  # the settings ``full`` was written with (QAT writes its model with them)
     smoothing: dict[str, Any] | None = None
     qat: dict[str, Any] | None = None  # the QAT record (build.json ``qat``), when it ran or was considered
     alternatives: tuple[tuple[str, Path], ...] = ()  # other Q/DQ models evaluated and benchmarked beside it
@@ -72,48 +72,45 @@ class Precision:
         return self.shipped is not self.full
 
 
-def needs_held_evaluation(config: BuildConfig) -> bool:
+def needs_held_evaluation(quant: QuantizationConfig, sens: SensitivityConfig) -> bool:
     """Sensitivity, auto fallback and the auto search revisit the evaluation set, so it must be held in memory."""
-    quant = config.quantization
-    return config.sensitivity.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
+    return sens.enabled or quant.fallback == "auto" or quant.mode == "auto" or bool(quant.qat.enabled)
 
 
 def auto_precision(
-    config: BuildConfig,
-    fp32_path: Path,
-    calibration: CalibrationSet,
-    evaluation: Iterable[Batch],
-    metric: Metric,
-    stage: Path,
+    settings: SearchSettings, name: str, fp32_path: Path, calibration: CalibrationSet, ctx: StageContext
 ) -> Precision:
-    """``quantization.mode: auto``: search, then write the chosen model (or the FP32 one) as model.int8.onnx."""
-    held = list(evaluation)
-    static = static_fallback(config, fp32_path)
+    """``quantization.mode: auto``: search, then write the chosen model (or the FP32 one) as model.int8.onnx;
+    ``name``: the build's, which the sensitivity record carries."""
+    held, metric, stage, setup = list(ctx.evaluation), ctx.metric, ctx.stage, settings.setup
+    static = static_fallback(setup.quantization, setup.deploy, fp32_path)
     work = stage / ".auto"
     try:
-        outcome = run_search(config, fp32_path, calibration, held, metric, static, work)
+        outcome = run_search(settings, fp32_path, calibration, held, metric, static, work)
         base, chosen = outcome.base, outcome.search.chosen
         if base is None or chosen is None:  # FP32 ships: every quantizable node excluded
             every = tuple(
                 n.name
                 for n in onnx.load(str(fp32_path), load_external_data=False).graph.node
-                if n.op_type in config.quantization.op_types
+                if n.op_type in setup.quantization.op_types
             )
-            setup = configured(config, Candidate("inputs", config.quantization.activations, None, every))
+            chosen_setup = configured(setup, Candidate("inputs", setup.quantization.activations, None, every))
             ranges = ActivationRanges.empty(len(calibration.selection.indices))
             source, smoothing, recovery = fp32_path, None, None
         else:
-            setup, ranges = configured(config, chosen), base.model.ranges
+            chosen_setup, ranges = configured(setup, chosen), base.model.ranges
             source, smoothing, recovery = base.source, base.smoothing, base.recovery
         mixed = base is not None and chosen is not None and chosen.excluded != base.candidate.excluded
         if chosen is not None and chosen.dynamic:  # ORT's dynamic INT8 (autotune: _dynamic_trial)
             samples = len(calibration.selection.indices)
-            shipped = quantize_dynamic(config, source, stage, chosen.excluded, samples)
+            shipped = quantize_dynamic(setup, source, stage, chosen.excluded, samples)
         else:
-            shipped = quantize(setup, source, calibration, stage, ranges=ranges, smoothing=smoothing, recovery=recovery)
-        full, full_setup = shipped, setup
+            shipped = quantize(
+                chosen_setup, source, calibration, stage, ranges=ranges, smoothing=smoothing, recovery=recovery
+            )
+        full, full_setup = shipped, chosen_setup
         if mixed:
-            full_setup = configured(config, base.candidate)
+            full_setup = configured(setup, base.candidate)
             full = quantize(
                 full_setup,
                 source,
@@ -125,7 +122,7 @@ def auto_precision(
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    record = run_sensitivity(config, source, full.path, held, metric, stage) if config.sensitivity.enabled else None
+    record = _sensitivity(settings, name, (source, full.path), ctx, held) if settings.sensitivity.enabled else None
     _plot(shipped, stage)
     nodes = chosen.excluded if chosen is not None else ()
     fallback = FallbackChoice(static, nodes)
@@ -138,6 +135,25 @@ def auto_precision(
         auto=outcome.search,
         setup=full_setup,
         smoothing=smoothing,
+    )
+
+
+def _sensitivity(
+    settings: SearchSettings, name: str, models: tuple[Path, Path], ctx: StageContext, held: list[Batch]
+) -> SensitivityRecord:
+    """Per-node sensitivity of ``models`` (FP32, fully quantized) on ``held``, written into the stage."""
+    setup = settings.setup
+    return run_sensitivity(
+        settings.sensitivity,
+        setup.quantization,
+        settings.gate,
+        setup.runtime,
+        models,
+        held,
+        ctx.metric,
+        ctx.stage,
+        seed=settings.seed,
+        name=name,
     )
 
 
@@ -159,38 +175,37 @@ class FullQuantization:
     smoothing: dict[str, Any] | None
 
 
-def quantize_fully(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stage: Path) -> FullQuantization:
+def quantize_fully(setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet, stage: Path) -> FullQuantization:
     """SmoothQuant (when configured), then the fully quantized model."""
     source, smoothing = fp32_path, None
-    if config.quantization.smoothing == "smoothquant":
-        smoothed = smooth_model(config, fp32_path, calibration, stage / ".smoothed.onnx")
+    quant = setup.quantization
+    if quant.smoothing == "smoothquant":
+        smoothed = smooth_model(quant, setup.export, setup.runtime, fp32_path, calibration, stage / ".smoothed.onnx")
         source, smoothing = smoothed.path, smoothed.to_json()
-    static = static_fallback(config, source)
-    mixed = bool(static) or config.quantization.fallback == "auto"
+    static = static_fallback(quant, setup.deploy, source)
+    mixed = bool(static) or quant.fallback == "auto"
     out = stage / ".full" if mixed else stage
-    full = quantize(with_excluded(config, ()), source, calibration, out, smoothing=smoothing)
+    full = quantize(with_excluded(setup, ()), source, calibration, out, smoothing=smoothing)
     return FullQuantization(source, full, static, smoothing)
 
 
 def choose_precision(
-    config: BuildConfig,
-    quantized: FullQuantization,
-    calibration: CalibrationSet,
-    evaluation: Iterable[Batch],
-    metric: Metric,
-    stage: Path,
+    settings: SearchSettings, name: str, quantized: FullQuantization, calibration: CalibrationSet, ctx: StageContext
 ) -> Precision:
-    """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model."""
+    """Analyze (when asked), search the fallback (when auto) and write the shipped Q/DQ model; ``name``: the
+    build's, which the sensitivity record carries."""
+    evaluation, metric, stage, setup = ctx.evaluation, ctx.metric, ctx.stage, settings.setup
     source, full, static, smoothing = quantized.source, quantized.full, quantized.static, quantized.smoothing
-    auto = config.quantization.fallback == "auto"
-    analyze = config.sensitivity.enabled or auto
+    auto = setup.quantization.fallback == "auto"
+    analyze = settings.sensitivity.enabled or auto
     held = list(evaluation) if analyze else []  # sensitivity and the fallback search read the same batches
-    record = run_sensitivity(config, source, full.path, held, metric, stage) if analyze else None
-    search = auto_fallback(config, source, full.path, held, metric, record) if auto else None
+    record = _sensitivity(settings, name, (source, full.path), ctx, held) if analyze else None
+    fallback_settings = (setup.quantization, settings.gate, setup.runtime)
+    search = auto_fallback(*fallback_settings, source, full.path, held, metric, record) if auto else None
     nodes = static + tuple(n for n in (search or {}).get("nodes", ()) if n not in static)
     shipped = full
     if static or auto:
-        excluded = with_excluded(config, nodes)
+        excluded = with_excluded(setup, nodes)
         shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
     _plot(shipped, stage)
     fallback = FallbackChoice(static, nodes, search)
@@ -200,6 +215,6 @@ def choose_precision(
         shipped=shipped,
         fallback=fallback,
         sensitivity=record,
-        setup=with_excluded(config, ()),
+        setup=with_excluded(setup, ()),
         smoothing=smoothing,
     )

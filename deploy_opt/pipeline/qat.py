@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,19 @@ import onnx
 
 from deploy_opt.analysis.sensitivity.mixed_precision import with_excluded
 from deploy_opt.autotune.trials import AutoSearch
-from deploy_opt.config.build import BuildConfig
-from deploy_opt.config.model import InputSpec
+from deploy_opt.config.build import RuntimeConfig
+from deploy_opt.config.setup import QuantSetup, SearchSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.onnx_torch import unsupported_ops
+from deploy_opt.pipeline.context import StageContext
 from deploy_opt.pipeline.precision import FallbackChoice, Precision
 from deploy_opt.qat.student import build_student, learned_ranges, trained_model
 from deploy_opt.qat.train import TrainingRun, train_student
 from deploy_opt.report.qat_plot import plot_qat
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.calibration_set import CalibrationSet
-from deploy_opt.stages.inputs import training_batches
 from deploy_opt.stages.quantize import QuantizedModel, quantize, weight_levels
 from dopt_common.errors import DeployOptError
 from dopt_common.ort import create_session
@@ -43,33 +44,31 @@ log = logging.getLogger(__name__)
 
 
 def fine_tune(
-    config: BuildConfig,
+    settings: SearchSettings,
     fp32_path: Path,
     precision: Precision,
     calibration: CalibrationSet,
-    held: list[Batch],
-    metric: Metric,
-    stage: Path,
-    specs: tuple[InputSpec, ...],
-    progress: bool = True,
+    ctx: StageContext,
+    extra_training: Callable[[], list[Batch]],
 ) -> Precision:
     """``quantization.qat``: train and choose; returns the precision that ships, with its ``qat`` record.
 
-    ``specs``: the model's input specs (as the load stage resolved them), for ``data.train``'s batches.
+    ``extra_training``: reads ``data.train``'s batches, called only when QAT trains.
     """
-    why = _skip_reason(config, fp32_path, precision, held, metric)
+    held, metric, stage, progress = ctx.evaluation, ctx.metric, ctx.stage, ctx.progress
+    why = _skip_reason(settings, fp32_path, precision, held, metric)
     if why is not None:
         log.info("QAT skipped: %s", why)
         return dataclasses.replace(precision, qat={"ran": False, "why": why})
-    config = _within_auto_budget(config, precision.auto)
+    settings = _within_auto_budget(settings, precision.auto)
     work = stage / ".qat"
     try:
-        start, setup = _start(config, fp32_path, precision, calibration, work)
-        train = [*calibration.batches, *training_batches(config, specs)]
+        start, setup = _start(settings.setup, fp32_path, precision, calibration, work)
+        train = [*calibration.batches, *extra_training()]
         data = _StudentData(train, held, metric)
-        trained = _train(config, start, setup, precision.smoothing, calibration, data, work, progress)
+        trained = _train(settings, start, setup, precision.smoothing, calibration, data, work, progress)
     except (DeployOptError, RuntimeError, ValueError) as exc:
-        if config.quantization.qat.enabled is True:
+        if settings.setup.quantization.qat.enabled is True:
             raise
         why = f"QAT failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); PTQ's answer stands"
         log.warning("QAT: %s", why)
@@ -77,9 +76,11 @@ def fine_tune(
     models = {"ort_fp32": fp32_path, "ptq": precision.shipped.path, "qat": trained.model.path}
     if start.model is not precision.shipped:
         models["ptq_all_int8"] = start.model.path
-    scores = _scores(config, models, held, metric)
-    nodes = {key: int8_nodes(path, config.quantization.op_types) for key, path in models.items() if key != "ort_fp32"}
-    choice = choose_model(metric, scores, nodes, config.gate.max_drop)
+    scores = _scores(settings.setup.runtime, models, held, metric)
+    nodes = {
+        key: int8_nodes(path, settings.setup.quantization.op_types) for key, path in models.items() if key != "ort_fp32"
+    }
+    choice = choose_model(metric, scores, nodes, settings.gate.max_drop)
     record = _record(metric, scores, nodes, trained.run, choice)
     plot_qat(trained.run, metric.name, scores, stage / "qat.png")
     log.info("QAT: %s ships; %s", choice, record["why"])
@@ -114,22 +115,22 @@ def fine_tune(
 
 
 def _skip_reason(
-    config: BuildConfig, fp32_path: Path, precision: Precision, held: list[Batch], metric: Metric
+    settings: SearchSettings, fp32_path: Path, precision: Precision, held: list[Batch], metric: Metric
 ) -> str | None:
     """Why ``enabled: auto`` does not train (None: it trains; ``enabled: true`` always does)."""
-    if config.quantization.qat.enabled is True:
+    if settings.setup.quantization.qat.enabled is True:
         return None
-    searched = auto_search_reason(precision.auto, config.gate.max_drop)
+    searched = auto_search_reason(precision.auto, settings.gate.max_drop)
     if searched is not None:
         return searched
-    spent = budget_reason(precision.auto, config.auto.budget_s)
+    spent = budget_reason(precision.auto, settings.setup.auto.budget_s)
     if spent is not None:
         return spent
-    if int8_nodes(precision.shipped.path, config.quantization.op_types):
-        before = _scores(config, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
+    if int8_nodes(precision.shipped.path, settings.setup.quantization.op_types):
+        before = _scores(settings.setup.runtime, {"ort_fp32": fp32_path, "ptq": precision.shipped.path}, held, metric)
         drop = metric.drop(before["ort_fp32"], before["ptq"])
-        if drop <= config.gate.max_drop:
-            return f"PTQ meets gate.max_drop ({drop:.3f} <= {config.gate.max_drop}); QAT not needed"
+        if drop <= settings.gate.max_drop:
+            return f"PTQ meets gate.max_drop ({drop:.3f} <= {settings.gate.max_drop}); QAT not needed"
     missing = unsupported_ops(onnx.load(str(fp32_path), load_external_data=False))
     if missing:  # enabled: true raises instead, naming them (build_student)
         return f"the torch evaluator does not run {', '.join(missing)}; QAT cannot train this graph"
@@ -187,15 +188,17 @@ def budget_reason(auto: AutoSearch | None, budget_s: float) -> str | None:
     )
 
 
-def _within_auto_budget(config: BuildConfig, auto: AutoSearch | None) -> BuildConfig:
+def _within_auto_budget(settings: SearchSettings, auto: AutoSearch | None) -> SearchSettings:
     """``enabled: auto`` trains at most ``AUTO_QAT_S``, and after an auto search at most what the search left of
     ``auto.budget_s`` (``budget_reason`` already kept it from starting with less than ``MIN_AUTO_QAT_S``)."""
-    qat = config.quantization.qat
+    setup = settings.setup
+    qat = setup.quantization.qat
     if qat.enabled is True:
-        return config
-    left = AUTO_QAT_S if auto is None else min(AUTO_QAT_S, config.auto.budget_s - auto.work_s)
+        return settings
+    left = AUTO_QAT_S if auto is None else min(AUTO_QAT_S, settings.setup.auto.budget_s - auto.work_s)
     budgeted = dataclasses.replace(qat, budget_s=min(qat.budget_s, left))
-    return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=budgeted))
+    quant = dataclasses.replace(setup.quantization, qat=budgeted)
+    return dataclasses.replace(settings, setup=dataclasses.replace(setup, quantization=quant))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,9 +218,9 @@ class _StudentData:
 
 
 def _train(
-    config: BuildConfig,
+    settings: SearchSettings,
     start: _Start,
-    setup: BuildConfig,
+    setup: QuantSetup,
     smoothing: dict[str, Any] | None,
     calibration: CalibrationSet,
     data: _StudentData,
@@ -225,7 +228,7 @@ def _train(
     progress: bool,
 ) -> _Trained:
     """Train the student of ``start`` and write its Q/DQ model the way PTQ does (into ``work``)."""
-    qat = config.quantization.qat
+    qat = settings.setup.quantization.qat
     student = build_student(
         onnx.load(str(start.source)),
         onnx.load(str(start.model.path)),
@@ -233,8 +236,8 @@ def _train(
         weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0],
         qat.learn_scales,
     )
-    run = train_student(student, qat, data.train, data.held, data.metric, config.seed, progress)
-    graph = save_onnx(trained_model(student), work / "model.qat.onnx", config.export.external_data_mb)
+    run = train_student(student, qat, data.train, data.held, data.metric, settings.seed, progress)
+    graph = save_onnx(trained_model(student), work / "model.qat.onnx", settings.setup.export.external_data_mb)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
     provenance = {"smoothing": smoothing, "qat": _provenance(qat, run)}
     model = quantize(_absmax_weights(setup), graph, calibration, work / "int8", ranges=ranges, **provenance)
@@ -248,26 +251,26 @@ class _Start:
 
 
 def _start(
-    config: BuildConfig, fp32_path: Path, precision: Precision, calibration: CalibrationSet, work: Path
-) -> tuple[_Start, BuildConfig]:
+    base: QuantSetup, fp32_path: Path, precision: Precision, calibration: CalibrationSet, work: Path
+) -> tuple[_Start, QuantSetup]:
     """QAT starts from the fully quantized PTQ model; when the search shipped FP32, from a fresh one."""
     if precision.full.info.quantized_nodes and precision.setup is not None:
         return _Start(precision.source, precision.full), precision.setup
-    setup = with_excluded(config, ())
+    setup = with_excluded(base, ())
     model = quantize(setup, fp32_path, calibration, work / "start")
     return _Start(fp32_path, model), setup
 
 
-def _scores(config: BuildConfig, models: dict[str, Path], held: list[Batch], metric: Metric) -> dict[str, float]:
+def _scores(runtime: RuntimeConfig, models: dict[str, Path], held: list[Batch], metric: Metric) -> dict[str, float]:
     """ORT's score of each model (``ort_fp32`` among them: the reference of unlabelled data)."""
-    threads = config.benchmark.threads
+    threads = runtime.threads
     runners = {name: session_runner(create_session(path, threads=threads)) for name, path in models.items()}
     return evaluate(runners, held, metric, "ort_fp32", False).values
 
 
-def _absmax_weights(config: BuildConfig) -> BuildConfig:
+def _absmax_weights(setup: QuantSetup) -> QuantSetup:
     """QAT trained each weight with its absmax scale; the writer uses the same rule."""
-    return dataclasses.replace(config, calibration=dataclasses.replace(config.calibration, weights="absmax"))
+    return dataclasses.replace(setup, calibration=dataclasses.replace(setup.calibration, weights="absmax"))
 
 
 def _with_learned(ranges: ActivationRanges, learned: dict[str, tuple[float, float]]) -> ActivationRanges:

@@ -69,9 +69,11 @@ def _differs(published: dict[str, Any] | None, built: dict[str, Any]) -> str | N
 
 
 def _settings(build: dict[str, Any]) -> dict[str, Any]:
-    """The build's resolved config less what the command sets itself (it changes no model and no figure), as
-    build.json holds it (a JSON round trip: tuples become lists)."""
-    settings = {k: v for k, v in (build.get("config") or {}).items() if k not in ("sensitivity", "benchmark")}
+    """The build's resolved config less what the command sets itself and how many threads ran (neither changes a
+    model or a figure), as build.json holds it (a JSON round trip: tuples become lists). ``runtime`` is left out as
+    ``benchmark`` is: its threads were ``benchmark.threads`` before it existed, and build.json before it lacks it."""
+    left_out = ("sensitivity", "benchmark", "runtime")
+    settings = {k: v for k, v in (build.get("config") or {}).items() if k not in left_out}
     return json.loads(json.dumps(settings, default=str))
 
 

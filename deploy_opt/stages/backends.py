@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrators.scales.format import ScaleFile
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import BackendSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.report.model_sections import BackendArtifacts, TensorRTRecord
 from deploy_opt.stages.benchmark import feed_of_size
@@ -33,7 +33,7 @@ DEFAULT_TRT_VERSION = "10.0.1"
 
 
 def write_backend_artifacts(
-    config: BuildConfig,
+    settings: BackendSettings,
     quantized: QuantizedModel,
     sample: Batch,
     stage: Path,
@@ -49,14 +49,14 @@ def write_backend_artifacts(
     scales = quantized.scales
     record: dict[str, Any] = {"aimet": write_aimet_encodings(scales, stage / "encodings.json").name}
     record["trt_cache"] = write_calibration_cache(scales, stage)
-    if "tensorrt" in config.deploy.targets:
-        qdq = tensorrt_qdq(quantized.path, stage, config.export.external_data_mb)
+    if "tensorrt" in settings.deploy.targets:
+        qdq = tensorrt_qdq(quantized.path, stage, settings.export.external_data_mb)
         if qdq != quantized.path:
             record["tensorrt_qdq"] = (
                 f"{qdq.name}: model.int8.onnx keeps ORT's int32 biases for ORT CPU; TensorRT refuses them, so the "
                 "engine is built from this copy with float biases and the same scales"
             )
-        record["tensorrt"] = build_tensorrt(config, qdq, sample, stage, shapes, fp32 or quantized.path).to_json()
+        record["tensorrt"] = build_tensorrt(settings, qdq, sample, stage, shapes, fp32 or quantized.path).to_json()
     return BackendArtifacts.from_json(record)
 
 
@@ -94,7 +94,7 @@ def tensorrt_qdq(qdq: Path, stage: Path, external_data_mb: int) -> Path:
 
 
 def build_tensorrt(
-    config: BuildConfig,
+    settings: BackendSettings,
     qdq: Path,
     sample: Batch,
     stage: Path,
@@ -109,12 +109,12 @@ def build_tensorrt(
         log.warning("tensorrt: %s; the Q/DQ model, cache and compat report are written, the engine is not", status)
         return TensorRTRecord.from_json({"status": f"tensorrt: {status}"})
     try:
-        profile = engine_profile(config, qdq, sample, shapes)
+        profile = engine_profile(settings, qdq, sample, shapes)
         built = build_engine(
             qdq,
             stage / "model.engine",
             profile,
-            fp16_fallback=config.deploy.fallback_precision == "fp16",
+            fp16_fallback=settings.deploy.fallback_precision == "fp16",
         )
     except DeployOptError as exc:
         log.error("tensorrt engine build failed: %s", exc)
@@ -122,7 +122,7 @@ def build_tensorrt(
     record: dict[str, Any] = {"status": f"built: {built.path.name}", **built.to_json()}
     record["profile"] = {name: profile.describe(name) for name in profile.shapes}
     try:
-        timing = time_engine_vs_ort_cuda(built.path, fp32, sample, config.benchmark.batch_sizes)
+        timing = time_engine_vs_ort_cuda(built.path, fp32, sample, settings.benchmark.batch_sizes)
         record["timing_ms"] = timing.to_json()
     except DeployOptError as exc:
         log.error("tensorrt timing failed: %s", exc)
@@ -131,20 +131,20 @@ def build_tensorrt(
 
 
 def engine_profile(
-    config: BuildConfig, qdq: Path, sample: Batch, shapes: Sequence[Mapping[str, Shape]]
+    settings: BackendSettings, qdq: Path, sample: Batch, shapes: Sequence[Mapping[str, Shape]]
 ) -> ShapeProfile:
     """min/opt/max per input from every shape the build runs: calibration, evaluation, benchmark and compare.
 
     Batch: 1 to the largest batch any stage runs, tuned for the gate's batch. Other symbolic dims: the range
     seen, tuned for the benchmark sample's (the shape the timings are taken at).
     """
-    sizes = config.benchmark.batch_sizes
-    compare = config.compare.batch_size if config.compare.enabled else 1
+    sizes = settings.benchmark.batch_sizes
+    compare = settings.compare.batch_size if settings.compare.enabled else 1
     sample_shapes = input_shapes([sample.inputs])[0]
     return ShapeProfile.from_shapes(
         [*shapes, sample_shapes],
         max_batch=max(*sizes, compare, sample.size),
-        opt_batch=config.gate.speedup_batch or max(sizes),
+        opt_batch=settings.gate.speedup_batch or max(sizes),
         declared=declared_dims(qdq),
         opt=sample_shapes,
     )

@@ -24,7 +24,7 @@ from calibrators.activations.minmax import MinMaxObserver
 from calibrators.activations.ranges import histogram_kind, range_for
 from calibrators.activations.streaming import StreamingObserver
 from deploy_opt.analysis.sensitivity.range_noise import pick_methods, propagated_range_noise
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.data.sources import single_rows
 from deploy_opt.evaluation.numerics import json_db, noise_db
 from deploy_opt.report.calibration_plot import widest
@@ -84,43 +84,43 @@ class Statistics:
     noise: SchemeNoise = field(default_factory=dict)  # method auto's, when an earlier choice measured it
 
 
-def calibrate_activations(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
+def calibrate_activations(setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet) -> ActivationRanges:
     """Observe every quantizable activation and choose its range with its configured method."""
     graph_model = onnx.load(str(fp32_path), load_external_data=False)
-    names = select_tensors(graph_model, config.quantization.op_types)
+    names = select_tensors(graph_model, setup.quantization.op_types)
     if not names:  # no node of quantization.op_types: nothing to calibrate (the gate reports an FP32 model)
-        log.warning("calibration: no tensor feeds a node of op_types %s", list(config.quantization.op_types))
+        log.warning("calibration: no tensor feeds a node of op_types %s", list(setup.quantization.op_types))
         return ActivationRanges.empty(len(calibration.selection.indices))
-    stats = _observe(config, fp32_path, calibration, names)
-    return choose_ranges(config, fp32_path, calibration, stats)
+    stats = _observe(setup, fp32_path, calibration, names)
+    return choose_ranges(setup, fp32_path, calibration, stats)
 
 
 def rescheme(
-    ranges: ActivationRanges, config: BuildConfig, fp32_path: Path, calibration: CalibrationSet
+    ranges: ActivationRanges, setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet
 ) -> ActivationRanges | None:
-    """The same statistics with ranges chosen for ``config``'s activation scheme, without another pass.
+    """The same statistics with ranges chosen for ``setup``'s activation scheme, without another pass.
 
     None when a tensor takes percentile, whose histogram itself depends on the scheme.
     """
-    if any(config.calibration.method_for(n) == "percentile" for n in ranges.observed):
+    if any(setup.calibration.method_for(n) == "percentile" for n in ranges.observed):
         return None
     stats = Statistics(ranges.observed, ranges.signed, ranges.absolute, ranges.samples, ranges.plotted, ranges.noise)
-    return choose_ranges(config, fp32_path, calibration, stats)
+    return choose_ranges(setup, fp32_path, calibration, stats)
 
 
-def _observe(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, names: list[str]) -> Statistics:
+def _observe(setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet, names: list[str]) -> Statistics:
     """One streaming pass (minmax, entropy, mse, auto), or two for percentile."""
     from tqdm import tqdm
 
-    cal = config.calibration
+    cal = setup.calibration
 
     def feeds(label: str):  # noqa: ANN202 - a generator of feed dicts
         bar = tqdm(calibration.batches, desc=label, unit="batch", leave=False, disable=None)
         return (b.inputs for b in bar)
 
-    symmetric = config.quantization.activations == "symmetric"
+    symmetric = setup.quantization.activations == "symmetric"
     methods = {name: _basis(cal.method_for(name)) for name in names}
-    threads = config.benchmark.threads
+    threads = setup.runtime.threads
     if "percentile" not in methods.values():
         # minmax, entropy and mse: ranges and growing |x| histograms in one inference pass.
         streaming = StreamingObserver(set(names), cal.bins)
@@ -147,25 +147,25 @@ def _basis(method: str) -> str:
 
 
 def choose_ranges(
-    config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
+    setup: QuantSetup, fp32_path: Path, calibration: CalibrationSet, stats: Statistics
 ) -> ActivationRanges:
     """Each tensor's range by its method (``auto``: by propagated output error), then the guards."""
-    started = work_seconds(config.benchmark.threads)
-    cal = config.calibration
-    symmetric = config.quantization.activations == "symmetric"
+    started = work_seconds(setup.runtime.threads)
+    cal = setup.calibration
+    symmetric = setup.quantization.activations == "symmetric"
     observed, signed, absolute = stats.observed, stats.signed, stats.absolute
     wanted = {name: cal.method_for(name) for name in observed}
     methods = {name: _basis(m) for name, m in wanted.items()}
     inputs = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
     auto = [n for n in observed if wanted[n] == "auto" and n not in inputs]
-    noise, measuring = (stats.noise if scheme_key(config) in stats.noise else {}), 0.0
+    noise, measuring = (stats.noise if scheme_key(setup) in stats.noise else {}), 0.0
     if auto and not noise:
-        measuring = work_seconds(config.benchmark.threads)
-        noise = scheme_noise(fp32_path, auto, observed, absolute, config, calibration)
+        measuring = work_seconds(setup.runtime.threads)
+        noise = scheme_noise(fp32_path, auto, observed, absolute, setup, calibration)
         measuring = (
-            work_seconds(config.benchmark.threads) - measuring
+            work_seconds(setup.runtime.threads) - measuring
         )  # not repeated by rescheme, so not in choice_seconds
-    choice = choose_methods(noise.get(scheme_key(config), {}), auto)
+    choice = choose_methods(noise.get(scheme_key(setup), {}), auto)
     picked, evidence = choice.methods, choice.evidence
     methods.update({n: "minmax" for n in observed if wanted[n] == "auto" and n in inputs})
     methods.update(picked)
@@ -192,14 +192,14 @@ def choose_ranges(
         plotted=stats.plotted,
         guards=guards,
         evidence=evidence,
-        choice_seconds=work_seconds(config.benchmark.threads) - started - measuring,
+        choice_seconds=work_seconds(setup.runtime.threads) - started - measuring,
         noise=noise,
     )
 
 
-def scheme_key(config: BuildConfig) -> str:
-    """The activation scheme ``config`` quantizes with: the key of its noise in ``SchemeNoise``."""
-    return "symmetric" if config.quantization.activations == "symmetric" else "asymmetric"
+def scheme_key(setup: QuantSetup) -> str:
+    """The activation scheme ``setup`` quantizes with: the key of its noise in ``SchemeNoise``."""
+    return "symmetric" if setup.quantization.activations == "symmetric" else "asymmetric"
 
 
 def scheme_noise(
@@ -207,7 +207,7 @@ def scheme_noise(
     names: list[str],
     observed: dict[str, tuple[float, float]],
     absolute: dict[str, Histogram],
-    config: BuildConfig,
+    setup: QuantSetup,
     calibration: CalibrationSet,
 ) -> SchemeNoise:
     """``calibration.method: auto``'s evidence: per scheme, tensor and candidate method, the propagated output
@@ -226,10 +226,8 @@ def scheme_noise(
     feeds = list(itertools.islice(single_rows(calibration.batches), AUTO_SAMPLES))
     model = onnx.load(str(fp32_path))  # with its weights: the evaluator runs the graph
     started = time.perf_counter()
-    values = AUTO_SHARE * config.auto.budget_s * AUTO_VALUES_PER_S
-    noise = propagated_range_noise(
-        model, candidates, lambda key: key[0], feeds, metric=config.data.metric, values=values
-    )
+    values = AUTO_SHARE * setup.auto.budget_s * AUTO_VALUES_PER_S
+    noise = propagated_range_noise(model, candidates, lambda key: key[0], feeds, metric=setup.metric, values=values)
     if noise is None:  # no evidence for either scheme: recorded, so that rescheme does not load the model again
         return {scheme: {} for scheme in SCHEMES}
     log.info(

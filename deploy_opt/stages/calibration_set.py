@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from calibrators.sampling import Selection, check_disjoint, stratified_sample
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import CalibrationConfig
+from deploy_opt.config.data import DataConfig
 from deploy_opt.config.model import InputSpec
 from deploy_opt.data.sources import Batch, call_user, iter_batches, resolve_callable, sample_ids, select_rows
 from dopt_common.errors import CalibrationError
@@ -48,13 +49,13 @@ class CalibrationSet:
         }
 
 
-def _key_function(config: BuildConfig, label: np.ndarray | None) -> tuple[str, KeyFn]:
+def _key_function(cal: CalibrationConfig, base_dir: str, label: np.ndarray | None) -> tuple[str, KeyFn]:
     """What a sample's stratum is: its label, nothing, or a user function of (inputs, label).
 
     ``auto`` stratifies by the label only when it is one class per sample (integer, boolean or string). A
     sequence label (a text line's characters) or a float target has no classes to balance, so it means none.
     """
-    stratify = config.calibration.stratify
+    stratify = cal.stratify
     has_labels = label is not None
     if stratify == "auto":
         is_class = label is not None and label.ndim == 1 and label.dtype.kind in "iubUSO"
@@ -68,7 +69,7 @@ def _key_function(config: BuildConfig, label: np.ndarray | None) -> tuple[str, K
                 "stratify: none, a 'module:function' key, or return labels"
             )
         return stratify, _label_key
-    func = resolve_callable(stratify, config.base_dir, "calibration.stratify")
+    func = resolve_callable(stratify, base_dir, "calibration.stratify")
     return stratify, func
 
 
@@ -94,18 +95,21 @@ def _stratum_keys(batch: Batch, key_fn: KeyFn, stratify: str) -> list[Hashable]:
     return keys
 
 
-def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> CalibrationSet:
-    """Read the calibration source and pick a stratified, seeded sample of ``calibration.samples``."""
-    cal, ref = config.calibration, config.data.calibration
+def choose_calibration(
+    cal: CalibrationConfig, data: DataConfig, base_dir: str, specs: tuple[InputSpec, ...]
+) -> CalibrationSet:
+    """Read the calibration source and pick a stratified, seeded sample of ``calibration.samples``; ``base_dir``:
+    the config's folder, which ``data``'s relative paths start from."""
+    ref = data.calibration
     keys: list[Hashable] = []
     ids: list[str] = []
     kept: list[Batch] | None = []
     stratify, key_fn = "", None
-    for batch in iter_batches(ref, specs, config.data, config.base_dir, "data.calibration"):
-        if key_fn is None and batch.strata is not None and config.calibration.stratify == "auto":
-            stratify, key_fn = f"data.strata '{config.data.strata}'", _label_key  # the named column's values
+    for batch in iter_batches(ref, specs, data, base_dir, "data.calibration"):
+        if key_fn is None and batch.strata is not None and cal.stratify == "auto":
+            stratify, key_fn = f"data.strata '{data.strata}'", _label_key  # the named column's values
         if key_fn is None:
-            stratify, key_fn = _key_function(config, batch.label)
+            stratify, key_fn = _key_function(cal, base_dir, batch.label)
         keys.extend(_stratum_keys(batch, key_fn, stratify))
         ids.extend(sample_ids(batch))
         if kept is not None:
@@ -120,7 +124,7 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
     if kept is not None:
         batches = select_rows(kept, set(selection.indices))
     else:
-        batches = _second_pass(config, specs, selection, ids)
+        batches = _second_pass(data, base_dir, specs, selection, ids)
     log.info(
         "calibration: %d of %d samples, stratified by %s: %s",
         len(selection.indices),
@@ -132,24 +136,26 @@ def choose_calibration(config: BuildConfig, specs: tuple[InputSpec, ...]) -> Cal
 
 
 def _second_pass(
-    config: BuildConfig, specs: tuple[InputSpec, ...], selection: Selection, ids: list[str]
+    data: DataConfig, base_dir: str, specs: tuple[InputSpec, ...], selection: Selection, ids: list[str]
 ) -> list[Batch]:
     """Read the source again, keeping the chosen rows; they must be the samples the first pass saw."""
-    source = iter_batches(config.data.calibration, specs, config.data, config.base_dir, "data.calibration")
+    source = iter_batches(data.calibration, specs, data, base_dir, "data.calibration")
     batches = select_rows(source, set(selection.indices))
     if [i for b in batches for i in sample_ids(b)] != [ids[i] for i in selection.indices]:
         raise CalibrationError(
-            f"data.calibration '{config.data.calibration}' yielded different samples when called again; "
+            f"data.calibration '{data.calibration}' yielded different samples when called again; "
             "fix: make it deterministic (fixed order, no random augmentation)"
         )
     return batches
 
 
-def evaluation_ids(config: BuildConfig, specs: tuple[InputSpec, ...], classes: int | None = None) -> list[str]:
+def evaluation_ids(
+    data: DataConfig, base_dir: str, specs: tuple[InputSpec, ...], classes: int | None = None
+) -> list[str]:
     """The id of every evaluation sample (one light pass over the evaluation source, no inference); with the
     model's ``classes`` known, a class metric's labels past them are refused here, before any model runs."""
-    ref, data = config.data.evaluation, config.data
-    batches = iter_batches(ref, specs, data, config.base_dir, "data.evaluation", data.eval_samples, classes)
+    ref = data.evaluation
+    batches = iter_batches(ref, specs, data, base_dir, "data.evaluation", data.eval_samples, classes)
     return [i for b in batches for i in sample_ids(b)]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from calibrators.scales.format import load_scale_file, save_scale_file
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.report.model_sections import QuantizationInfo
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.quantize import QuantizedModel, weight_levels
@@ -38,18 +38,18 @@ def dynamic_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def quantize_dynamic(
-    config: BuildConfig, fp32_path: Path, stage: Path, exclude: Iterable[str], samples: int
+    setup: QuantSetup, fp32_path: Path, stage: Path, exclude: Iterable[str], samples: int
 ) -> QuantizedModel:
     """Write ``model.int8.onnx`` (dynamic INT8) and ``scales.json`` in ``stage``, and prove they agree."""
     stage.mkdir(parents=True, exist_ok=True)
-    levels, why = weight_levels(config.quantization.weight_range, config.deploy.targets)
+    levels, why = weight_levels(setup.quantization.weight_range, setup.deploy.targets)
     reduce = levels < 127  # 7-bit weights: quantization.weight_range, or auto on x86 without VNNI
     written = write_ort_dynamic(
         fp32_path,
         stage / "model.int8.onnx",
         exclude_nodes=tuple(exclude),
         reduce_range=reduce,
-        external_data_mb=config.export.external_data_mb,
+        external_data_mb=setup.export.external_data_mb,
     )
     scales_path = save_scale_file(dynamic_scale_file(written, fp32_path), stage / "scales.json")
     scales = load_scale_file(scales_path)

@@ -10,8 +10,8 @@ from typing import Any
 import onnx
 import onnx.version_converter
 
-from deploy_opt.config.build import BuildConfig, ExportConfig
-from deploy_opt.config.model import DTYPES, InputSpec
+from deploy_opt.config.build import ExportConfig, RuntimeConfig
+from deploy_opt.config.model import DTYPES, InputSpec, ModelConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import session_runner, torch_runner
 from deploy_opt.report.model_sections import ExportInfo
@@ -77,18 +77,27 @@ def check_declared_inputs(declared: tuple[InputSpec, ...], actual: tuple[InputSp
 
 
 def prepare_fp32(
-    config: BuildConfig, torch_model: Any, example: Batch, parity_batches: list[Batch], stage: Path
+    export: ExportConfig,
+    model: ModelConfig,
+    runtime: RuntimeConfig,
+    base_dir: str,
+    torch_model: Any,
+    example: Batch,
+    parity_batches: list[Batch],
+    stage: Path,
 ) -> Fp32Model:
-    """Export (or copy), simplify, check and parity-test the FP32 model into ``stage/model.onnx``."""
+    """Export (or copy), simplify, check and parity-test the FP32 model into ``stage/model.onnx``.
+
+    ``base_dir``: the config's folder, which ``model``'s relative paths start from."""
     out = stage / "model.onnx"
     raw = stage / ".raw.onnx"
     info: dict[str, Any] = {}
-    if config.model.onnx:
-        info.update(import_onnx((Path(config.base_dir) / config.model.onnx).resolve(), raw, config.export).to_json())
+    if model.onnx:
+        info.update(import_onnx((Path(base_dir) / model.onnx).resolve(), raw, export).to_json())
     else:
-        specs = config.model.inputs
+        specs = model.inputs
         names = [s.name for s in specs]
-        out_names = list(config.model.outputs) or _default_output_names(torch_model, example, names)
+        out_names = list(model.outputs) or _default_output_names(torch_model, example, names)
         export_onnx(
             torch_model,
             [_to_tensor(example.inputs[n]) for n in names],
@@ -97,17 +106,17 @@ def prepare_fp32(
             output_names=out_names,
             dynamic_axes={s.name: s.dynamic_axes for s in specs}
             | {o: {0: "batch"} for o in out_names if specs[0].dynamic_axes.get(0)},
-            exporter=config.export.exporter,
-            opset=config.export.resolved_opset,
-            external_data_mb=config.export.external_data_mb,
+            exporter=export.exporter,
+            opset=export.resolved_opset,
+            external_data_mb=export.external_data_mb,
         )
-        source = config.model.factory or f"{config.model.hf} ({config.model.task})"
-        info.update(source=source, exporter=config.export.exporter, opset=config.export.resolved_opset)
+        source = model.factory or f"{model.hf} ({model.task})"
+        info.update(source=source, exporter=export.exporter, opset=export.resolved_opset)
     modules = module_paths(onnx.load(str(raw), load_external_data=False))  # the simplifier drops node metadata
-    if config.export.simplify:
-        info["simplifier"] = simplify_onnx(raw, out, config.export.external_data_mb)
+    if export.simplify:
+        info["simplifier"] = simplify_onnx(raw, out, export.external_data_mb)
     else:
-        save_onnx(onnx.load(str(raw)), out, config.export.external_data_mb)
+        save_onnx(onnx.load(str(raw)), out, export.external_data_mb)
         info["simplifier"] = "off"
     for leftover in stage.glob(".raw.onnx*"):
         leftover.unlink()
@@ -119,52 +128,60 @@ def prepare_fp32(
     if modules:  # model.onnx carries its node → module map, for the sensitivity report and report.html
         record_module_paths(proto, modules)
     if any(changes.values()) or modules:
-        save_onnx(proto, out, config.export.external_data_mb)
+        save_onnx(proto, out, export.external_data_mb)
         info.update({k: v for k, v in changes.items() if v})
     inputs = input_specs_from_onnx(proto)
-    if config.model.inputs:
-        named = (
-            Path(config.model.onnx) if config.model.onnx else f"the export of {config.model.factory or config.model.hf}"
-        )
-        check_declared_inputs(config.model.inputs, inputs, named)  # the user's file, never the staging copy
-        inputs = config.model.inputs
+    if model.inputs:
+        named = Path(model.onnx) if model.onnx else f"the export of {model.factory or model.hf}"
+        check_declared_inputs(model.inputs, inputs, named)  # the user's file, never the staging copy
+        inputs = model.inputs
     info["opset"] = default_opset(proto)
     info["nodes"] = len(proto.graph.node)
     # ONNX node name → the PyTorch module it came from (name scopes, TorchScript-style names, parameter names).
     info["module_names"] = modules
     if torch_model is not None:
-        parity = check_parity(
-            torch_runner(torch_model, [s.name for s in inputs]),
-            out,
-            (b.inputs for b in parity_batches),
-            atol=config.export.parity_atol,
-            rtol=config.export.parity_rtol,
-            threads=config.benchmark.threads,
-        )
-        info["parity"] = {
-            "max_abs": parity.max_abs,
-            "max_rel": parity.max_rel,
-            "tolerance": parity.tolerance,
-            "samples": parity.samples,
-        }
+        info["parity"] = _torch_parity(export, runtime, torch_model, [s.name for s in inputs], out, parity_batches)
     else:
-        info["parity"] = _import_parity(config, out, parity_batches)
+        info["parity"] = _import_parity(
+            export, (Path(base_dir) / str(model.onnx)).resolve(), runtime, out, parity_batches
+        )
     return Fp32Model(out, inputs, ExportInfo.from_json(info))
 
 
-def _import_parity(config: BuildConfig, out: Path, parity_batches: list[Batch]) -> dict[str, Any]:
+def _torch_parity(
+    export: ExportConfig, runtime: RuntimeConfig, torch_model: Any, names: list[str], out: Path, batches: list[Batch]
+) -> dict[str, Any]:
+    """The exported model on ORT against the torch model it came from."""
+    parity = check_parity(
+        torch_runner(torch_model, names),
+        out,
+        (b.inputs for b in batches),
+        atol=export.parity_atol,
+        rtol=export.parity_rtol,
+        threads=runtime.threads,
+    )
+    return {
+        "max_abs": parity.max_abs,
+        "max_rel": parity.max_rel,
+        "tolerance": parity.tolerance,
+        "samples": parity.samples,
+    }
+
+
+def _import_parity(
+    export: ExportConfig, source: Path, runtime: RuntimeConfig, out: Path, parity_batches: list[Batch]
+) -> dict[str, Any]:
     """The imported model (opset-converted, simplified, normalised) against the user's file, both on ORT."""
     from dopt_common.ort import create_session
 
-    source = (Path(config.base_dir) / str(config.model.onnx)).resolve()
-    original = create_session(source, threads=config.benchmark.threads)
+    original = create_session(source, threads=runtime.threads)
     parity = check_parity(
         session_runner(original),
         out,
         (b.inputs for b in parity_batches),
-        atol=config.export.parity_atol,
-        rtol=config.export.parity_rtol,
-        threads=config.benchmark.threads,
+        atol=export.parity_atol,
+        rtol=export.parity_rtol,
+        threads=runtime.threads,
     )
     return {
         "reference": "the original model.onnx on ONNX Runtime",

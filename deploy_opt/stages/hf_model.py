@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from deploy_opt.config.build import BuildConfig
 from deploy_opt.config.hf import TASKS, hf_folder
+from deploy_opt.config.model import ModelConfig
 from dopt_common.deps import require
 from dopt_common.errors import ModelError
 from dopt_common.weights import check_weight_folder
@@ -20,11 +20,12 @@ from dopt_common.weights import check_weight_folder
 log = logging.getLogger(__name__)
 
 
-def load_hf_model(config: BuildConfig) -> Any:
-    """The folder's model in eval mode, wrapped to take ``model.inputs`` positionally and return ``outputs``."""
+def load_hf_model(model_cfg: ModelConfig, base_dir: str) -> Any:
+    """The folder's model in eval mode, wrapped to take ``model.inputs`` positionally and return ``outputs``;
+    ``model_cfg.hf`` is relative to ``base_dir`` (the config's folder)."""
     torch = require("torch", purpose="model.hf")
     transformers = require("transformers", purpose="model.hf", extra="llm")
-    folder, task = hf_folder(config.base_dir, str(config.model.hf)), str(config.model.task)
+    folder, task = hf_folder(base_dir, str(model_cfg.hf)), str(model_cfg.task)
     auto = getattr(transformers, TASKS[task][0])
     check_weight_folder(folder)  # a damaged safetensors header or a pickle naming code: one line, nothing run
     from pickle import UnpicklingError
@@ -34,10 +35,10 @@ def load_hf_model(config: BuildConfig) -> Any:
     try:
         model = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
     except (OSError, ValueError, KeyError, UnpicklingError, SafetensorError) as exc:
-        raise ModelError(f"model.hf '{config.model.hf}': transformers cannot load it as {task} ({exc})") from exc
-    names = [s.name for s in config.model.inputs]
-    wrapped = _task_model(torch, model, names, list(config.model.outputs))
-    log.info("model.hf: %s loaded as %s (%s → %s)", folder, task, names, list(config.model.outputs))
+        raise ModelError(f"model.hf '{model_cfg.hf}': transformers cannot load it as {task} ({exc})") from exc
+    names = [s.name for s in model_cfg.inputs]
+    wrapped = _task_model(torch, model, names, list(model_cfg.outputs))
+    log.info("model.hf: %s loaded as %s (%s → %s)", folder, task, names, list(model_cfg.outputs))
     return wrapped.eval()
 
 

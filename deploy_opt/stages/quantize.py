@@ -25,7 +25,7 @@ from calibrators.scales.format import (
     save_scale_file,
 )
 from deploy_opt import __version__
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.report.calibration_plot import plotted_tensors, tensor_summary
 from deploy_opt.report.model_sections import QuantizationInfo
 from deploy_opt.stages.calibrate import ActivationRanges, calibrate_activations
@@ -70,7 +70,7 @@ def constant_scales(
 
 
 def quantize(
-    config: BuildConfig,
+    setup: QuantSetup,
     fp32_path: Path,
     calibration: CalibrationSet,
     stage: Path,
@@ -84,19 +84,19 @@ def quantize(
     ``smoothing``, ``qat`` and ``recovery`` are provenance: how the graph and its ranges were made before
     quantization.
     """
-    quant, cal = config.quantization, config.calibration
+    quant, cal = setup.quantization, setup.calibration
     model = onnx.load(str(fp32_path))
-    ranges = ranges or calibrate_activations(config, fp32_path, calibration)
+    ranges = ranges or calibrate_activations(setup, fp32_path, calibration)
     tensors: dict[str, TensorScale] = {
         name: activation_scale(name, low, high, quant.activations, ranges.methods[name])
         for name, (low, high) in ranges.chosen.items()
     }
     tensors |= share_passthrough_scales(model, tensors, quant.op_types, quant.exclude_nodes)
-    levels, why = weight_levels(quant.weight_range, config.deploy.targets)
+    levels, why = weight_levels(quant.weight_range, setup.deploy.targets)
     # ORT clips weight codes to the full int8 range, so a clipped (mse) 7-bit scale would let outliers past ±63.
     weights = "absmax" if levels < 127 else cal.weights
     tensors |= weight_scales(model, quant.op_types, quant.exclude_nodes, weights, levels)
-    int32_bias = int32_biases(config.deploy.targets)
+    int32_bias = int32_biases(setup.deploy.targets)
     if int32_bias:  # ORT's form: a bias quantized to int32 at input × weight scale must not overflow
         tensors |= widen_weights_for_bias(model, tensors, quant.op_types, quant.exclude_nodes)
         tensors |= bias_scales(model, tensors, quant.op_types, quant.exclude_nodes)
@@ -104,7 +104,7 @@ def quantize(
     candidate = ScaleFile(
         quant.activations,
         tensors,
-        _provenance(config, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat, recovery),
+        _provenance(setup, model, fp32_path, ranges, calibration, weights) | _made_by(smoothing, qat, recovery),
         tuple(quant.exclude_nodes),
     )
     int8_path = write_ort_qdq(
@@ -113,7 +113,7 @@ def quantize(
         stage / "model.int8.onnx",
         op_types=quant.op_types,
         exclude_nodes=quant.exclude_nodes,
-        external_data_mb=config.export.external_data_mb,
+        external_data_mb=setup.export.external_data_mb,
         quantize_outputs=quant.quantize_outputs,
         int32_bias=int32_bias,
     )
@@ -129,7 +129,7 @@ def quantize(
         )
     nodes = len(quantized_nodes(written))
     quantizable = sum(n.op_type in quant.op_types for n in model.graph.node)
-    info = _info(config, ranges, scales, weights) | {
+    info = _info(setup, ranges, scales, weights) | {
         "weight_range": why,
         "quantized_nodes": nodes,
         "quantizable_nodes": quantizable,
@@ -159,7 +159,7 @@ def weight_levels(weight_range: str, targets: tuple[str, ...]) -> tuple[int, str
 
 
 def _provenance(
-    config: BuildConfig,
+    setup: QuantSetup,
     model: onnx.ModelProto,
     fp32_path: Path,
     ranges: ActivationRanges,
@@ -167,7 +167,7 @@ def _provenance(
     weights: str,
 ) -> dict[str, Any]:
     """Where the scales came from: the model's hash and opset, the calibration and any smoothing."""
-    cal = config.calibration
+    cal = setup.calibration
     provenance = {
         "model_sha256": sha256_file(fp32_path),
         "opset": default_opset(model),
@@ -191,9 +191,9 @@ def _made_by(
     return {key: value for key, value in made if value}
 
 
-def _info(config: BuildConfig, ranges: ActivationRanges, scales: ScaleFile, weights: str) -> dict[str, Any]:
+def _info(setup: QuantSetup, ranges: ActivationRanges, scales: ScaleFile, weights: str) -> dict[str, Any]:
     """The build.json ``quantization`` section: the settings, the tensor counts and each tensor's range."""
-    quant, cal = config.quantization, config.calibration
+    quant, cal = setup.quantization, setup.calibration
     roles = {role: sum(t.role == role for t in scales.tensors.values()) for role in ("activation", "weight", "bias")}
     log.info("scales.json: %s; the Q/DQ model carries them bit for bit", roles)
     info = {

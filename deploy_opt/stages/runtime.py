@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy_opt.config.build import BenchmarkConfig, BuildConfig
+from deploy_opt.config.build import BenchmarkConfig, DeployConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.evaluate import Evaluation, evaluate, session_runner, torch_runner
 from deploy_opt.evaluation.metrics import Metric
@@ -51,17 +51,17 @@ def evaluate_runtimes(
     return Runtimes(sessions, evaluate(runners, evaluation, metric, reference, progress), reference, decided)
 
 
-def cpu_timed(config: BuildConfig) -> BenchmarkConfig:
+def cpu_timed(deploy: DeployConfig, bench: BenchmarkConfig) -> BenchmarkConfig:
     """The benchmark section, switched off when no deploy target runs on the CPU: a GPU profile's speed is the
     TensorRT engine's (``build/backends.py``), and an ORT CPU timing under its name would say nothing of it."""
-    if "ort-cpu" in config.deploy.targets or not config.benchmark.enabled:
-        return config.benchmark
+    if "ort-cpu" in deploy.targets or not bench.enabled:
+        return bench
     log.info(
         "benchmark: not timed on the CPU: the targets (%s) run on GPUs; the TensorRT engine's timing, where it "
         "was built here, is the build's speed",
-        ", ".join(config.deploy.targets),
+        ", ".join(deploy.targets),
     )
-    return dataclasses.replace(config.benchmark, enabled=False)
+    return dataclasses.replace(bench, enabled=False)
 
 
 def run_benchmark(

@@ -17,7 +17,7 @@ import onnx
 from calibrators.activations.channels import ChannelAbsMaxObserver
 from calibrators.activations.collect import collect
 from calibrators.smoothquant import apply_smoothquant, smoothing_targets
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import ExportConfig, QuantizationConfig, RuntimeConfig
 from deploy_opt.stages.calibration_set import CalibrationSet
 from dopt_common.files import sha256_file
 from exporters.onnx.io import save_onnx
@@ -46,9 +46,15 @@ class SmoothedModel:
         }
 
 
-def smooth_model(config: BuildConfig, fp32_path: Path, calibration: CalibrationSet, out_path: Path) -> SmoothedModel:
+def smooth_model(
+    quant: QuantizationConfig,
+    export: ExportConfig,
+    runtime: RuntimeConfig,
+    fp32_path: Path,
+    calibration: CalibrationSet,
+    out_path: Path,
+) -> SmoothedModel:
     """Write the smoothed FP32 model to ``out_path``; returns it with its provenance."""
-    quant = config.quantization
     model = onnx.load(str(fp32_path))
     targets = smoothing_targets(model)
     observer = ChannelAbsMaxObserver()
@@ -57,9 +63,9 @@ def smooth_model(config: BuildConfig, fp32_path: Path, calibration: CalibrationS
         (b.inputs for b in calibration.batches),
         [t.tensor for t in targets],
         observer,
-        threads=config.benchmark.threads,
+        threads=runtime.threads,
     )
     smoothed, records = apply_smoothquant(model, observer.absmax(), quant.smoothing_alpha)
-    save_onnx(smoothed, out_path, external_data_mb=config.export.external_data_mb)
+    save_onnx(smoothed, out_path, external_data_mb=export.external_data_mb)
     log.info("smoothquant: %d tensors smoothed (alpha %.2f)", len(records), quant.smoothing_alpha)
     return SmoothedModel(out_path, quant.smoothing_alpha, sha256_file(fp32_path), sha256_file(out_path), records)

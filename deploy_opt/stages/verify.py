@@ -15,7 +15,8 @@ from deploy_opt.analysis.compare import compare_backends, fixed_samples
 from deploy_opt.analysis.comparison import ComparedModels, Comparison
 from deploy_opt.analysis.compat import check_compat
 from deploy_opt.analysis.compat_report import write_compat
-from deploy_opt.config.build import BuildConfig, CompareConfig
+from deploy_opt.config.build import CompareConfig
+from deploy_opt.config.setup import BackendSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.report.model_sections import Backends
 from deploy_opt.stages.backends import write_backend_artifacts
@@ -39,7 +40,7 @@ class Verification:
 
 
 def write_backends(
-    config: BuildConfig,
+    settings: BackendSettings,
     fp32_path: Path,
     shipped: QuantizedModel,
     sample: Batch,
@@ -50,9 +51,9 @@ def write_backends(
 
     ``shapes``: every batch's ``{input: shape}`` (calibration and evaluation), for the engine's profile.
     """
-    artifacts = write_backend_artifacts(config, shipped, sample, stage, shapes, fp32=fp32_path)
+    artifacts = write_backend_artifacts(settings, shipped, sample, stage, shapes, fp32=fp32_path)
     compat = {}
-    targets = config.deploy.targets
+    targets = settings.deploy.targets
     reports = [("compat", fp32_path, targets), ("compat.int8", shipped.path, targets)]
     if (stage / "model.trt.onnx").is_file():  # TensorRT's form of the Q/DQ model is judged for TensorRT alone
         others = tuple(t for t in targets if t != "tensorrt")

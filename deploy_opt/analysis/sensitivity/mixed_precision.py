@@ -26,7 +26,14 @@ from deploy_opt.analysis.sensitivity.heatmap import write_heatmap, write_html
 from deploy_opt.analysis.sensitivity.record import SensitivityRecord
 from deploy_opt.analysis.sensitivity.resolution import Resolution
 from deploy_opt.analysis.sensitivity.variants import exclusion_variant
-from deploy_opt.config.build import BuildConfig
+from deploy_opt.config.build import (
+    DeployConfig,
+    GateConfig,
+    QuantizationConfig,
+    RuntimeConfig,
+    SensitivityConfig,
+)
+from deploy_opt.config.setup import QuantSetup
 from deploy_opt.data.sources import Batch
 from deploy_opt.evaluation.metrics import Metric
 from dopt_common.files import write_json
@@ -36,9 +43,8 @@ from exporters.onnx.module_names import module_paths
 log = logging.getLogger(__name__)
 
 
-def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:
+def static_fallback(quant: QuantizationConfig, deploy: DeployConfig, fp32_path: Path) -> tuple[str, ...]:
     """The head (unless ``keep_head`` is off) and the nodes that the fallback patterns name."""
-    quant = config.quantization
     model = onnx.load(str(fp32_path), load_external_data=False)
     names = [n.name for n in model.graph.node if n.op_type in quant.op_types]
     chosen = list(quant.exclude_nodes)
@@ -47,7 +53,7 @@ def static_fallback(config: BuildConfig, fp32_path: Path) -> tuple[str, ...]:
     if not isinstance(quant.fallback, str):
         modules = module_paths(model)  # patterns may name PyTorch modules as well as ONNX nodes
         chosen += [n for n in match_patterns(quant.fallback, names, modules) if n not in chosen]
-    if "tensorrt" in config.deploy.targets:
+    if "tensorrt" in deploy.targets:
         chosen += [n for n in activation_matmuls(model) if n not in chosen and n in names]
     return tuple(chosen)
 
@@ -64,9 +70,9 @@ def activation_matmuls(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in constants for i in n.input)]
 
 
-def with_excluded(config: BuildConfig, nodes: tuple[str, ...]) -> BuildConfig:
-    """The config whose quantization excludes ``nodes``."""
-    return dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, exclude_nodes=nodes))
+def with_excluded(setup: QuantSetup, nodes: tuple[str, ...]) -> QuantSetup:
+    """The setup whose quantization excludes ``nodes``."""
+    return dataclasses.replace(setup, quantization=dataclasses.replace(setup.quantization, exclude_nodes=nodes))
 
 
 def fp32_references(fp32_path: Path, batches: list[Batch], threads: int) -> list:
@@ -85,18 +91,29 @@ def task_executor(sens: Any) -> Any:
 
 
 def run_sensitivity(
-    config: BuildConfig, fp32_path: Path, qdq_path: Path, evaluation: list[Batch], metric: Metric, stage: Path
+    sens: SensitivityConfig,
+    quant: QuantizationConfig,
+    gate: GateConfig,
+    runtime: RuntimeConfig,
+    models: tuple[Path, Path],
+    evaluation: list[Batch],
+    metric: Metric,
+    stage: Path,
+    *,
+    seed: int,
+    name: str,
 ) -> SensitivityRecord:
-    """Analyze every quantized node on a seeded evaluation subset and write the three report files."""
+    """Analyze every quantized node of ``models`` (FP32, Q/DQ) on a subset of ``evaluation`` drawn with ``seed``, and
+    write the three report files; ``name``: the build's, which the record carries."""
     from tqdm import tqdm
 
-    sens, threads = config.sensitivity, config.benchmark.threads
-    subset = pick_subset(evaluation, sens.subset, config.seed)
+    (fp32_path, qdq_path), threads = models, runtime.threads
+    subset = pick_subset(evaluation, sens.subset, seed)
     scorer = SubsetScorer(subset, fp32_references(fp32_path, subset, threads), metric, threads)
     progress = lambda nodes: tqdm(nodes, desc="sensitivity", unit="node", leave=False, disable=None)  # noqa: E731
     executor = task_executor(sens)
     try:
-        op_types = config.quantization.op_types
+        op_types = quant.op_types
         analysis = analyze(fp32_path, qdq_path, scorer, op_types, sens.mode, sens.top_k, progress, executor)
     finally:
         if executor is not None:
@@ -106,14 +123,14 @@ def run_sensitivity(
         samples=sum(b.size for b in subset),
         drawn_from=sum(b.size for b in evaluation),
         subset=sens.subset,
-        max_drop=config.gate.max_drop,
+        max_drop=gate.max_drop,
     )
     modules = module_paths(onnx.load(str(fp32_path), load_external_data=False))
     nodes = analysis.nodes
     if modules:  # the PyTorch module beside each ONNX name, where the exporter recorded it
         nodes = tuple(dataclasses.replace(n, module=modules.get(n.name, "")) for n in nodes)
     # A new record: the analysis itself is never mutated.
-    record = dataclasses.replace(analysis, model=config.name, resolution=resolution.to_json(), nodes=nodes)
+    record = dataclasses.replace(analysis, model=name, resolution=resolution.to_json(), nodes=nodes)
     write_sensitivity(record, stage)
     return record
 
@@ -127,7 +144,9 @@ def write_sensitivity(record: SensitivityRecord, folder: Path) -> None:
 
 
 def auto_fallback(
-    config: BuildConfig,
+    quant: QuantizationConfig,
+    gate: GateConfig,
+    runtime: RuntimeConfig,
     fp32_path: Path,
     qdq_path: Path,
     evaluation: list[Batch],
@@ -135,13 +154,12 @@ def auto_fallback(
     record: SensitivityRecord,
 ) -> dict[str, Any]:
     """Greedy fallback in sensitivity order until the gate's max_drop holds on the evaluation set."""
-    threads = config.benchmark.threads
+    threads = runtime.threads
     scorer = SubsetScorer(evaluation, fp32_references(fp32_path, evaluation, threads), metric, threads)
     fp32, qdq = onnx.load(str(fp32_path)), onnx.load(str(qdq_path))
     baseline = scorer.score(fp32)
     one = evaluation[0].head(1).inputs
     latency = median_latency_ms(lambda m: create_session(m.SerializeToString(), threads=threads), one)
-    quant = config.quantization
     placement = "outputs" if quant.quantize_outputs else "inputs"
     search = greedy_fallback(
         sensitivity_order(record, quant.fallback_by),
@@ -149,7 +167,7 @@ def auto_fallback(
         scorer.score,
         baseline,
         metric.drop,
-        config.gate.max_drop,
+        gate.max_drop,
         latency,
     )
     log.info("fallback: %s", search.verdict)
@@ -158,5 +176,5 @@ def auto_fallback(
         "verdict": search.verdict,
         "nodes": list(search.excluded),
         "steps": search.steps,
-        "by": config.quantization.fallback_by,
+        "by": quant.fallback_by,
     }
