@@ -28,7 +28,7 @@ MOVING = ".deploy_opt.moving.json"  # in a published folder while a publish rena
 FORMAT = "deploy_opt.owner/1"
 # The record each kind of run published before markers existed (a release before this one): proof enough.
 LEGACY_RECORDS = {
-    "build": ("build.json", "deploy_opt.stages/"),
+    "build": ("build.json", "deploy_opt.build/"),
     "llm": ("quantize_report.json", "deploy_opt.llm_quantize/"),
     "sensitivity": ("sensitivity.json", "deploy_opt."),
 }

@@ -17,7 +17,7 @@ from deploy_opt.report.record import render_summary
 from dopt_common.errors import ReportError
 
 DATA = Path(__file__).parent / "data"
-REAL = DATA / "build_2026-12-06.json"  # `python -m deploy_opt build digits` on main at 3797afd
+REAL = DATA / "build_2026-12-06.json"  # `python -m deploy_opt build digits` on main at b7297ea (the last landed main)
 REAL_SUMMARY = DATA / "build_2026-12-06.summary.md"  # the summary.md written beside it
 
 
@@ -31,8 +31,8 @@ def test_a_real_build_json_reads_back_to_the_same_text() -> None:
     assert _text(record.to_json()) == text
     assert record.metrics is not None and record.metrics.scores["ort_int8"] > 90
     assert record.benchmark is not None and set(record.benchmark.batches) == {"1", "32"}
-    assert record.benchmark.batches["32"].timings["ort_fp32"].repeats == 166
-    assert record.quantization is not None and record.quantization.quantized_nodes == 7
+    assert record.benchmark.batches["32"].timings["ort_fp32"].repeats == 232
+    assert record.quantization is not None and record.quantization.quantized_nodes == 6
     assert record.export is not None and record.export.parity is not None and record.export.opset == 18
     assert record.backends is not None and record.backends.artifacts.aimet == "encodings.json"
     assert record.gate is not None and record.gate.verdict == "PASSED"
@@ -52,7 +52,7 @@ def test_the_gate_judges_the_real_record_as_the_build_did() -> None:
 
 
 def _older(real: dict[str, Any]) -> dict[str, Any]:
-    """The real record as a build before 2026-12-02 wrote it: the format's first name, no split, no intervals or
+    """The real record as a build before 2026-12-02 wrote it: no split, no intervals or
     deciles, no node counts, no integrity digests, no stage times, and no verdict word in the gate section."""
     old = copy.deepcopy(real)
     old["format"] = "deploy_opt.build/1"
@@ -87,7 +87,7 @@ def test_an_older_record_reads_with_its_missing_sections_none() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"format": "deploy_opt.stages/0"}, "format 'deploy_opt.stages/0'"),
+        ({"format": "deploy_opt.build/0"}, "format 'deploy_opt.build/0'"),
         ({"metrics": [1, 2]}, "'metrics' is not an object"),
         ({"benchmark": {"batches": {"1": 3}}}, "'benchmark.batches.1' is not an object"),
     ],

@@ -170,7 +170,7 @@ def test_gate_fails_on_a_recorded_failed_alignment(copy: Path, capsys: pytest.Ca
     assert code == 1 and "FAIL  align verify, as the build recorded it: FAIL: model.int8.onnx" in out
 
 
-@pytest.mark.parametrize("fmt", ["deploy_opt.stages/2", "something-else"])
+@pytest.mark.parametrize("fmt", ["deploy_opt.build/2", "something-else"])
 def test_an_unknown_build_format_is_refused(tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "build.json"
     path.write_text(json.dumps({"format": fmt, "metrics": {"drop": 0.0}}))

@@ -52,5 +52,5 @@ def test_a_hand_written_report_gets_the_default_gate_and_a_broken_one_names_its_
         BuildOutcome.from_json(_build(benchmark={"batches": {"1": {"ort_fp32": {}, "ort_int8": {}}}}))
     with pytest.raises(ReportError, match="has no 'metrics' section"):
         BuildOutcome.from_json({"format": BUILD_FORMAT})
-    with pytest.raises(ReportError, match="format 'deploy_opt.stages/0'"):
-        BuildOutcome.from_json(_build(format="deploy_opt.stages/0"))
+    with pytest.raises(ReportError, match="format 'deploy_opt.build/0'"):
+        BuildOutcome.from_json(_build(format="deploy_opt.build/0"))

@@ -140,10 +140,10 @@ def test_a_planted_lock_link_writes_nothing_outside(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("record", "kept"),
     [
-        ({"format": "deploy_opt.stages/1", "gate": {"passed": True}}, True),
-        ({"format": "deploy_opt.stages/1", "gate": {"passed": False}}, False),
-        ({"format": "deploy_opt.stages/7", "gate": {"passed": True}}, True),  # another release's, readable
-        ({"format": "deploy_opt.stages/7", "verdict": "?"}, True),  # unreadable verdict: kept, never destroyed
+        ({"format": "deploy_opt.build/1", "gate": {"passed": True}}, True),
+        ({"format": "deploy_opt.build/1", "gate": {"passed": False}}, False),
+        ({"format": "deploy_opt.build/7", "gate": {"passed": True}}, True),  # another release's, readable
+        ({"format": "deploy_opt.build/7", "verdict": "?"}, True),  # unreadable verdict: kept, never destroyed
     ],
 )
 def test_passed_is_read_from_any_build_version(tmp_path: Path, record: dict, kept: bool) -> None:
@@ -156,7 +156,7 @@ def test_passed_is_read_from_any_build_version(tmp_path: Path, record: dict, kep
 def test_a_failing_build_keeps_a_passing_build_of_another_version(tmp_path: Path) -> None:
     passing = build_tiny(tmp_path, "gate: {max_drop: 100}")
     record = json.loads((passing.out_dir / "build.json").read_text())
-    record["format"] = "deploy_opt.stages/9"  # as a build from a later release would write it
+    record["format"] = "deploy_opt.build/9"  # as a build from a later release would write it
     (passing.out_dir / "build.json").write_text(json.dumps(record))
     before = _hashes(passing.out_dir)
     failing = build_tiny(tmp_path, "gate: {max_drop: 100}", unmeetable=True)

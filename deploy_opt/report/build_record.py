@@ -18,9 +18,8 @@ from deploy_opt.report.model_sections import Backends, ExportInfo, QuantizationI
 from deploy_opt.report.record_sections import BenchmarkRecord, GateResult, MetricsRecord, Targets, mapping
 from dopt_common.errors import ReportError
 
-# Every format a build.json was written in; "deploy_opt.build/1" is the same record, named before the stages'
-# folder was (3797afd).
-READABLE_FORMATS = ("deploy_opt.build/1", BUILD_FORMAT)
+# Every format a build.json was written in (one so far: a section added since is None in an older record).
+READABLE_FORMATS = (BUILD_FORMAT,)
 Section = TypeVar("Section")
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-BUILD_FORMAT = "deploy_opt.stages/1"  # build.json's format; record.py writes it, gate.py reads only it
+BUILD_FORMAT = "deploy_opt.build/1"  # build.json's format; record.py writes it, gate.py reads only it
 # Written by every build of the format (build.json's ``artifacts`` is every file of the folder).
 ALWAYS: dict[str, tuple[str, ...]] = {
     BUILD_FORMAT: ("model.onnx", "model.int8.onnx", "scales.json", "encodings.json"),
