@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 import tiny_onnx
 
 HERE = Path(__file__).resolve().parent
+CORPUS = HERE.parent / "benchmarks" / "corpus"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -109,6 +113,22 @@ benchmark: {{enabled: false}}
     config, profile = load_build_config(write_config(tmp_path, text), "ci", overrides)
     config = unmeetable_gate(config) if unmeetable else config
     return run_build(config, profile, tmp_path / "reports", progress=False)
+
+
+def passing_tiny_build(folder: Path, gate: str) -> Path:
+    """``build_tiny`` in ``folder`` with the YAML ``gate`` section, checked to pass its own gate: the build folder."""
+    result = build_tiny(folder, gate)
+    assert result.gate.passed, result.gate.lines()
+    return result.out_dir
+
+
+def corpus_modules(*names: str) -> list[types.ModuleType]:
+    """benchmarks/corpus's harness modules ``names``, imported by path (the folder is not a package)."""
+    sys.path.insert(0, str(CORPUS))
+    try:
+        return [importlib.import_module(name) for name in names]
+    finally:
+        sys.path.remove(str(CORPUS))
 
 
 def _cuda_runtime() -> str | None:

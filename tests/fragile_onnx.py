@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 
 def weights() -> dict[str, np.ndarray]:
@@ -26,21 +25,15 @@ def weights() -> dict[str, np.ndarray]:
 
 def make_model(path: Path) -> Path:
     """x → fc1 → relu → fc2 → relu → fc3 → y, dynamic batch."""
+    import tiny_onnx  # here, not at the top: configs load this file by path, where tests/ is not importable
+
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
         helper.make_node("MatMul", ["h1", "w2"], ["h2"], name="fc2"),
         helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
         helper.make_node("MatMul", ["r2", "w3"], ["y"], name="fc3"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "fragile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-        [numpy_helper.from_array(v, k) for k, v in weights().items()],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
+    return tiny_onnx.save_xy_model(path, nodes, "fragile", ["batch", 16], ["batch", 8], weights())
 
 
 def _split(seed: int, n: int) -> list[tuple[dict[str, np.ndarray], None]]:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,18 +74,41 @@ def module_files(root: Path) -> dict[str, Path]:
     return found
 
 
-def imports(path: Path) -> Iterator[tuple[str, bool, int]]:
-    """(imported module, at module top level, line) for every import statement of a file."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+def _source(path: Path) -> str:
+    """The text of a file that parses; a SyntaxError names the file."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        _parsed(text)
+    except SyntaxError:
+        ast.parse(text, str(path))
+        raise
+    return text
+
+
+@functools.cache
+def _parsed(text: str) -> ast.Module:
+    """One parse per distinct text: the negative tests check copies of the tree that differ in one file."""
+    return ast.parse(text)
+
+
+@functools.cache
+def _import_facts(text: str) -> tuple[tuple[str, bool, int], ...]:
+    tree = _parsed(text)
     top = {id(node) for node in tree.body}
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, id(node) in top, node.lineno
+            found += [(alias.name, id(node) in top, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module, id(node) in top, node.lineno
-            for alias in node.names:  # ``from pkg import module`` imports the submodule
-                yield f"{node.module}.{alias.name}", id(node) in top, node.lineno
+            found.append((node.module, id(node) in top, node.lineno))
+            # ``from pkg import module`` imports the submodule
+            found += [(f"{node.module}.{alias.name}", id(node) in top, node.lineno) for alias in node.names]
+    return tuple(found)
+
+
+def imports(path: Path) -> Iterator[tuple[str, bool, int]]:
+    """(imported module, at module top level, line) for every import statement of a file."""
+    yield from _import_facts(_source(path))
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -118,13 +142,11 @@ def stage_return_violations(root: Path, modules: dict[str, Path]) -> list[str]:
     """Stage functions the pipeline imports from ``build/`` and ``pipeline/`` whose result is a loose dict, Any or
     a tuple (a record the next stage would read by key or by position) rather than a frozen dataclass."""
     problems = []
-    for node in ast.parse((root / PIPELINE).read_text(encoding="utf-8")).body:
+    for node in _parsed(_source(root / PIPELINE)).body:
         if not (isinstance(node, ast.ImportFrom) and node.module in modules and _within(node.module, STAGE_PACKAGES)):
             continue
         path = modules[node.module]
-        functions = {
-            f.name: f for f in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(f, ast.FunctionDef)
-        }
+        functions = {f.name: f for f in _parsed(_source(path)).body if isinstance(f, ast.FunctionDef)}
         for alias in node.names:
             function = functions.get(alias.name)
             if function is not None and _loose(function.returns):
@@ -220,20 +242,25 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def shape_violations(path: Path, root: Path) -> list[str]:
     """Functions over ``MAX_FUNCTION_LINES`` lines, and ``# fmt: skip`` markers, in one file."""
-    text = path.read_text(encoding="utf-8")
     where = path.relative_to(root)
+    long, skips = _shape_facts(_source(path))
     found = [
-        f"{where}:{node.lineno}: {node.name} is {node.end_lineno - node.lineno + 1} lines (at most "
-        f"{MAX_FUNCTION_LINES}); split it"
-        for node in ast.walk(ast.parse(text, str(path)))
+        f"{where}:{line}: {name} is {length} lines (at most {MAX_FUNCTION_LINES}); split it"
+        for name, line, length in long
+    ]
+    return found + [f"{where}:{number}: {FMT_SKIP}; let ruff format lay it out" for number in skips]
+
+
+@functools.cache
+def _shape_facts(text: str) -> tuple[tuple[tuple[str, int, int], ...], tuple[int, ...]]:
+    """(name, line, length) of each function over the limit, and the lines holding the marker."""
+    long = tuple(
+        (node.name, node.lineno, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(_parsed(text))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
-    ]
-    return found + [
-        f"{where}:{number}: {FMT_SKIP}; let ruff format lay it out"
-        for number, line in enumerate(text.splitlines(), 1)
-        if FMT_SKIP in line
-    ]
+    )
+    return long, tuple(number for number, line in enumerate(text.splitlines(), 1) if FMT_SKIP in line)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -7,14 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 SCALES = (0.01, 0.1, 1.0, 10.0)
 
 
 def make_model(path: Path) -> Path:
     """x → MatMul → Relu → MatMul → y, dynamic batch."""
+    import tiny_onnx  # here, not at the top: configs load this file by path, where tests/ is not importable
+
     rng = np.random.default_rng(5)
     inits = {
         "w1": rng.normal(0, 0.3, (16, 32)).astype(np.float32),
@@ -25,15 +26,7 @@ def make_model(path: Path) -> Path:
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "scaled",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
+    return tiny_onnx.save_xy_model(path, nodes, "scaled", ["batch", 16], ["batch", 8], inits)
 
 
 def _split(seed: int, n: int) -> list[tuple[dict[str, np.ndarray], None]]:

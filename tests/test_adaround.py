@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import tiny_onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from calibrators.activations.collect import expose_tensors, select_tensors
@@ -162,16 +163,7 @@ def _gemm_model(path: Path) -> Path:
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node("MatMul", ["r", "w2"], ["y"], name="matmul"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny_gemm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, str(path))
-    return path
+    return tiny_onnx.save_xy_model(path, nodes, "tiny_gemm", ["batch", 16], ["batch", 8], inits)
 
 
 def _gemm_inputs(seed: int, batches: int) -> list[dict[str, np.ndarray]]:

@@ -217,10 +217,27 @@ def test_smoothquant_starts_from_the_most_accurate_base_that_pays() -> None:
     assert smoothquant_base(SimpleNamespace(trials=slower, probe=object(), settings=auto), bases) is bases[0]  # type: ignore[arg-type]
 
 
+def _search_state(trials: list[Trial], clock: WorkClock, time_left: bool):  # -> SimpleNamespace
+    """What ``_verdict`` reads of a search: ``trials`` under max_drop 1, min_gain 1.02 for ort-cpu, no probe."""
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(
+        gate=SimpleNamespace(max_drop=1.0),
+        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
+    )
+    return SimpleNamespace(
+        trials=trials,
+        settings=settings,
+        baseline_scores=np.zeros(0),
+        time_left=lambda extra=0.0: time_left,
+        clock=clock,
+        probe=None,
+    )
+
+
 def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
     """FP32 shipping because the budget ran out is not 'FP32 is fastest here' alone: the verdict names the fast
     model the fallback never reached, and the setting that lets the search go on."""
-    from types import SimpleNamespace
 
     from deploy_opt.autotune.search import _verdict
 
@@ -229,58 +246,27 @@ def test_a_budget_cut_short_says_which_faster_model_missed_max_drop() -> None:
         Trial("placement", slow, 96.8, 0.05, None, 30.0, 0.42, 40, 9.0),
         Trial("placement", fast, 94.0, 2.395, None, 9.0, 1.99, 40, 9.0),
     ]
-    settings = SimpleNamespace(
-        gate=SimpleNamespace(max_drop=1.0),
-        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
-    )
     clock = WorkClock.start(240.0, 1200.0, 2)
-    spent = SimpleNamespace(
-        trials=trials,
-        settings=settings,
-        baseline_scores=np.zeros(0),
-        time_left=lambda extra=0.0: False,
-        clock=clock,
-        probe=None,
-    )
-    verdict = _verdict(spent, None)  # type: ignore[arg-type]
+    verdict = _verdict(_search_state(trials, clock, time_left=False), None)  # type: ignore[arg-type]
     assert verdict.startswith("FP32 is fastest here within the time budget: ")
     assert "the fastest model measured, outputs+chain asym at 1.99x, missed max_drop with drop 2.395" in verdict
     assert "wall-clock cap" not in verdict
-    finished = SimpleNamespace(
-        trials=trials,
-        settings=settings,
-        baseline_scores=np.zeros(0),
-        time_left=lambda extra=0.0: True,
-        clock=clock,
-        probe=None,
-    )
+    finished = _search_state(trials, clock, time_left=True)
     assert _verdict(finished, None).endswith("under the 1.02x that INT8 must gain; FP32 ships")  # type: ignore[arg-type]
 
 
 def test_the_verdict_says_when_the_wall_cap_not_the_work_budget_ended_the_search(monkeypatch) -> None:
     """The budget counts work; a loaded machine that hits the wall cap first is said to have cut the search short,
     and a loaded machine's timings are said to be the one decision load may move."""
-    from types import SimpleNamespace
 
     from deploy_opt.autotune.search import _verdict
 
     trials = [Trial("placement", Candidate("outputs", "asymmetric"), 94.0, 2.4, None, 9.0, 1.5, 40, 9.0)]
-    settings = SimpleNamespace(
-        gate=SimpleNamespace(max_drop=1.0),
-        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
-    )
     monkeypatch.setattr(clock_module, "_machine_busy", lambda: (100.0, 1.0))  # every process's CPU s, this one's
     monkeypatch.setattr(clock_module.os, "cpu_count", lambda: 2)
     capped = WorkClock.start(240.0, 1e-9, 2)  # no wall time left, the work budget untouched
     capped.wall0 -= 10.0  # started 10 s ago: 20 CPU seconds of capacity on two CPUs
-    ctx = SimpleNamespace(
-        trials=trials,
-        settings=settings,
-        baseline_scores=np.zeros(0),
-        time_left=lambda extra=0.0: False,
-        clock=capped,
-        probe=None,
-    )
+    ctx = _search_state(trials, capped, time_left=False)
     verdict = _verdict(ctx, None)  # type: ignore[arg-type]
     assert "the wall-clock cap (0 s = auto.wall_cap x auto.budget_s) ended the search after" in verdict
     assert "may go the other way" not in verdict  # not timed: nothing load could move
@@ -317,7 +303,6 @@ def test_the_range_choice_runs_the_samples_its_share_of_the_budget_pays_for(
 def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     """MobileNet-v2 with 48 of 53 convs float confirmed at 1.07x, above min_gain, but the build's benchmark timed
     it at 0.97x: the confirming timing's interval decides, as the gate's does."""
-    from types import SimpleNamespace
 
     from deploy_opt.autotune.search import _verdict
 
@@ -325,18 +310,7 @@ def test_a_confirmed_speedup_must_clear_fp32_beyond_timing_noise() -> None:
     assert not noisy.pays(1.02) and dataclasses.replace(noisy, speedup_low=1.01).pays(1.02)
     assert _trial(0.0, 1.07).pays(1.02)  # a first timing has no interval: min_gain alone
     assert noisy.to_json()["speedup_ci95_low"] == 0.97
-    settings = SimpleNamespace(
-        gate=SimpleNamespace(max_drop=1.0),
-        setup=SimpleNamespace(auto=SimpleNamespace(min_gain=1.02), deploy=SimpleNamespace(targets=("ort-cpu",))),
-    )
-    ctx = SimpleNamespace(
-        trials=[_trial(0.0, 1.03), noisy],
-        settings=settings,
-        baseline_scores=np.zeros(0),
-        time_left=lambda extra=0.0: True,
-        probe=None,
-        clock=WorkClock.start(240.0, 1200.0, 2),
-    )
+    ctx = _search_state([_trial(0.0, 1.03), noisy], WorkClock.start(240.0, 1200.0, 2), time_left=True)
     verdict = _verdict(ctx, None)  # type: ignore[arg-type]
     assert "runs at 1.070x FP32, but its 95% interval reaches down to 0.970x: not surely faster than FP32" in verdict
 

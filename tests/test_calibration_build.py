@@ -178,32 +178,34 @@ def test_stratum_below_minimum_is_an_error(tmp_path: Path, tiny_model: Path) -> 
     assert list((tmp_path / "reports").iterdir()) == []
 
 
+def _config_calibrating_from(tmp_path: Path, tiny_model: Path, source: str, code: str, calibration: str):
+    """The tiny model's config with ``calibration`` in its section, calibrating from ``source``:calibration, a file
+    of ``code`` beside it."""
+    (tmp_path / source).write_text(code, encoding="utf-8")
+    text = TINY.format(model=tiny_model.name, calibration=calibration).replace(
+        '"@TINY@:calibration"', f'"{source}:calibration"'
+    )
+    return load_build_config(write_config(tmp_path, text), "ci", [])[0]
+
+
 def test_label_stratify_without_labels_is_an_error(tmp_path: Path, tiny_model: Path) -> None:
-    (tmp_path / "nolabels.py").write_text(
+    code = (
         "import tiny_onnx\ndef calibration():\n    return [(x, None) for x, _ in tiny_onnx.calibration()]\n"
-        "def evaluation():\n    return tiny_onnx.evaluation()\n",
-        encoding="utf-8",
+        "def evaluation():\n    return tiny_onnx.evaluation()\n"
     )
-    text = TINY.format(model=tiny_model.name, calibration="  stratify: label").replace(
-        '"@TINY@:calibration"', '"nolabels.py:calibration"'
-    )
-    config, _ = load_build_config(write_config(tmp_path, text), "ci", [])
+    config = _config_calibrating_from(tmp_path, tiny_model, "nolabels.py", code, "  stratify: label")
     with pytest.raises(CalibrationError, match="stratify is 'label' but data.calibration yields no labels"):
         choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model))
 
 
 def test_nondeterministic_calibration_source_is_an_error(tmp_path: Path, tiny_model: Path) -> None:
-    (tmp_path / "shuffled.py").write_text(
+    code = (
         "import numpy as np\nimport tiny_onnx\n"
         "def calibration():\n"
         "    x = np.random.default_rng().normal(size=(64, 16)).astype('float32')\n"
-        "    return [({'x': x[i:i + 16]}, np.zeros(16, 'int64')) for i in range(0, 64, 16)]\n",
-        encoding="utf-8",
+        "    return [({'x': x[i:i + 16]}, np.zeros(16, 'int64')) for i in range(0, 64, 16)]\n"
     )
-    text = TINY.format(model=tiny_model.name, calibration="  samples: 20").replace(
-        '"@TINY@:calibration"', '"shuffled.py:calibration"'
-    )
-    config, _ = load_build_config(write_config(tmp_path, text), "ci", [])
+    config = _config_calibrating_from(tmp_path, tiny_model, "shuffled.py", code, "  samples: 20")
     with pytest.raises(CalibrationError, match="yielded different samples when called again"):
         choose_calibration(config.calibration, config.data, config.base_dir, _specs(tiny_model))
 

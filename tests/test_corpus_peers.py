@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
+from conftest import CORPUS, corpus_modules
 from onnx import TensorProto, helper
-
-CORPUS = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus"
 
 
 @pytest.fixture(scope="module")
 def corpus():  # noqa: ANN201 - the benchmark harness modules, imported by path
-    sys.path.insert(0, str(CORPUS))
-    try:
-        import aimet_peer
-        import nncf_peer
-        import peers
-        import scorer
-    finally:
-        sys.path.remove(str(CORPUS))
+    aimet_peer, nncf_peer, peers, scorer = corpus_modules("aimet_peer", "nncf_peer", "peers", "scorer")
     return SimpleNamespace(peers=peers, scorer=scorer, nncf_peer=nncf_peer, aimet_peer=aimet_peer)
 
 

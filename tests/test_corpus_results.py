@@ -4,21 +4,15 @@ standard error of the paired per-sample difference is noise, not a loss."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
-
-CORPUS = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus"
+from conftest import corpus_modules
 
 
 @pytest.fixture(scope="module")
 def results():  # noqa: ANN201 - the benchmark harness module, imported by path
-    sys.path.insert(0, str(CORPUS))
-    try:
-        import results as module
-    finally:
-        sys.path.remove(str(CORPUS))
+    (module,) = corpus_modules("results")
     return module
 
 

@@ -164,19 +164,26 @@ def test_writable_output_folder_is_created_and_left_clean(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_build_with_empty_calibration_raises_calibration_error(data_dir: Path) -> None:
-    config, profile = load_build_config(write_build_config(data_dir, "mydata.py:build"), "ci")
+@pytest.mark.parametrize(
+    "factory,error,match",
+    [
+        pytest.param(
+            "mydata.py:build",
+            CalibrationError,
+            r"data\.calibration 'mydata\.py:calib' yielded no samples",
+            id="empty_calibration_raises_calibration_error",
+        ),
+        pytest.param(
+            "no_such_module:build", SourceError, r"no_such_module", id="unimportable_factory_raises_source_error"
+        ),
+    ],
+)
+def test_a_failing_build_raises_its_error_and_leaves_nothing(
+    data_dir: Path, factory: str, error: type[Exception], match: str
+) -> None:
+    config, profile = load_build_config(write_build_config(data_dir, factory), "ci")
     output = data_dir / "reports"
-    with pytest.raises(CalibrationError, match=r"data\.calibration 'mydata\.py:calib' yielded no samples"):
-        run_build(config, profile, output, progress=False)
-    assert_nothing_left(output, "t")
-
-
-@pytest.mark.slow
-def test_build_with_unimportable_factory_raises_source_error(data_dir: Path) -> None:
-    config, profile = load_build_config(write_build_config(data_dir, "no_such_module:build"), "ci")
-    output = data_dir / "reports"
-    with pytest.raises(SourceError, match=r"no_such_module"):
+    with pytest.raises(error, match=match):
         run_build(config, profile, output, progress=False)
     assert_nothing_left(output, "t")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import build_tiny
+from conftest import passing_tiny_build
 from onnx import numpy_helper
 
 import deploy_opt.report.integrity as integrity
@@ -29,9 +29,7 @@ QDQ = "model.int8.onnx"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real tiny build, benchmark disabled, gate min_speedup 1.0: its own gate passes."""
-    result = build_tiny(tmp_path_factory.mktemp("hostile"), "gate: {max_drop: 100, min_speedup: 1.0}")
-    assert result.gate.passed, result.gate.lines()
-    return result.out_dir
+    return passing_tiny_build(tmp_path_factory.mktemp("hostile"), "gate: {max_drop: 100, min_speedup: 1.0}")
 
 
 @pytest.fixture

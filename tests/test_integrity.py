@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import build_tiny
+from conftest import passing_tiny_build
 from onnx import numpy_helper
 
 from deploy_opt.cli import main
@@ -27,9 +27,7 @@ QDQ = "model.int8.onnx"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real tiny build whose gate passes (max_drop 100, speed not gated); tests tamper with copies."""
-    result = build_tiny(tmp_path_factory.mktemp("integrity"), "gate: {max_drop: 100, min_speedup: null}")
-    assert result.gate.passed, result.gate.lines()
-    return result.out_dir
+    return passing_tiny_build(tmp_path_factory.mktemp("integrity"), "gate: {max_drop: 100, min_speedup: null}")
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ import onnx
 import pytest
 from onnxruntime.quantization.quant_utils import QuantType
 from onnxruntime.quantization.tensor_quant_overrides import TensorQuantOverridesHelper
+from scale_files import scales_for_model
 
-from calibrators.activations.collect import select_tensors
-from calibrators.qparams import activation_scale, bias_scales, weight_scales
 from calibrators.scales.format import ScaleFile, TensorScale, load_scale_file, save_scale_file
 from deploy_opt.analysis.scale_interop import detect_format, export_scales, import_scales
 from dopt_common.errors import ConfigError, ScaleMismatchError
@@ -319,22 +318,10 @@ def test_ort_overrides_round_trip_is_bit_exact(tmp_path: Path, scheme: str) -> N
     assert back["w_pt"].role == "activation" and back["w0"].role == "weight"
 
 
-def _tiny_scales(model_path: Path, scheme: str) -> ScaleFile:
-    model = onnx.load(str(model_path))
-    rng = np.random.default_rng(1)
-    tensors = {
-        n: activation_scale(n, -float(rng.uniform(0.5, 3)), float(rng.uniform(0.5, 3)), scheme, "minmax")
-        for n in select_tensors(model, ["MatMul", "Gemm"])
-    }
-    tensors |= weight_scales(model, ["MatMul", "Gemm"])
-    tensors |= bias_scales(model, tensors, ["MatMul", "Gemm"])
-    return ScaleFile(scheme, tensors, {})
-
-
 @pytest.mark.parametrize("scheme", ["symmetric", "asymmetric"])
 def test_ort_accepts_the_overrides_file(tiny_model: Path, tmp_path: Path, scheme: str) -> None:
     """ORT's own validator takes the file, and a Q/DQ model written from it carries the original scales."""
-    scales = _tiny_scales(tiny_model, scheme)
+    scales = scales_for_model(tiny_model, scheme, 1, {})
     path = write_ort_overrides(scales, tmp_path / "overrides.json")
     model = onnx.load(str(tiny_model))
     inits = {i.name: i for i in model.graph.initializer}

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+import tiny_llama  # noqa: E402
 import torch  # noqa: E402
 
 from deploy_opt.llm.checks import PerplexityWindow, perplexity, plan_windows  # noqa: E402
@@ -25,7 +26,6 @@ LICENSES = Path("/usr/share/common-licenses")
 @pytest.fixture(scope="module")
 def tokenizers():
     """(a tokenizer that adds no BOS, the same one with a post-processor that puts <s> first)."""
-    import tiny_llama
     from tokenizers import processors
 
     plain = tiny_llama.train_tokenizer()
@@ -171,15 +171,7 @@ def test_a_written_gguf_says_whether_to_add_bos_and_reads_back_so(tmp_path: Path
     torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama.decoder_config(LlamaConfig, len(tokenizer), hidden=32, layers=1, tie_word_embeddings=False)
     path = write_hf_gguf(LlamaForCausalLM(config).eval(), tokenizer, tmp_path / "tiny.gguf")
     field = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.add_bos_token"]
     assert bool(field.parts[field.data[0]][0]) is adds_bos

@@ -191,15 +191,8 @@ def test_an_hf_folder_written_as_f32_gguf_is_read_back_by_transformers_as_the_sa
             "qwen2": (Qwen2Config, Qwen2ForCausalLM),
             "mistral": (MistralConfig, MistralForCausalLM),
         }[family]
-        config = config_class(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            tie_word_embeddings=False,
+        config = tiny_llama.decoder_config(
+            config_class, len(tokenizer), max_position_embeddings=256, tie_word_embeddings=False
         )
         model = model_class(config).eval()
     path = write_hf_gguf(model, tokenizer, tmp_path / f"{family}.gguf")

@@ -53,18 +53,15 @@ def _tiny_gemma3(layers: int = 2):  # (model, tokenizer)
 
     torch.manual_seed(0)
     tokenizer = tiny_llama.train_tokenizer()
-    config = Gemma3TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=1,
+    config = tiny_llama.decoder_config(
+        Gemma3TextConfig,
+        len(tokenizer),
+        layers=layers,
+        kv_heads=1,
         head_dim=32,
         max_position_embeddings=512,
         sliding_window=16,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **tiny_llama.special_ids(tokenizer),
         pad_token_id=0,
         architectures=["Gemma3ForCausalLM"],
     )

@@ -40,17 +40,12 @@ def _tiny_nemotron(tokenizer):  # -> NemotronForCausalLM
     from transformers import NemotronConfig, NemotronForCausalLM
 
     torch.manual_seed(0)
-    config = NemotronConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    config = tiny_llama.decoder_config(
+        NemotronConfig,
+        len(tokenizer),
         max_position_embeddings=256,
         norm_eps=1e-6,  # not the default: the reader must take it from the file
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **tiny_llama.special_ids(tokenizer),
     )
     model = NemotronForCausalLM(config).eval()
     with torch.no_grad():  # random LayerNorm1P weights and biases: a lost +1 or a dropped bias changes the logits

@@ -159,20 +159,7 @@ def test_torchao_int8_weight_only_runs_with_the_same_checks(tiny_folder: Path, t
 
 @pytest.mark.slow
 def test_default_name_kv_checks_and_another_models_folder(tiny_folder: Path, tmp_path: Path) -> None:
-    flags = {
-        "model": {"path": str(tiny_folder)},
-        "quantization": {"method": "rtn", "group_size": 32},
-        "calibration": {"samples": 16, "max_seq_len": 64},
-        "checks": {
-            "eval_tokens": 256,
-            "eval_seq_len": 64,
-            "generations": 2,
-            "max_new_tokens": 16,
-            "kv_cache": "int8",
-            "session_len": 1024,
-        },
-        "gate": {"max_ppl_increase": "50%"},
-    }
+    flags = tiny_llama.rtn_kv_flags(tiny_folder, session_len=1024)
     result = run_quantize_llm(load_llm_config(None, flags), tmp_path, progress=False)
     assert result.out_dir.name == "model-rtn-g32"  # <model folder>-<method>-g<group>
     report = result.report.to_json()

@@ -260,18 +260,14 @@ def _tiny_mistral(folder: Path) -> Path:
     """A random MistralForCausalLM with hidden 128: group 128 divides every Linear (GPTQ's case before issue 33)."""
     torch.manual_seed(0)
     tokenizer = tiny_llama.train_tokenizer()
-    config = transformers.MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    config = tiny_llama.decoder_config(
+        transformers.MistralConfig,
+        len(tokenizer),
+        hidden=128,
         max_position_embeddings=512,
         sliding_window=None,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **tiny_llama.special_ids(tokenizer),
     )
     transformers.MistralForCausalLM(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)

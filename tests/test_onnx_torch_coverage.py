@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import tiny_llama
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -67,15 +68,7 @@ def _tiny_llama() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = tiny_llama.decoder_config(LlamaConfig, VOCAB, max_position_embeddings=64)
     return _HiddenStates(LlamaForCausalLM(config).eval()).eval()
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+import tiny_onnx
+from onnx import helper, numpy_helper
 
 from dopt_common.errors import ModelError
 from dopt_common.ort import create_session
@@ -27,14 +28,7 @@ def _per_channel_dq_at_opset_11(path: Path) -> Path:
         helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zero_point"], ["w"], name=NODE, axis=0),
         helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "bad",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model = tiny_onnx.xy_model(nodes, "bad", [2, 4], [2, 3], inits, opset=11)
     model.ir_version = 7
     onnx.save(model, str(path))
     return path

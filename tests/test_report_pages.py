@@ -116,23 +116,7 @@ def test_llm_page_renders_with_both_generations(tmp_path: Path) -> None:
     from deploy_opt.llm.pipeline import run_quantize_llm
 
     folder = tiny_llama.make_tiny_llama(tmp_path / "tiny")
-    config = load_llm_config(
-        None,
-        {
-            "model": {"path": str(folder)},
-            "quantization": {"method": "rtn", "group_size": 32},
-            "calibration": {"samples": 16, "max_seq_len": 64},
-            "checks": {
-                "eval_tokens": 256,
-                "eval_seq_len": 64,
-                "generations": 2,
-                "max_new_tokens": 16,
-                "kv_cache": "int8",
-                "session_len": 512,
-            },
-            "gate": {"max_ppl_increase": "50%"},
-        },
-    )
+    config = load_llm_config(None, tiny_llama.rtn_kv_flags(folder, session_len=512))
     result = run_quantize_llm(config, tmp_path / "reports", progress=False)
     text = check_page(result.out_dir / "report.html", tmp_path)
     assert "FP generation" in text and "quantized generation" in text and "KV cache" in text

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import tiny_onnx
 from conftest import build_tiny
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from calibrators.activations.collect import select_tensors
 from calibrators.qparams import activation_scale, bias_scales, weight_scales
@@ -114,18 +115,11 @@ def _two_gemms(path: Path) -> Path:
         "w2": rng.normal(0, 0.3, (4, 32)).astype(np.float32),
         "b2": rng.normal(0, 0.1, 4).astype(np.float32),
     }
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
-            helper.make_node("Gemm", ["h", "w2", "b2"], ["y"], name="fc2", transB=1),
-        ],
-        "two_gemms",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+        helper.make_node("Gemm", ["h", "w2", "b2"], ["y"], name="fc2", transB=1),
+    ]
+    return tiny_onnx.save_xy_model(path, nodes, "two_gemms", ["batch", 16], ["batch", 4], inits)
 
 
 def test_layer_precision_comes_from_the_shipped_model(tmp_path: Path) -> None:

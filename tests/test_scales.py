@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+from scale_files import scales_for_model
 
-from calibrators.activations.collect import select_tensors
-from calibrators.qparams import activation_scale, bias_scales, weight_scale, weight_scales
+from calibrators.qparams import activation_scale, weight_scale
 from calibrators.scales.format import (
     ScaleFile,
     float32_hex,
@@ -66,15 +66,7 @@ def test_hex_round_trip_is_exact() -> None:
 
 
 def _scale_file(model_path: Path, scheme: str) -> ScaleFile:
-    model = onnx.load(str(model_path))
-    rng = np.random.default_rng(0)
-    tensors = {
-        n: activation_scale(n, -float(rng.uniform(0.5, 3)), float(rng.uniform(0.5, 3)), scheme, "minmax")
-        for n in select_tensors(model, ["MatMul", "Gemm"])
-    }
-    tensors |= weight_scales(model, ["MatMul", "Gemm"])
-    tensors |= bias_scales(model, tensors, ["MatMul", "Gemm"])
-    return ScaleFile(scheme, tensors, {"test": True})
+    return scales_for_model(model_path, scheme, 0, {"test": True})
 
 
 def test_scale_file_json_round_trip_is_bit_exact(tiny_model: Path, tmp_path: Path) -> None:

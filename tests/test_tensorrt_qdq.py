@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tiny_onnx
 from conftest import tiny_cnn_config
 from onnx import numpy_helper
 
@@ -106,7 +107,7 @@ def test_ort_cpu_and_tensorrt_get_one_scale_file_and_two_forms(tmp_path: Path) -
 
 
 def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     q = np.array([[-3, 7], [100000, -5]], np.int32)
     scale = np.array([0.5, 0.25], np.float32)
@@ -119,15 +120,7 @@ def test_each_int32_bias_becomes_the_float_its_dequantize_computes(tmp_path: Pat
         helper.make_node("DequantizeLinear", ["b_quantized", "b_scale", "b_zero"], ["b"], axis=1, name="dq"),
         helper.make_node("Add", ["x", "b"], ["y"], name="add"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
-        inits,
-    )
-    src = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), src)
+    src = tiny_onnx.save_xy_model(tmp_path / "m.onnx", nodes, "g", [2, 2], [2, 2], inits, opset=13)
     path, folded = to_tensorrt_form(src, tmp_path / "m.trt.onnx")
     model = onnx.load(str(path))
     assert folded == 1 and [n.op_type for n in model.graph.node] == ["Add"]
@@ -159,14 +152,7 @@ def _weight_qdq_model(
         helper.make_node("DequantizeLinear", ["w_quantized", "ws", "wz"], ["w"], name="w_dq", axis=axis),
         helper.make_node("MatMul", ["xd", "w"], ["y"], name="fc"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return tiny_onnx.xy_model(nodes, "g", [2, 16], [2, 8], inits, opset=13)
 
 
 @pytest.mark.parametrize(

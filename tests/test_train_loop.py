@@ -184,17 +184,24 @@ def test_short_run_writes_log_checkpoint_and_model(tmp_path: Path) -> None:
     assert saved["steps"] == 20 and saved["optimizer_state_bytes"] == result.optimizer_state_bytes
 
 
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(folder, result) of BASE's 20 steps without a pause: what both pauses of the next test must reproduce."""
+    folder = tmp_path_factory.mktemp("whole") / "whole"
+    return folder, train(make_config(folder.parent), folder, progress=False)
+
+
 @pytest.mark.parametrize("pause_at", [10, 11])  # mid-epoch, and exactly at the end of epoch 0
-def test_resume_equals_uninterrupted_run(tmp_path: Path, pause_at: int) -> None:
+def test_resume_equals_uninterrupted_run(tmp_path: Path, pause_at: int, whole_run: tuple[Path, Any]) -> None:
     config = make_config(tmp_path)
-    whole = train(config, tmp_path / "whole", progress=False)
+    whole_folder, whole = whole_run
     first = train(config, tmp_path / "split", progress=False, stop_at=pause_at)
     assert not first.completed and first.steps == pause_at and first.model is None
     resumed = train(config, tmp_path / "split", resume=True, progress=False)
     assert resumed.completed and resumed.steps == 20
-    a, b = parameters_of(tmp_path / "whole" / MODEL_NAME), parameters_of(tmp_path / "split" / MODEL_NAME)
+    a, b = parameters_of(whole_folder / MODEL_NAME), parameters_of(tmp_path / "split" / MODEL_NAME)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    log_a = read_train_log(tmp_path / "whole" / "train_log.jsonl")
+    log_a = read_train_log(whole_folder / "train_log.jsonl")
     log_b = read_train_log(tmp_path / "split" / "train_log.jsonl")
     assert [(r["step"], r["lr"], r["loss"]) for r in log_a] == [(r["step"], r["lr"], r["loss"]) for r in log_b]
     assert resumed.metrics == whole.metrics

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from deploy_opt.train.search import trial as trial_module
-from deploy_opt.train.search.pipeline import SearchRequest, run_search
+from deploy_opt.train.search.pipeline import SearchRequest, SearchResult, run_search
 from deploy_opt.train.search.plan import fixed_specs, rung_steps
 from deploy_opt.train.search.space import SearchSpace, load_space
 from deploy_opt.train.search.trial import steps_to_converge, trial_config
@@ -53,6 +53,14 @@ def _request(config: Path, space: Path, out: Path, trials: int = 9, parallel: in
     return SearchRequest(config, (), load_space(space), trials, parallel, None, 0.0, out, None)
 
 
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, SearchResult]:
+    """(config, space, output folder, result) of one whole 9-trial search, which two tests read: each ran its own."""
+    root = tmp_path_factory.mktemp("search")
+    config, space = _files(root)
+    return config, space, root / "reports", run_search(_request(config, space, root / "reports"))
+
+
 def test_plan_has_the_recommender_first_then_the_config_then_the_grid(tmp_path: Path) -> None:
     from deploy_opt.train.config import build_train_config
     from deploy_opt.train.search.plan import recommended_spec
@@ -79,10 +87,9 @@ def test_trial_config_switches_optimizer_cleanly() -> None:
 
 
 @pytest.mark.slow
-def test_search_runs_reports_and_best_yaml_reproduces_its_trial(tmp_path: Path) -> None:
-    config, space = _files(tmp_path)
-    result = run_search(_request(config, space, tmp_path / "reports"))
-    folder = tmp_path / "reports" / "digits-search"
+def test_search_runs_reports_and_best_yaml_reproduces_its_trial(searched: tuple, tmp_path: Path) -> None:
+    _, _, reports, result = searched
+    folder = reports / "digits-search"
     assert result.folder == folder and result.trials == 9 and result.reused == 0
     summary = json.loads((folder / "search.json").read_text())
     stages = [t["stage"] for t in summary["trials"]]
@@ -160,8 +167,8 @@ def test_search_on_local_ray_with_two_trials_at_once(tmp_path: Path) -> None:
     assert "threads: 1" in (result.folder / "best.yaml").read_text()
 
 
-def test_search_errors_name_the_fix(tmp_path: Path) -> None:
-    config, space = _files(tmp_path)
+def test_search_errors_name_the_fix(searched: tuple, tmp_path: Path) -> None:
+    config, space, reports, _ = searched
     with pytest.raises(ConfigError, match=r"--trials 10 or more"):
         run_search(_request(config, space, tmp_path / "reports", trials=6))
     bad = tmp_path / "bad.yaml"
@@ -171,9 +178,8 @@ def test_search_errors_name_the_fix(tmp_path: Path) -> None:
     bad.write_text("stage3: {}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="stage3"):
         load_space(bad)
-    run_search(_request(config, space, tmp_path / "reports"))
-    with pytest.raises(OutputError, match="another config, space or --trials"):
-        run_search(_request(config, space, tmp_path / "reports", trials=10))
+    with pytest.raises(OutputError, match="another config, space or --trials"):  # the search above: 9 trials
+        run_search(_request(config, space, reports, trials=10))
 
 
 def test_parallel_without_ray_names_the_extra() -> None:

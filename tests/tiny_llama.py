@@ -30,6 +30,44 @@ def train_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
+def decoder_config(config_class, vocab_size: int, *, hidden: int = 64, layers: int = 2, kv_heads: int = 2, **extra):
+    """``config_class`` (a transformers decoder config) with the tiny shape every LLM test uses: ``hidden`` wide,
+    an MLP twice that, ``layers`` layers, 4 attention heads over ``kv_heads`` key/value heads; ``extra`` adds or
+    overrides fields."""
+    shape = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": kv_heads,
+    }
+    return config_class(**(shape | extra))
+
+
+def special_ids(tokenizer) -> dict[str, int]:
+    """``tokenizer``'s BOS and EOS ids as config fields."""
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+
+
+def rtn_kv_flags(folder: Path, session_len: int) -> dict:
+    """quantize-llm's flags for a short RTN run (group 32) of ``folder`` that also checks an int8 KV cache."""
+    return {
+        "model": {"path": str(folder)},
+        "quantization": {"method": "rtn", "group_size": 32},
+        "calibration": {"samples": 16, "max_seq_len": 64},
+        "checks": {
+            "eval_tokens": 256,
+            "eval_seq_len": 64,
+            "generations": 2,
+            "max_new_tokens": 16,
+            "kv_cache": "int8",
+            "session_len": session_len,
+        },
+        "gate": {"max_ppl_increase": "50%"},
+    }
+
+
 def make_tiny_llama(folder: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
     """Save a random LlamaForCausalLM (2 layers, hidden 64, 4 heads) and its tokenizer into ``folder``."""
     import torch
@@ -37,16 +75,13 @@ def make_tiny_llama(folder: Path, *, hidden: int = 64, layers: int = 2, seed: in
 
     torch.manual_seed(seed)
     tokenizer = train_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    config = decoder_config(
+        LlamaConfig,
+        len(tokenizer),
+        hidden=hidden,
+        layers=layers,
         max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **special_ids(tokenizer),
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()

@@ -45,6 +45,34 @@ def make_model(path: Path) -> Path:
     return path
 
 
+def xy_model(
+    nodes: list[onnx.NodeProto],
+    name: str,
+    x_shape: list[int | str],
+    y_shape: list[int | str],
+    inits: dict[str, np.ndarray] | list[onnx.TensorProto],
+    opset: int = 17,
+) -> onnx.ModelProto:
+    """A graph of ``nodes`` from one float input ``x`` to one float output ``y``; ``inits`` as arrays by name or
+    as initializers."""
+    if isinstance(inits, dict):
+        inits = [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def save_xy_model(path: Path, *args, **kwargs) -> Path:
+    """``xy_model(*args, **kwargs)`` saved at ``path``."""
+    onnx.save(xy_model(*args, **kwargs), str(path))
+    return path
+
+
 def reference(x: np.ndarray) -> np.ndarray:
     """The same network in numpy."""
     w = weights()

@@ -9,6 +9,17 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def _quantize_dequantize(prefix: str, source: str, output: str) -> list[onnx.NodeProto]:
+    """QuantizeLinear then DequantizeLinear of ``source`` into ``output``, with ``prefix``'s scale and zero point,
+    named as ORT's QDQQuantizer names them."""
+    quantized = f"{prefix}_QuantizeLinear_Output"
+    params = [f"{prefix}_scale", f"{prefix}_zero_point"]
+    return [
+        helper.make_node("QuantizeLinear", [source, *params], [quantized], name=f"{prefix}_QuantizeLinear"),
+        helper.make_node("DequantizeLinear", [quantized, *params], [output], name=f"{prefix}_DequantizeLinear"),
+    ]
+
+
 def ort_style_qdq_model(path: Path) -> Path:
     """x → Q/DQ → MatMul(DQ(int8 W, per channel)) → Q/DQ → y, named as ORT's QDQQuantizer names things."""
     rng = np.random.default_rng(3)
@@ -23,15 +34,7 @@ def ort_style_qdq_model(path: Path) -> Path:
         "mm_zero_point": np.int8(0),
     }
     nodes = [
-        helper.make_node(
-            "QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_QuantizeLinear_Output"], name="x_QuantizeLinear"
-        ),
-        helper.make_node(
-            "DequantizeLinear",
-            ["x_QuantizeLinear_Output", "x_scale", "x_zero_point"],
-            ["x_DequantizeLinear_Output"],
-            name="x_DequantizeLinear",
-        ),
+        *_quantize_dequantize("x", "x", "x_DequantizeLinear_Output"),
         helper.make_node(
             "DequantizeLinear",
             ["W_quantized", "W_scale", "W_zero_point"],
@@ -42,18 +45,7 @@ def ort_style_qdq_model(path: Path) -> Path:
         helper.make_node(
             "MatMul", ["x_DequantizeLinear_Output", "W_DequantizeLinear_Output"], ["mm_QuantizeLinear_Input"], name="mm"
         ),
-        helper.make_node(
-            "QuantizeLinear",
-            ["mm_QuantizeLinear_Input", "mm_scale", "mm_zero_point"],
-            ["mm_QuantizeLinear_Output"],
-            name="mm_QuantizeLinear",
-        ),
-        helper.make_node(
-            "DequantizeLinear",
-            ["mm_QuantizeLinear_Output", "mm_scale", "mm_zero_point"],
-            ["y"],
-            name="mm_DequantizeLinear",
-        ),
+        *_quantize_dequantize("mm", "mm_QuantizeLinear_Input", "y"),
     ]
     graph = helper.make_graph(
         nodes,
