@@ -76,9 +76,9 @@ def test_auto_stratifies_by_class_labels_only() -> None:
 
     from deploy_opt.stages.calibration_set import _key_function
 
-    config = SimpleNamespace(calibration=SimpleNamespace(stratify="auto"), base_dir=".")
-    assert _key_function(config, np.array([0, 1, 1]))[0] == "label"
-    assert _key_function(config, np.array(["cat", "dog"]))[0] == "label"
-    assert _key_function(config, np.array([[5, 9, -1], [7, -1, -1]]))[0] == "none"
-    assert _key_function(config, np.array([0.5, 1.5]))[0] == "none"
-    assert _key_function(config, None)[0] == "none"
+    cal = SimpleNamespace(stratify="auto")
+    assert _key_function(cal, ".", np.array([0, 1, 1]))[0] == "label"
+    assert _key_function(cal, ".", np.array(["cat", "dog"]))[0] == "label"
+    assert _key_function(cal, ".", np.array([[5, 9, -1], [7, -1, -1]]))[0] == "none"
+    assert _key_function(cal, ".", np.array([0.5, 1.5]))[0] == "none"
+    assert _key_function(cal, ".", None)[0] == "none"

@@ -216,6 +216,7 @@ def test_auto_qat_trains_only_within_what_the_search_left_of_its_budget(tiny_mod
     from conftest import write_config
 
     from deploy_opt.config.profiles import load_build_config
+    from deploy_opt.config.setup import SearchSettings
     from deploy_opt.pipeline.qat import AUTO_QAT_S, MIN_AUTO_QAT_S, _within_auto_budget, budget_reason
 
     def search(seconds: float) -> AutoSearch:
@@ -229,8 +230,10 @@ def test_auto_qat_trains_only_within_what_the_search_left_of_its_budget(tiny_mod
     text = f"name: t\nmodel: {{onnx: {tiny_model}}}\n" + data
     config, _ = load_build_config(write_config(tmp_path, text), "cpu-server", [])
     assert config.quantization.qat.enabled == "auto" and config.auto.budget_s == 240.0
-    assert _within_auto_budget(config, search(200.0)).quantization.qat.budget_s == 40.0
-    assert _within_auto_budget(config, None).quantization.qat.budget_s == AUTO_QAT_S  # manual mode: no search
+    settings = SearchSettings.of(config)
+    assert _within_auto_budget(settings, search(200.0)).setup.quantization.qat.budget_s == 40.0
+    assert _within_auto_budget(settings, None).setup.quantization.qat.budget_s == AUTO_QAT_S  # manual: no search
     qat = dataclasses.replace(config.quantization.qat, enabled=True)
     asked = dataclasses.replace(config, quantization=dataclasses.replace(config.quantization, qat=qat))
-    assert _within_auto_budget(asked, search(230.0)).quantization.qat.budget_s == 600.0  # asked for: its own budget
+    within = _within_auto_budget(SearchSettings.of(asked), search(230.0))
+    assert within.setup.quantization.qat.budget_s == 600.0  # asked for: its own budget
