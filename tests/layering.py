@@ -164,7 +164,7 @@ def stage_dict_violations(root: Path, modules: dict[str, Path]) -> list[str]:
     for name, path in modules.items():
         if not _within(name, ("deploy_opt.stages",)):
             continue
-        for function in ast.parse(path.read_text(encoding="utf-8")).body:
+        for function in _parsed(_source(path)).body:
             if isinstance(function, ast.FunctionDef) and not function.name.startswith("_"):
                 if _returns_dict(function.returns):
                     shown = "nothing" if function.returns is None else ast.unparse(function.returns)
@@ -181,7 +181,7 @@ def whole_config_violations(root: Path, modules: dict[str, Path]) -> list[str]:
     for name, path in modules.items():
         if _within(name, WHOLE_CONFIG_MODULES):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(_source(path))):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             if f"{name}:{node.name}" in WHOLE_CONFIG_FUNCTIONS:
