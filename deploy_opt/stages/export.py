@@ -152,20 +152,7 @@ def _torch_parity(
     export: ExportConfig, runtime: RuntimeConfig, torch_model: Any, names: list[str], out: Path, batches: list[Batch]
 ) -> dict[str, Any]:
     """The exported model on ORT against the torch model it came from."""
-    parity = check_parity(
-        torch_runner(torch_model, names),
-        out,
-        (b.inputs for b in batches),
-        atol=export.parity_atol,
-        rtol=export.parity_rtol,
-        threads=runtime.threads,
-    )
-    return {
-        "max_abs": parity.max_abs,
-        "max_rel": parity.max_rel,
-        "tolerance": parity.tolerance,
-        "samples": parity.samples,
-    }
+    return _parity(export, runtime, torch_runner(torch_model, names), out, batches)
 
 
 def _import_parity(
@@ -174,17 +161,29 @@ def _import_parity(
     """The imported model (opset-converted, simplified, normalised) against the user's file, both on ORT."""
     from dopt_common.ort import create_session
 
-    original = create_session(source, threads=runtime.threads)
+    original = session_runner(create_session(source, threads=runtime.threads))
+    return _parity(export, runtime, original, out, parity_batches, "the original model.onnx on ONNX Runtime")
+
+
+def _parity(
+    export: ExportConfig,
+    runtime: RuntimeConfig,
+    reference: Any,
+    out: Path,
+    batches: list[Batch],
+    named: str | None = None,
+) -> dict[str, Any]:
+    """build.json's ``export.parity``: ``out`` on ORT against the ``reference`` runner (``named``: what it is,
+    written first, when it is not the torch model)."""
     parity = check_parity(
-        session_runner(original),
+        reference,
         out,
-        (b.inputs for b in parity_batches),
+        (b.inputs for b in batches),
         atol=export.parity_atol,
         rtol=export.parity_rtol,
         threads=runtime.threads,
     )
-    return {
-        "reference": "the original model.onnx on ONNX Runtime",
+    return ({"reference": named} if named else {}) | {
         "max_abs": parity.max_abs,
         "max_rel": parity.max_rel,
         "tolerance": parity.tolerance,
