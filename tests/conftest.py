@@ -172,3 +172,16 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the first-party packages, for a layering test to break (tests/test_layering.py,
+    tests/test_layers_drawn.py)."""
+    import shutil
+
+    from layering import PACKAGES
+
+    for package in PACKAGES:
+        shutil.copytree(HERE.parent / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path

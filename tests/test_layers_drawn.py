@@ -9,11 +9,9 @@ row. Imports inside functions count, as in tests/layering.py.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
-import pytest
-from layering import PACKAGES, imports, module_files
+from layering import imports, module_files
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT_MODULE = "deploy_opt"  # the version and the lazy public API: imported for __version__ from any row
@@ -60,13 +58,6 @@ def test_the_drawing_is_the_tree() -> None:
     names = [name for row in rows for name in row]
     assert len(names) == len(set(names)), "a package is drawn twice"
     assert upward_imports(REPO, rows) == []
-
-
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    return tmp_path
 
 
 def test_an_import_running_back_up_fails(tree: Path) -> None:
