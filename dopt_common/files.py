@@ -40,6 +40,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+def save_png(fig: Any, path: str | os.PathLike[str], dpi: float | None = None) -> Path:
+    """Write a matplotlib figure to ``path`` as PNG atomically (``dpi`` None: matplotlib's default) and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 # Called with each step's name between the filesystem steps of a publish; tests set it to kill the process there
 # (fault injection by step, not by timing). None in normal runs.
 STEP_HOOK: Callable[[str], None] | None = None

@@ -157,20 +157,18 @@ def check_separate(out_dir: Path, held: list[Path], read_folders: list[Path]) ->
     sample): either would destroy or corrupt what the run reads."""
     target = out_dir.resolve()
     root = target.parent
-    for source in held:
-        found = source.resolve()
-        if found == target or target in found.parents:
-            raise OutputError(
-                f"the run folder '{shown(str(out_dir))}' holds the input '{shown(str(source))}', which publishing "
-                "would replace; fix: choose another --output-dir or name"
-            )
-    for source in read_folders:
-        found = source.resolve()
-        if root == found or found in root.parents:
-            raise OutputError(
-                f"the output folder '{shown(str(root))}' is inside the data folder '{shown(str(source))}': the "
-                "report would be read back as data; fix: choose an --output-dir outside it"
-            )
+    inputs = [source for source in held if source.resolve().is_relative_to(target)]
+    data = [source for source in read_folders if root.is_relative_to(source.resolve())]
+    if inputs:
+        raise OutputError(
+            f"the run folder '{shown(str(out_dir))}' holds the input '{shown(str(inputs[0]))}', which publishing "
+            "would replace; fix: choose another --output-dir or name"
+        )
+    if data:
+        raise OutputError(
+            f"the output folder '{shown(str(root))}' is inside the data folder '{shown(str(data[0]))}': the report "
+            "would be read back as data; fix: choose an --output-dir outside it"
+        )
 
 
 def recover_published(folder: Path, name: str, moved_by_gone: Callable[[Path], bool]) -> Path | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import shutil
 import sys
 import types
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import tiny_onnx
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE.parent / "benchmarks" / "corpus"
+QDQ = "model.int8.onnx"  # the shipped Q/DQ model in a build folder
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -120,6 +122,12 @@ def passing_tiny_build(folder: Path, gate: str) -> Path:
     result = build_tiny(folder, gate)
     assert result.gate.passed, result.gate.lines()
     return result.out_dir
+
+
+@pytest.fixture
+def copy(built: Path, tmp_path: Path) -> Path:
+    """A copy of the module's ``built`` folder (its own fixture) for one test to tamper with."""
+    return Path(shutil.copytree(built, tmp_path / "tiny"))
 
 
 def corpus_modules(*names: str) -> list[types.ModuleType]:

@@ -150,11 +150,7 @@ def stage_return_violations(root: Path, modules: dict[str, Path]) -> list[str]:
         for alias in node.names:
             function = functions.get(alias.name)
             if function is not None and _loose(function.returns):
-                shown = "nothing" if function.returns is None else ast.unparse(function.returns)
-                problems.append(
-                    f"{path.relative_to(root)}:{function.lineno}: stage {function.name} returns {shown}; return a "
-                    "frozen dataclass with to_json()"
-                )
+                problems.append(_bad_return(root, path, function, "stage", "return a frozen dataclass with to_json()"))
     return problems
 
 
@@ -164,15 +160,18 @@ def stage_dict_violations(root: Path, modules: dict[str, Path]) -> list[str]:
     for name, path in modules.items():
         if not _within(name, ("deploy_opt.stages",)):
             continue
-        for function in _parsed(_source(path)).body:
-            if isinstance(function, ast.FunctionDef) and not function.name.startswith("_"):
-                if _returns_dict(function.returns):
-                    shown = "nothing" if function.returns is None else ast.unparse(function.returns)
-                    problems.append(
-                        f"{path.relative_to(root)}:{function.lineno}: stage function {function.name} returns {shown}; "
-                        "return a frozen dataclass (with to_json() for build.json)"
-                    )
+        problems += [
+            _bad_return(root, path, f, "stage function", "return a frozen dataclass (with to_json() for build.json)")
+            for f in _parsed(_source(path)).body
+            if isinstance(f, ast.FunctionDef) and not f.name.startswith("_") and _returns_dict(f.returns)
+        ]
     return problems
+
+
+def _bad_return(root: Path, path: Path, function: ast.FunctionDef, label: str, fix: str) -> str:
+    """One problem line: where ``function`` is, what it returns, and the fix."""
+    shown = "nothing" if function.returns is None else ast.unparse(function.returns)
+    return f"{path.relative_to(root)}:{function.lineno}: {label} {function.name} returns {shown}; {fix}"
 
 
 def whole_config_violations(root: Path, modules: dict[str, Path]) -> list[str]:

@@ -262,6 +262,7 @@ OP_CASES += [
 
 
 _W = _f(4, 2, 3, 3, scale=0.3)
+_TX, _TW = _f(1, 4, 3, 4), _f(4, 2, 3, 3)  # a transposed convolution's input and weight
 OP_CASES += [
     # convolutions
     _case("conv_same_upper", "Conv", [_IMG, _W, _f(4)], auto_pad="SAME_UPPER", strides=[2, 2]),
@@ -276,27 +277,9 @@ OP_CASES += [
     _case(
         "conv_transpose", "ConvTranspose", [_f(1, 4, 3, 4), _f(4, 2, 3, 3), _f(2)], strides=[2, 2], pads=[1, 0, 0, 1]
     ),
-    _case(
-        "conv_transpose_output_padding",
-        "ConvTranspose",
-        [_f(1, 4, 3, 4), _f(4, 2, 3, 3)],
-        strides=[2, 3],
-        output_padding=[1, 2],
-    ),
-    _case(
-        "conv_transpose_output_shape",
-        "ConvTranspose",
-        [_f(1, 4, 3, 4), _f(4, 2, 3, 3)],
-        strides=[2, 2],
-        output_shape=[6, 9],
-    ),
-    _case(
-        "conv_transpose_same_upper",
-        "ConvTranspose",
-        [_f(1, 4, 3, 4), _f(4, 2, 3, 3)],
-        strides=[2, 2],
-        auto_pad="SAME_UPPER",
-    ),
+    _case("conv_transpose_output_padding", "ConvTranspose", [_TX, _TW], strides=[2, 3], output_padding=[1, 2]),
+    _case("conv_transpose_output_shape", "ConvTranspose", [_TX, _TW], strides=[2, 2], output_shape=[6, 9]),
+    _case("conv_transpose_same_upper", "ConvTranspose", [_TX, _TW], strides=[2, 2], auto_pad="SAME_UPPER"),
     _case(
         "conv_transpose_groups_dilation",
         "ConvTranspose",
@@ -386,6 +369,7 @@ OP_CASES += [
 
 _SCALES = np.array([1, 1, 1.7, 0.6], np.float32)
 _SIZES = _i(1, 2, 9, 4)
+_TO9 = [_IMG, None, None, _i(9, 9)]  # Resize to sizes 9x9 on the axes named
 _EMPTY = np.zeros(0, np.float32)
 OP_CASES += [
     _case(
@@ -419,21 +403,8 @@ OP_CASES += [
         coordinate_transformation_mode="tf_crop_and_resize",
         extrapolation_value=-7.0,
     ),
-    _case(
-        "resize_axes_not_larger",
-        "Resize",
-        [_IMG, None, None, _i(9, 9)],
-        axes=[2, 3],
-        keep_aspect_ratio_policy="not_larger",
-        mode="linear",
-    ),
-    _case(
-        "resize_axes_not_smaller",
-        "Resize",
-        [_IMG, None, None, _i(9, 9)],
-        axes=[3, 2],
-        keep_aspect_ratio_policy="not_smaller",
-    ),
+    _case("resize_axes_not_larger", "Resize", _TO9, axes=[2, 3], keep_aspect_ratio_policy="not_larger", mode="linear"),
+    _case("resize_axes_not_smaller", "Resize", _TO9, axes=[3, 2], keep_aspect_ratio_policy="not_smaller"),
     _case("resize_opset11_empty_roi_scales", "Resize", [_IMG, _EMPTY, _EMPTY, _SIZES], opset=11, mode="linear"),
     _case("resize_opset10_nearest_up", "Resize", [_IMG, np.array([1, 1, 2, 3], np.float32)], opset=10),
     _case("resize_opset10_nearest_down", "Resize", [_IMG, np.array([1, 1, 0.6, 0.5], np.float32)], opset=10),

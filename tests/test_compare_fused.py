@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import tiny_onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from calibrators.activations.collect import select_tensors
@@ -26,13 +27,7 @@ OPS = ["Gemm", "Relu"]
 
 
 def _weights() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(3)
-    return {
-        "w1": rng.normal(0, 0.3, (HIDDEN, FEATURES)).astype(np.float32),
-        "b1": rng.normal(0, 0.1, HIDDEN).astype(np.float32),
-        "w2": rng.normal(0, 0.3, (CLASSES, HIDDEN)).astype(np.float32),
-        "b2": rng.normal(0, 0.1, CLASSES).astype(np.float32),
-    }
+    return tiny_onnx.seeded_weights(3, w1=(HIDDEN, FEATURES), b1=HIDDEN, w2=(CLASSES, HIDDEN), b2=CLASSES)
 
 
 def _gemm_relu(path: Path) -> Path:

@@ -199,31 +199,22 @@ def test_bad_config_raises_config_error_naming_the_key(
         load_build_config(path, profile, overrides)
 
 
-def test_invalid_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("name: t\nmodel:\n  factory: a:b\n   inputs: []\n", r"broken\.yaml' line 4: invalid YAML"),
+        ("name: t\nmodel: [unclosed\ndata: {}\n", r"line \d+: invalid YAML"),  # an unclosed flow sequence
+        ("- a\n- b\n", r"must be a mapping of keys, got list"),
+        (None, r"cannot read config '.*broken\.yaml'"),  # no such file
+    ],
+)
+def test_a_config_that_cannot_be_read_is_named_in_one_line(tmp_path: Path, text: str | None, match: str) -> None:
     path = tmp_path / "broken.yaml"
-    path.write_text("name: t\nmodel:\n  factory: a:b\n   inputs: []\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"broken\.yaml' line 4: invalid YAML") as info:
+    if text is not None:
+        path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=match) as info:
         load_build_config(path)
     assert "\n" not in str(info.value)
-
-
-def test_unclosed_flow_sequence_names_the_line(tmp_path: Path) -> None:
-    path = tmp_path / "broken.yaml"
-    path.write_text("name: t\nmodel: [unclosed\ndata: {}\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"line \d+: invalid YAML"):
-        load_build_config(path)
-
-
-def test_missing_config_file_names_the_path(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"cannot read config '.*nowhere\.yaml'"):
-        load_build_config(tmp_path / "nowhere.yaml")
-
-
-def test_config_that_is_not_a_mapping(tmp_path: Path) -> None:
-    path = tmp_path / "list.yaml"
-    path.write_text("- a\n- b\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"must be a mapping of keys, got list"):
-        load_build_config(path)
 
 
 def test_minimal_config_loads_with_defaults(tmp_path: Path) -> None:

@@ -39,41 +39,33 @@ def data_dir(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------- sources
 
 
-def test_unimportable_factory_raises_source_error(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match=r"model\.factory 'no_such_module:build': cannot import 'no_such_module'"):
-        resolve_callable("no_such_module:build", tmp_path, "model.factory")
+@pytest.mark.parametrize(
+    "ref,match",
+    [
+        ("no_such_module:build", r"model\.factory 'no_such_module:build': cannot import 'no_such_module'"),
+        ("nowhere.py:build", r"'nowhere\.py:build': cannot import 'nowhere\.py'"),
+        ("mydata.py:no_such_function", r"module 'mydata\.py' has no callable 'no_such_function'"),
+        ("broken_syntax.py:build", r"broken_syntax\.py"),
+        ("no_colon", r"model\.factory 'no_colon' must look like 'package\.module:function'"),
+        ("a:b:c", r"model\.factory 'a:b:c' must look like 'package\.module:function'"),
+    ],
+)
+def test_a_factory_that_cannot_be_resolved_raises_source_error(data_dir: Path, ref: str, match: str) -> None:
+    (data_dir / "broken_syntax.py").write_text("def build(:\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=match):
+        resolve_callable(ref, data_dir, "model.factory")
 
 
-def test_load_torch_model_with_unimportable_factory(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match=r"'no_such_module:build'.*cannot import 'no_such_module'"):
-        load_torch_model("no_such_module:build", None, tmp_path)
-
-
-def test_missing_factory_file_raises_source_error(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match=r"'nowhere\.py:build': cannot import 'nowhere\.py'"):
-        resolve_callable("nowhere.py:build", tmp_path, "model.factory")
-
-
-def test_missing_function_raises_source_error(data_dir: Path) -> None:
-    with pytest.raises(SourceError, match=r"module 'mydata\.py' has no callable 'no_such_function'"):
-        resolve_callable("mydata.py:no_such_function", data_dir, "model.factory")
-
-
-@pytest.mark.parametrize("ref", ["no_colon", "a:b:c"])
-def test_malformed_reference_raises_source_error(tmp_path: Path, ref: str) -> None:
-    with pytest.raises(SourceError, match=rf"model\.factory '{ref}' must look like 'package\.module:function'"):
-        resolve_callable(ref, tmp_path, "model.factory")
-
-
-def test_module_with_syntax_error_raises_source_error(tmp_path: Path) -> None:
-    (tmp_path / "broken_syntax.py").write_text("def build(:\n", encoding="utf-8")
-    with pytest.raises(SourceError, match=r"broken_syntax\.py"):
-        resolve_callable("broken_syntax.py:build", tmp_path, "model.factory")
-
-
-def test_factory_returning_a_non_module_raises_source_error(data_dir: Path) -> None:
-    with pytest.raises(SourceError, match=r"'mydata\.py:not_a_model' returned list, not a torch\.nn\.Module"):
-        load_torch_model("mydata.py:not_a_model", None, data_dir)
+@pytest.mark.parametrize(
+    "ref,match",
+    [
+        ("no_such_module:build", r"'no_such_module:build'.*cannot import 'no_such_module'"),
+        ("mydata.py:not_a_model", r"'mydata\.py:not_a_model' returned list, not a torch\.nn\.Module"),
+    ],
+)
+def test_a_factory_that_gives_no_model_raises_source_error(data_dir: Path, ref: str, match: str) -> None:
+    with pytest.raises(SourceError, match=match):
+        load_torch_model(ref, None, data_dir)
 
 
 def test_file_factory_loads_and_is_in_eval_mode(data_dir: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import passing_tiny_build
+from conftest import QDQ, passing_tiny_build
 from onnx import numpy_helper
 
 import deploy_opt.report.integrity as integrity
@@ -23,18 +23,11 @@ from deploy_opt.cli import main
 from deploy_opt.report.manifest import plain_name_problem, required_artifacts
 from dopt_common.files import sha256_file
 
-QDQ = "model.int8.onnx"
-
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real tiny build, benchmark disabled, gate min_speedup 1.0: its own gate passes."""
     return passing_tiny_build(tmp_path_factory.mktemp("hostile"), "gate: {max_drop: 100, min_speedup: 1.0}")
-
-
-@pytest.fixture
-def copy(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / "tiny"))
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:

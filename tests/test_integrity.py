@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import passing_tiny_build
+from conftest import QDQ, passing_tiny_build
 from onnx import numpy_helper
 
 from deploy_opt.cli import main
@@ -21,18 +21,11 @@ from deploy_opt.report.integrity import check_integrity
 from deploy_opt.report.trust import alignment_criterion, check_build_folder, with_criterion
 from dopt_common.errors import ReportError
 
-QDQ = "model.int8.onnx"
-
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real tiny build whose gate passes (max_drop 100, speed not gated); tests tamper with copies."""
     return passing_tiny_build(tmp_path_factory.mktemp("integrity"), "gate: {max_drop: 100, min_speedup: null}")
-
-
-@pytest.fixture
-def copy(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / "tiny"))
 
 
 def _rewrite(folder: Path, change: Callable[[dict[str, np.ndarray]], str]) -> str:

@@ -42,15 +42,7 @@ def tiny_model(tokenizers):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizers[0]),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
+    config = tiny_llama.decoder_config(LlamaConfig, len(tokenizers[0]), hidden=32, max_position_embeddings=256)
     return LlamaForCausalLM(config).eval()
 
 

@@ -15,6 +15,7 @@ from conftest import assert_qat_no_worse_than_its_start, build_tiny  # noqa: E40
 from calibrators.scales.format import load_scale_file  # noqa: E402
 from deploy_opt.config.qat import QATConfig  # noqa: E402
 from deploy_opt.data.sources import Batch  # noqa: E402
+from deploy_opt.distill.loop import Lessons  # noqa: E402
 from deploy_opt.distill.losses import choose_loss, distill_loss, is_distribution  # noqa: E402
 from deploy_opt.evaluation.metrics import resolve_metric  # noqa: E402
 from deploy_opt.qat.fake_quant import fake_quantize, fake_quantize_reference, fake_quantize_weight  # noqa: E402
@@ -128,7 +129,7 @@ def test_learned_scales_stay_positive_and_finite(tiny_qdq) -> None:
     """Even with a scale learning rate far too high, the step sizes stay positive and finite."""
     student, batches = tiny_qdq["student"], tiny_qdq["batches"]
     qat = QATConfig(enabled=True, steps=30, lr=1e-3, scale_lr=0.5, batch_size=8, budget_s=60)
-    run = train_student(student, qat, batches, batches[:2], resolve_metric("top1"), progress=False)
+    run = train_student(student, qat, Lessons(batches, batches[:2], resolve_metric("top1")), progress=False)
     assert run.steps == 30
     for log_scale in student.log_scales.values():
         assert torch.isfinite(log_scale.detach()) and float(torch.exp(log_scale.detach())) > 0
@@ -144,7 +145,7 @@ def test_training_lowers_the_validation_loss_and_writes_weights_back(tiny_qdq) -
             log_scale += float(np.log(4.0))
     before = {k: v.detach().clone() for k, v in student.weights.items()}
     qat = QATConfig(enabled=True, steps=60, lr=1e-3, scale_lr=0.02, batch_size=8, budget_s=60)
-    run = train_student(student, qat, batches, batches[:2], resolve_metric("top1"), progress=False)
+    run = train_student(student, qat, Lessons(batches, batches[:2], resolve_metric("top1")), progress=False)
     first, best = run.validation_loss[0][1], min(v for _, v in run.validation_loss)
     assert best < first and run.best_step > 0
     model = trained_model(student)
@@ -156,7 +157,7 @@ def test_training_lowers_the_validation_loss_and_writes_weights_back(tiny_qdq) -
 def test_a_run_over_budget_keeps_its_best_checkpoint(tiny_qdq) -> None:
     student, batches = tiny_qdq["student"], tiny_qdq["batches"]
     qat = QATConfig(enabled=True, steps=10_000, lr=1e-3, batch_size=8, budget_s=0.5)
-    run = train_student(student, qat, batches, [], resolve_metric("top1"), progress=False)
+    run = train_student(student, qat, Lessons(batches, [], resolve_metric("top1")), progress=False)
     assert run.stopped == "budget" and run.steps < 10_000
     keys = {s: (-m, loss) for (s, m), (_, loss) in zip(run.validation_metric, run.validation_loss, strict=True)}
     assert run.best_step == min(keys, key=keys.get)

@@ -9,7 +9,6 @@ import logging
 import re
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import tiny_onnx
@@ -108,13 +107,7 @@ def test_targets_not_deployed_to_are_informational(fused_build: Path, tmp_path: 
 
 def _two_gemms(path: Path) -> Path:
     """x → Gemm fc1 → h → Gemm fc2 → y: fc2 reads fc1's output directly."""
-    rng = np.random.default_rng(5)
-    inits = {
-        "w1": rng.normal(0, 0.3, (32, 16)).astype(np.float32),
-        "b1": rng.normal(0, 0.1, 32).astype(np.float32),
-        "w2": rng.normal(0, 0.3, (4, 32)).astype(np.float32),
-        "b2": rng.normal(0, 0.1, 4).astype(np.float32),
-    }
+    inits = tiny_onnx.seeded_weights(5, w1=(32, 16), b1=32, w2=(4, 32), b2=4)
     nodes = [
         helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
         helper.make_node("Gemm", ["h", "w2", "b2"], ["y"], name="fc2", transB=1),

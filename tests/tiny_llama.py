@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def train_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
-    """A byte-level BPE trained on the first pydoc_data topics (every Python ships them)."""
-    import pydoc_data.topics
-
+def bpe_tokenizer(texts: list[str], vocab_size: int):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE fitted to ``texts``, with <unk>, <s> (BOS) and </s> (EOS); benchmarks/device/lm.py's
+    tokenizer too."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)[:60]]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -25,9 +23,17 @@ def train_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
         vocab_size=vocab_size,
         special_tokens=["<unk>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def train_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE trained on the first pydoc_data topics (every Python ships them)."""
+    import pydoc_data.topics
+
+    return bpe_tokenizer([pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)[:60]], vocab_size)
 
 
 def decoder_config(config_class, vocab_size: int, *, hidden: int = 64, layers: int = 2, kv_heads: int = 2, **extra):

@@ -11,15 +11,16 @@ from onnx import TensorProto, helper, numpy_helper
 FEATURES, HIDDEN, CLASSES = 16, 64, 4
 
 
+def seeded_weights(seed: int, **shapes: int | tuple[int, ...]) -> dict[str, np.ndarray]:
+    """float32 arrays by name, drawn in order from one seed: a bias (a name starting with "b") at std 0.1, the
+    rest at std 0.3."""
+    rng = np.random.default_rng(seed)
+    return {k: rng.normal(0, 0.1 if k.startswith("b") else 0.3, s).astype(np.float32) for k, s in shapes.items()}
+
+
 def weights() -> dict[str, np.ndarray]:
     """Fixed random weights."""
-    rng = np.random.default_rng(7)
-    return {
-        "w1": rng.normal(0, 0.3, (FEATURES, HIDDEN)).astype(np.float32),
-        "b1": rng.normal(0, 0.1, HIDDEN).astype(np.float32),
-        "w2": rng.normal(0, 0.3, (HIDDEN, CLASSES)).astype(np.float32),
-        "b2": rng.normal(0, 0.1, CLASSES).astype(np.float32),
-    }
+    return seeded_weights(7, w1=(FEATURES, HIDDEN), b1=HIDDEN, w2=(HIDDEN, CLASSES), b2=CLASSES)
 
 
 def make_model(path: Path) -> Path:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from tiny_torch import labelled_images
 from torch import nn
 
 
@@ -93,21 +94,14 @@ def build_encoder() -> nn.Module:
     return TinyEncoder().eval()
 
 
-def _images(seed: int, n: int) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
-    x = np.random.default_rng(seed).normal(0, 1, (n, 1, 8, 8)).astype(np.float32)
-    with torch.no_grad():
-        y = build_cnn()(torch.from_numpy(x)).argmax(1).numpy()
-    return [({"image": x[i : i + 16]}, y[i : i + 16]) for i in range(0, n, 16)]
-
-
 def calibration() -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """128 images labelled by the unpruned CNN."""
-    return _images(10, 128)
+    return labelled_images(build_cnn(), 10, 128, 16)
 
 
 def evaluation() -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """64 images from another seed."""
-    return _images(11, 64)
+    return labelled_images(build_cnn(), 11, 64, 16)
 
 
 def tokens(seed: int = 0, n: int = 8) -> torch.Tensor:

@@ -18,18 +18,21 @@ def build_model() -> torch.nn.Module:
     ).eval()
 
 
-def _split(seed: int, n: int) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+def labelled_images(
+    model: torch.nn.Module, seed: int, n: int, batch: int = 8
+) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """``n`` seeded 1x8x8 images labelled by ``model``'s argmax, ``batch`` a batch."""
     x = np.random.default_rng(seed).normal(0, 1, (n, 1, 8, 8)).astype(np.float32)
     with torch.no_grad():
-        y = build_model()(torch.from_numpy(x)).argmax(1).numpy()
-    return [({"image": x[i : i + 8]}, y[i : i + 8]) for i in range(0, n, 8)]
+        y = model(torch.from_numpy(x)).argmax(1).numpy()
+    return [({"image": x[i : i + batch]}, y[i : i + batch]) for i in range(0, n, batch)]
 
 
 def calibration() -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """64 calibration samples."""
-    return _split(10, 64)
+    return labelled_images(build_model(), 10, 64)
 
 
 def evaluation() -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """64 evaluation samples from another seed."""
-    return _split(11, 64)
+    return labelled_images(build_model(), 11, 64)

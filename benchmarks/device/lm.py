@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from dopt_common.siblings import sibling
+
 
 @dataclass(frozen=True)
 class LMSize:
@@ -34,34 +36,12 @@ class LMSize:
     eval_batches: int
 
 
-SIZES = {
+SIZES = {  # LMSize(hidden, layers, heads, kv_heads, intermediate, vocab, seq_len, batch, steps, eval_batches)
     # About 27M parameters; 200 steps of 16 x 256 tokens (about 3 passes over the calibration split) per optimizer.
-    "full": LMSize(
-        hidden=512,
-        layers=8,
-        heads=8,
-        kv_heads=4,
-        intermediate=1536,
-        vocab=4096,
-        seq_len=256,
-        batch=16,
-        steps=200,
-        eval_batches=8,
-    ),
+    "full": LMSize(512, 8, 8, 4, 1536, 4096, 256, 16, 200, 8),
     # The --dry-run size: the same code on a CPU in seconds. Every tensor stays under Int8AdamW's compile threshold
     # (65,536 elements): torch.compile on a CPU needs a C++ toolchain and half a minute.
-    "dry": LMSize(
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        intermediate=256,
-        vocab=384,
-        seq_len=64,
-        batch=4,
-        steps=8,
-        eval_batches=2,
-    ),
+    "dry": LMSize(128, 2, 4, 2, 256, 384, 64, 4, 8, 2),
 }
 
 
@@ -72,23 +52,12 @@ def _joined(part: str) -> str:
 
 
 def train_tokenizer(vocab: int) -> Any:
-    """A byte-level BPE fitted to the pydoc calibration split (PreTrainedTokenizerFast)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """A byte-level BPE fitted to the pydoc calibration split (PreTrainedTokenizerFast; the tests' own trainer,
+    ``tests/tiny_llama.py:bpe_tokenizer``)."""
     from deploy_opt.llm.text_data import pydoc_texts
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([doc.text for doc in pydoc_texts("calibration")], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tiny_llama = sibling(Path(__file__).resolve().parents[2] / "tests" / "tiny_llama.py", "tiny_llama")
+    return tiny_llama.bpe_tokenizer([doc.text for doc in pydoc_texts("calibration")], vocab)
 
 
 def build_lm(size: LMSize, vocab: int, seed: int = 0) -> torch.nn.Module:

@@ -119,19 +119,24 @@ class _Teacher:
         return out
 
 
+@dataclass(frozen=True)
+class Lessons:
+    """What a student is taught on (``batches``), and the evaluation batches and metric its curve and best
+    checkpoint are judged on."""
+
+    batches: Sequence[Batch]
+    evaluation: Sequence[Batch]
+    metric: Metric
+
+
 def run_distillation(
-    trainee: Trainee,
-    settings: LoopSettings,
-    batches: Sequence[Batch],
-    evaluation: Sequence[Batch],
-    metric: Metric,
-    seed: int = 0,
-    progress: bool = True,
+    trainee: Trainee, settings: LoopSettings, lessons: Lessons, seed: int = 0, progress: bool = True
 ) -> TrainingRun:
     """Train ``trainee`` in place; it ends holding its best checkpoint."""
     import torch
     from tqdm import tqdm
 
+    batches, evaluation, metric = lessons.batches, lessons.evaluation, lessons.metric
     torch.manual_seed(seed)
     train, validation = split_minibatches(batches, settings.batch_size, settings.validation, seed)
     teacher = _Teacher(trainee.teacher)

@@ -27,12 +27,13 @@ from deploy_opt.config.build import QuantizationConfig, SensitivityConfig
 from deploy_opt.config.setup import QuantSetup, SearchSettings
 from deploy_opt.data.sources import Batch
 from deploy_opt.pipeline.context import StageContext
-from deploy_opt.report.calibration_plot import plot_histograms
+from deploy_opt.report.calibration_plot import histogram_figure
 from deploy_opt.stages.calibrate import ActivationRanges
 from deploy_opt.stages.calibration_set import CalibrationSet
 from deploy_opt.stages.dynamic import quantize_dynamic
 from deploy_opt.stages.quantize import QuantizedModel, quantize
 from deploy_opt.stages.smoothing import smooth_model
+from dopt_common.files import save_png
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class FallbackChoice:
         return record
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Precision:
     """The graph that was quantized, the shipped Q/DQ model, its fully quantized twin and the fallback."""
 
@@ -123,19 +124,8 @@ def auto_precision(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record = _sensitivity(settings, name, (source, full.path), ctx, held) if settings.sensitivity.enabled else None
-    _plot(shipped, stage)
-    nodes = chosen.excluded if chosen is not None else ()
-    fallback = FallbackChoice(static, nodes)
-    return Precision(
-        source=source,
-        full=full,
-        shipped=shipped,
-        fallback=fallback,
-        sensitivity=record,
-        auto=outcome.search,
-        setup=full_setup,
-        smoothing=smoothing,
-    )
+    fallback = FallbackChoice(static, chosen.excluded if chosen is not None else ())
+    return _precision(stage, (source, full, shipped), fallback, record, full_setup, smoothing, outcome.search)
 
 
 def _sensitivity(
@@ -161,7 +151,8 @@ def _plot(shipped: QuantizedModel, stage: Path) -> None:
     """calibration.png of the activations the shipped model quantizes (one left in float has no threshold)."""
     ranges = shipped.ranges
     quantized = {name for name, tensor in shipped.scales.tensors.items() if tensor.role == "activation"}
-    plot_histograms(ranges.absolute, ranges.chosen, ranges.methods, quantized, stage / "calibration.png")
+    figure = histogram_figure(ranges.absolute, ranges.chosen, ranges.methods, quantized)  # MissingDependency: no plot
+    save_png(figure, stage / "calibration.png", dpi=90)
 
 
 @dataclass(frozen=True)
@@ -207,14 +198,20 @@ def choose_precision(
     if static or auto:
         excluded = with_excluded(setup, nodes)
         shipped = quantize(excluded, source, calibration, stage, ranges=full.ranges, smoothing=smoothing)
-    _plot(shipped, stage)
     fallback = FallbackChoice(static, nodes, search)
-    return Precision(
-        source=source,
-        full=full,
-        shipped=shipped,
-        fallback=fallback,
-        sensitivity=record,
-        setup=with_excluded(setup, ()),
-        smoothing=smoothing,
-    )
+    return _precision(stage, (source, full, shipped), fallback, record, with_excluded(setup, ()), smoothing)
+
+
+def _precision(
+    stage: Path,
+    models: tuple[Path, QuantizedModel, QuantizedModel],
+    fallback: FallbackChoice,
+    sensitivity: SensitivityRecord | None,
+    setup: QuantSetup,
+    smoothing: dict[str, Any] | None,
+    auto: AutoSearch | None = None,
+) -> Precision:
+    """Plot the shipped model's ranges into ``stage`` and gather the result; ``models``: source, full, shipped."""
+    source, full, shipped = models
+    _plot(shipped, stage)
+    return Precision(source, full, shipped, fallback, sensitivity, auto, setup, smoothing)

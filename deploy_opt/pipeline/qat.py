@@ -24,6 +24,7 @@ from deploy_opt.autotune.trials import AutoSearch
 from deploy_opt.config.build import RuntimeConfig
 from deploy_opt.config.setup import QuantSetup, SearchSettings
 from deploy_opt.data.sources import Batch
+from deploy_opt.distill.loop import Lessons
 from deploy_opt.evaluation.evaluate import evaluate, session_runner
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.onnx_torch import unsupported_ops
@@ -236,7 +237,7 @@ def _train(
         weight_levels(setup.quantization.weight_range, setup.deploy.targets)[0],
         qat.learn_scales,
     )
-    run = train_student(student, qat, data.train, data.held, data.metric, settings.seed, progress)
+    run = train_student(student, qat, Lessons(data.train, data.held, data.metric), settings.seed, progress)
     graph = save_onnx(trained_model(student), work / "model.qat.onnx", settings.setup.export.external_data_mb)
     ranges = _with_learned(start.model.ranges, learned_ranges(student))
     provenance = {"smoothing": smoothing, "qat": _provenance(qat, run)}

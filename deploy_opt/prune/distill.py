@@ -15,7 +15,7 @@ from typing import Any
 
 from deploy_opt.config.prune import PruneDistillConfig
 from deploy_opt.data.sources import Batch
-from deploy_opt.distill.loop import LoopSettings, Trainee, TrainingRun, run_distillation
+from deploy_opt.distill.loop import Lessons, LoopSettings, Trainee, TrainingRun, run_distillation
 from deploy_opt.evaluation.metrics import Metric, RunningMean
 from deploy_opt.prune.importance import ordered_tensors
 
@@ -182,7 +182,7 @@ def distill_student(
         distill.validation,
     )
     try:
-        return run_distillation(trainee, settings, batches, data.evaluation, data.metric, seed, progress)
+        return run_distillation(trainee, settings, Lessons(batches, data.evaluation, data.metric), seed, progress)
     finally:
         for handle in hidden.handles if hidden is not None else ():
             handle.remove()

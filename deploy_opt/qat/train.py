@@ -4,15 +4,12 @@ FP32 graph with its original weights the teacher. Weights train at ``lr``, the l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from deploy_opt.config.qat import QATConfig
-from deploy_opt.data.sources import Batch
-from deploy_opt.distill.loop import LoopSettings, Trainee, TrainingRun, run_distillation, split_minibatches
-from deploy_opt.evaluation.metrics import Metric
+from deploy_opt.distill.loop import Lessons, LoopSettings, Trainee, TrainingRun, run_distillation, split_minibatches
 from deploy_opt.onnx_torch import initializer_tensors, run_graph
 from deploy_opt.qat.student import Student, run_student
 
@@ -37,13 +34,7 @@ def qat_settings(qat: QATConfig) -> LoopSettings:
 
 
 def train_student(
-    student: Student,
-    qat: QATConfig,
-    batches: Sequence[Batch],
-    evaluation: Sequence[Batch],
-    metric: Metric,
-    seed: int = 0,
-    progress: bool = True,
+    student: Student, qat: QATConfig, lessons: Lessons, seed: int = 0, progress: bool = True
 ) -> TrainingRun:
     """Fine-tune ``student`` in place; it ends holding its best checkpoint."""
     constants = initializer_tensors(student.model)
@@ -59,4 +50,4 @@ def train_student(
     trainee = Trainee(
         lambda inputs: run_student(student, inputs)[0], teacher, groups, student.snapshot, student.restore
     )
-    return run_distillation(trainee, qat_settings(qat), batches, evaluation, metric, seed, progress)
+    return run_distillation(trainee, qat_settings(qat), lessons, seed, progress)

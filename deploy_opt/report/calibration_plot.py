@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,6 @@ import numpy as np
 from calibrators.activations.guards import clipped_fraction
 from calibrators.activations.histogram import Histogram
 from dopt_common.deps import require
-from dopt_common.files import atomic_path
 
 
 def widest(ranges: Mapping[str, tuple[float, float]], count: int = 8) -> list[str]:
@@ -79,20 +77,3 @@ def histogram_figure(
     )
     fig.tight_layout()
     return fig
-
-
-def plot_histograms(
-    hists: Mapping[str, Histogram],
-    chosen: Mapping[str, tuple[float, float]],
-    methods: Mapping[str, str],
-    quantized: Collection[str],
-    path: Path,
-) -> Path:
-    """``calibration.png``: :func:`histogram_figure`, written atomically."""
-    fig = histogram_figure(hists, chosen, methods, quantized)  # raises MissingDependency without matplotlib
-    import matplotlib.pyplot as plt
-
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return path

@@ -32,8 +32,17 @@ class Parity:
         return cls(get("max_abs"), get("max_rel"), get("tolerance"), get("samples"), get("reference"))
 
 
+class _OpenSection:
+    """A section with open keys: ``to_json`` gives back ``fields``, every entry as its stage wrote it, in order."""
+
+    fields: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
 @dataclass(frozen=True)
-class ExportInfo:
+class ExportInfo(_OpenSection):
     """How the FP32 model was made: its source, exporter, opset, node count and parity (build.json ``export``)."""
 
     source: str | None
@@ -44,9 +53,6 @@ class ExportInfo:
     module_names: Mapping[str, str]
     fields: Mapping[str, Any] = field(repr=False)  # every entry as written (import and normaliser changes too)
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.fields)
-
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ExportInfo:
         get = data.get
@@ -56,7 +62,7 @@ class ExportInfo:
 
 
 @dataclass(frozen=True)
-class QuantizationInfo:
+class QuantizationInfo(_OpenSection):
     """What the shipped Q/DQ model quantizes and how (build.json ``quantization``)."""
 
     method: str | None
@@ -69,9 +75,6 @@ class QuantizationInfo:
     quantized_tensors: Mapping[str, int]  # by role: activation, weight, bias (dynamic: weight, dynamic)
     tensors: Mapping[str, Mapping[str, Any]]  # each calibrated tensor's range and how it was chosen
     fields: Mapping[str, Any] = field(repr=False)  # every entry as written
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.fields)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> QuantizationInfo:
@@ -91,16 +94,13 @@ class QuantizationInfo:
 
 
 @dataclass(frozen=True)
-class TensorRTRecord:
+class TensorRTRecord(_OpenSection):
     """The TensorRT engine: built or why not, and its timing against ORT CUDA FP32 where both ran."""
 
     status: str | None
     speedups: Mapping[str, float]  # by batch size: the engine over ORT CUDA running the FP32 model
     ort_cuda: str | None  # why ORT CUDA was not timed, when it was not
     fields: Mapping[str, Any] = field(repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.fields)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TensorRTRecord:
@@ -116,7 +116,7 @@ class TensorRTRecord:
 
 
 @dataclass(frozen=True)
-class BackendArtifacts:
+class BackendArtifacts(_OpenSection):
     """The other backends' artifacts: AIMET encodings, the TensorRT cache, Q/DQ form and engine (what each wrote,
     or why not), by build.json's names."""
 
@@ -125,9 +125,6 @@ class BackendArtifacts:
     tensorrt_qdq: Any  # the TensorRT form of the Q/DQ model, when written
     tensorrt: TensorRTRecord | None
     fields: Mapping[str, Any] = field(repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.fields)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BackendArtifacts:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from dopt_common.deps import require
-from dopt_common.files import atomic_path
+from dopt_common.files import save_png
 
 _COLOURS = {"original": "#555555", "pruned": "#dd8452", "distilled": "#55a868", "int8": "#4c72b0"}
 
@@ -40,10 +40,7 @@ def plot_prune(record: dict[str, Any], metric: str, path: Path) -> Path:
         f"structured pruning ({record['method']}, per_layer {record['per_layer']}): {removed} removed", fontsize=10
     )
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def _metric(row: dict[str, Any]) -> float:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dopt_common.deps import require
-from dopt_common.files import atomic_path
+from dopt_common.files import save_png
 
 _LINES = (
     ("ort_fp32", "ORT FP32", "#555555"),
@@ -42,7 +42,4 @@ def plot_qat(run: Any, metric: str, scores: Mapping[str, float], path: Path) -> 
     right.set(xlabel="step", ylabel=metric, title="held-out metric")
     right.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=90)

@@ -22,17 +22,25 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from deploy_opt.train import foreach, kernels
-from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
 from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, Moments
 from deploy_opt.train.foreach import Group
-from deploy_opt.train.state_io import MOMENTS, check_range, optimizer_state_bytes, state_config
+from deploy_opt.train.state_io import (
+    MOMENTS,
+    SecondMomentOptions,
+    StateOptions,
+    check_range,
+    optimizer_state_bytes,
+    state_config,
+)
 from dopt_common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +61,15 @@ class Int8AdamW(BlockwiseOptimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.01,
-        *,
-        state: str = "int8",
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        min_numel: int = 4096,
-        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-        fp32_warmup_steps: int = 0,
-        second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-        compiled: bool | None = None,
+        **options: Unpack[SecondMomentOptions],
     ) -> None:
         check_range("lr", lr, 0.0)
         check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
         check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
         check_range("eps", eps, 0.0)
         check_range("weight_decay", weight_decay, 0.0)
-        config = state_config(
-            "Int8AdamW", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps, second_moment_code
-        )
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults, config, compiled)
+        super().__init__(params, defaults, *state_config("Int8AdamW", options))
 
     def _hyper_values(self, group: Group, step: int) -> list[float]:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
@@ -107,20 +105,14 @@ class Int8Lion(BlockwiseOptimizer):
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
-        *,
-        state: str = "int8",
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        min_numel: int = 4096,
-        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-        fp32_warmup_steps: int = 0,
-        compiled: bool | None = None,
+        **options: Unpack[StateOptions],
     ) -> None:
         check_range("lr", lr, 0.0)
         check_range("betas[0]", betas[0], 0.0, 1.0)
         check_range("betas[1]", betas[1], 0.0, 1.0, high_open=True)
         check_range("weight_decay", weight_decay, 0.0)
-        config = state_config("Int8Lion", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps)
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}, config, compiled)
+        defaults = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
+        super().__init__(params, defaults, *state_config("Int8Lion", options))
 
     def _hyper_values(self, group: Group, step: int) -> list[float]:
         (beta1, beta2) = group["betas"]
@@ -154,22 +146,15 @@ class Int8SGD(BlockwiseOptimizer):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         nesterov: bool = False,
-        *,
-        state: str = "int8",
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        min_numel: int = 4096,
-        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-        fp32_warmup_steps: int = 0,
-        compiled: bool | None = None,
+        **options: Unpack[StateOptions],
     ) -> None:
         check_range("lr", lr, 0.0)
         check_range("momentum", momentum, 0.0, 1.0, high_open=True)
         check_range("weight_decay", weight_decay, 0.0)
         if nesterov and momentum <= 0:
             raise ConfigError("nesterov=True needs momentum > 0")
-        config = state_config("Int8SGD", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
-        super().__init__(params, defaults, config, compiled)
+        super().__init__(params, defaults, *state_config("Int8SGD", options))
 
     def _hyper_values(self, group: Group, step: int) -> list[float]:
         return [group["lr"], group["weight_decay"], group["momentum"]]

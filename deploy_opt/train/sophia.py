@@ -21,16 +21,16 @@ which changes no update (any ``h <= ε/γ`` divides by ``ε``), only the memory 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from deploy_opt.train import foreach
-from deploy_opt.train.blockwise import DEFAULT_BLOCK_SIZE, DEFAULT_SECOND_MOMENT_CODE
 from deploy_opt.train.blockwise_optimizer import BlockwiseOptimizer, Moments
 from deploy_opt.train.foreach import Group, Tensors
 from deploy_opt.train.state_io import (
+    SecondMomentOptions,
     check_range,
     local_tensor,
     moment_code,
@@ -39,6 +39,9 @@ from deploy_opt.train.state_io import (
     write_moment,
 )
 from dopt_common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +68,7 @@ class Int8Sophia(BlockwiseOptimizer):
         weight_decay: float = 0.1,
         eps: float = 1e-12,
         update_period: int = DEFAULT_UPDATE_PERIOD,
-        *,
-        state: str = "int8",
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        min_numel: int = 4096,
-        fp32_patterns: Iterable[str] = ("embed", "lm_head"),
-        fp32_warmup_steps: int = 0,
-        second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-        compiled: bool | None = None,
+        **options: Unpack[SecondMomentOptions],
     ) -> None:
         check_range("lr", lr, 0.0)
         check_range("betas[0]", betas[0], 0.0, 1.0, high_open=True)
@@ -87,14 +83,11 @@ class Int8Sophia(BlockwiseOptimizer):
                 f"update_period must be a positive integer (steps between Hessian estimates), "
                 f"got {update_period!r}; the paper uses 10"
             )
-        config = state_config(
-            "Int8Sophia", state, block_size, min_numel, fp32_patterns, fp32_warmup_steps, second_moment_code
-        )
         defaults = {"lr": lr, "betas": tuple(betas), "rho": rho, "weight_decay": weight_decay, "eps": eps}
         self.update_period = update_period
         self._hessian: torch.Tensor | None = None
         self._foreach_hessians: list[torch.Tensor | None] = []
-        super().__init__(params, defaults, config, compiled)
+        super().__init__(params, defaults, *state_config("Int8Sophia", options))
 
     # --- the Hessian EMA -------------------------------------------------------------------------------
     def steps_done(self) -> int:
@@ -182,20 +175,9 @@ class Int8Sophia(BlockwiseOptimizer):
 
 
 class Sophia(Int8Sophia):
-    """Sophia with fp32 state: ``Int8Sophia(..., state="fp32")`` under its own name."""
+    """Sophia with fp32 state: ``Int8Sophia(..., state="fp32")`` under its own name (the same arguments)."""
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-4,
-        betas: tuple[float, float] = DEFAULT_BETAS,
-        rho: float = DEFAULT_RHO,
-        weight_decay: float = 0.1,
-        eps: float = 1e-12,
-        update_period: int = DEFAULT_UPDATE_PERIOD,
-        **kwargs: Any,
-    ) -> None:
-        if kwargs.get("state", "fp32") != "fp32":
+    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.setdefault("state", "fp32") != "fp32":
             raise ConfigError("Sophia keeps fp32 state; for int8 state use Int8Sophia")
-        kwargs["state"] = "fp32"
-        super().__init__(params, lr, betas, rho, weight_decay, eps, update_period, **kwargs)
+        super().__init__(params, *args, **kwargs)

@@ -11,8 +11,8 @@ import dataclasses
 import fnmatch
 import logging
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypedDict
 
 import torch
 
@@ -89,21 +89,35 @@ def check_range(name: str, value: float, low: float, high: float = math.inf, hig
         raise ConfigError(f"{name} = {value!r} is outside {bound}")
 
 
-def state_config(
-    optimizer: str,
-    state: str,
-    block_size: int,
-    min_numel: int,
-    fp32_patterns: Iterable[str],
-    fp32_warmup_steps: int,
-    second_moment_code: str = DEFAULT_SECOND_MOMENT_CODE,
-) -> StateConfig:
-    """An optimizer's ``StateConfig`` from its constructor arguments (one pattern may be a bare string)."""
-    if isinstance(fp32_patterns, str):
-        fp32_patterns = (fp32_patterns,)
-    return StateConfig(
-        optimizer, state, block_size, min_numel, tuple(fp32_patterns), fp32_warmup_steps, second_moment_code
-    )
+class StateOptions(TypedDict, total=False):
+    """How an int8-state optimizer keeps its state: the keyword arguments every one takes (``StateConfig``'s fields,
+    and ``compiled``: the fused kernels on, off, or None for their own rule)."""
+
+    state: str
+    block_size: int
+    min_numel: int
+    fp32_patterns: Iterable[str]
+    fp32_warmup_steps: int
+    compiled: bool | None
+
+
+class SecondMomentOptions(StateOptions, total=False):
+    """``StateOptions`` and the 8-bit code of the second moment (AdamW's, and Sophia's Hessian EMA)."""
+
+    second_moment_code: str
+
+
+def state_config(optimizer: str, options: Mapping[str, Any]) -> tuple[StateConfig, bool | None]:
+    """An optimizer's ``StateConfig`` and ``compiled`` from its keyword arguments (one pattern may be a bare
+    string); a keyword it does not take is a TypeError, as for any function."""
+    takes = SecondMomentOptions if MOMENTS[optimizer][-1][1] == "second" else StateOptions
+    unknown = sorted(set(options) - takes.__optional_keys__)
+    if unknown:
+        raise TypeError(f"{optimizer}() got an unexpected keyword argument {unknown[0]!r}")
+    fields = {k: v for k, v in options.items() if k != "compiled"}
+    if isinstance(fields.get("fp32_patterns"), str):
+        fields["fp32_patterns"] = (fields["fp32_patterns"],)
+    return StateConfig(optimizer, **fields), options.get("compiled")
 
 
 def config_of_checkpoint(state_dict: dict[str, Any]) -> StateConfig | None:

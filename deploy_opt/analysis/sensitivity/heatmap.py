@@ -14,7 +14,7 @@ import numpy as np
 
 from deploy_opt.analysis.sensitivity.analyze import proxy_key
 from dopt_common.deps import require
-from dopt_common.files import atomic_path, write_text
+from dopt_common.files import save_png, write_text
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +131,7 @@ def write_heatmap(result: Mapping[str, Any], path: Path) -> Path:
         scales = ((drop_cmap, drop_norm), (sqnr_cmap, sqnr_norm))
         _draw_panel(ax, data[lo:hi], labels[lo:hi], scales, annotate=count <= ANNOTATE_UPTO)
     dpi = min(110.0, 60000.0 / height)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
-    plt.close(fig)
+    save_png(fig, path, dpi=dpi)
     log.info("wrote the sensitivity heatmap (%d nodes, %d panel(s)) to %s", count, panels, path)
     return Path(path)
 

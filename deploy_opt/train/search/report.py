@@ -15,7 +15,7 @@ import yaml
 
 from deploy_opt.train.search.trial import trial_config
 from dopt_common.deps import require
-from dopt_common.files import atomic_path, write_json
+from dopt_common.files import atomic_path, save_png, write_json
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +122,7 @@ def plot_curves(summary: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def _smooth_curve(curve: list[list[float]]) -> tuple[list[float], list[float]]:
