@@ -131,7 +131,8 @@ def copy(built: Path, tmp_path: Path) -> Path:
 
 
 def corpus_modules(*names: str) -> list[types.ModuleType]:
-    """benchmarks/corpus's harness modules ``names``, imported by path (the folder is not a package)."""
+    """benchmarks/corpus's harness modules ``names``, imported from their folder as ``run.py`` imports them (by
+    bare name: ``import measure``)."""
     sys.path.insert(0, str(CORPUS))
     try:
         return [importlib.import_module(name) for name in names]

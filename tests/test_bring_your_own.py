@@ -84,6 +84,7 @@ def test_an_npz_of_the_same_images_gives_the_same_calibration_ranges_bit_for_bit
         text = f"""name: orientation
 model: {{onnx: {ORIENTATION}}}
 data: {{calibration: {source}, evaluation: data/evaluation, classes: {classes}, preprocess: {PREPROCESS}}}
+calibration: {{method: entropy}}  # histograms and ranges from the data alone (auto adds a model-driven choice)
 """
         (tmp_path / "c.yaml").write_text(text)
         config, _ = load_build_config(tmp_path / "c.yaml")

@@ -262,8 +262,10 @@ def test_an_hf_image_classifier_builds_from_its_folder_with_its_own_preprocessin
     from deploy_opt.config.profiles import load_build_config
     from deploy_opt.pipeline.build import run_build
 
-    # the config as init wrote it, built in this process; speed figures come from benchmarks/, never from tests
-    config, profile = load_build_config(tmp_path / "deploy_opt.yaml", None, ["benchmark.enabled=false"])
+    # the config as init wrote it, built in this process; speed figures come from benchmarks/, never from tests,
+    # and the folder's preprocessing and the export are under test here, not the auto search (manual: one scheme)
+    overrides = ["benchmark.enabled=false", "quantization.mode=manual"]
+    config, profile = load_build_config(tmp_path / "deploy_opt.yaml", None, overrides)
     record = run_build(config, profile, tmp_path / "reports", progress=False).build.to_json()
     assert "image-classification" in record["export"]["source"]
     assert record["export"]["parity"]["max_abs"] < 1e-3  # the HF model and its ONNX export agree
