@@ -187,8 +187,6 @@ def one_thread() -> Iterator[None]:
 def tree(tmp_path: Path) -> Path:
     """A copy of the first-party packages, for a layering test to break (tests/test_layering.py,
     tests/test_layers_drawn.py)."""
-    import shutil
-
     from layering import PACKAGES
 
     for package in PACKAGES:

@@ -254,3 +254,13 @@ def test_bf16_params_keep_fp32_scales_after_loading() -> None:
     assert fresh.state[weight]["exp_avg_codes"].dtype == torch.int8
     fresh.step()
     assert torch.isfinite(weight.float()).all()
+
+
+@pytest.mark.parametrize("optimizer", [Int8AdamW, Int8Lion, Int8SGD])
+def test_fp32_patterns_may_be_any_iterable_or_one_string(optimizer) -> None:
+    params = [torch.nn.Parameter(torch.zeros(8))]
+    assert optimizer(params, fp32_patterns=(p for p in ("embed", "head"))).config.fp32_patterns == ("embed", "head")
+    assert optimizer(params, fp32_patterns="head").config.fp32_patterns == ("head",)
+    assert optimizer(params).config.fp32_patterns == ("embed", "lm_head")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fp32_pattern'"):
+        optimizer(params, fp32_pattern="head")

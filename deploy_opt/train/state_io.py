@@ -115,8 +115,9 @@ def state_config(optimizer: str, options: Mapping[str, Any]) -> tuple[StateConfi
     if unknown:
         raise TypeError(f"{optimizer}() got an unexpected keyword argument {unknown[0]!r}")
     fields = {k: v for k, v in options.items() if k != "compiled"}
-    if isinstance(fields.get("fp32_patterns"), str):
-        fields["fp32_patterns"] = (fields["fp32_patterns"],)
+    if "fp32_patterns" in fields:  # any iterable, read once here (a generator would be spent by StateConfig's check)
+        patterns = fields["fp32_patterns"]
+        fields["fp32_patterns"] = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     return StateConfig(optimizer, **fields), options.get("compiled")
 
 
