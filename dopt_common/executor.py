@@ -7,21 +7,18 @@ On a cluster the output folder must be on storage every node sees (each trial re
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from dopt_common.deps import require
 from dopt_common.errors import ConfigError
+from dopt_common.signals import signals_held
 
 log = logging.getLogger(__name__)
 
 Key = Any
-STOPPING = (signal.SIGINT, signal.SIGTERM)
 WAIT_S = 0.5  # how long one wait for a task lasts, so that a signal is seen this soon
 CANCEL_GRACE_S = 20.0  # how long cancelled tasks have to clean up before they are killed
 # [ray://]host[:port]: a host name or IPv4 address, or an IPv6 one in brackets; the port required without ray://
@@ -66,7 +63,7 @@ class RayExecutor:
         self._ray = ray
         self.parallel = parallel
         try:
-            with _signals_held(ray):  # a signal during ray.init is raised once it returns
+            with signals_held(ray):  # a signal during ray.init is raised once it returns
                 if not ray.is_initialized() and address:
                     ray.init(address=address, log_to_driver=False)
                 elif not ray.is_initialized():
@@ -109,7 +106,7 @@ class RayExecutor:
         """The first task to finish: its key and result, or the exception it raised."""
         done: list[Any] = []
         while not done:  # short waits: a signal noted during one is raised between them, in Python
-            with _signals_held():
+            with signals_held():
                 done, _ = self._ray.wait(list(self._refs), num_returns=1, timeout=WAIT_S)
         key = self._refs.pop(done[0])
         try:
@@ -122,42 +119,13 @@ class RayExecutor:
         blocks remove its staging folder and lock; one still running ``CANCEL_GRACE_S`` later is killed."""
         refs = list(self._refs)
         self._refs.clear()
-        with _signals_held():  # a second Ctrl-C must not cut the cleanup short
+        with signals_held():  # a second Ctrl-C must not cut the cleanup short
             for ref in refs:
                 self._ray.cancel(ref, force=False)
             _, stuck = self._ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S) if refs else ([], [])
             for ref in stuck:
                 self._ray.cancel(ref, force=True)
             self._ray.shutdown()
-
-
-@contextlib.contextmanager
-def _signals_held(ray: Any = None) -> Iterator[None]:
-    """SIGINT and SIGTERM noted while Ray's own code runs, then raised again once the previous handlers are back.
-
-    A handler that raises inside Ray's CoreWorker.wait comes out as a SystemError (an internal error, exit 3),
-    and ray.init installs a SIGTERM handler that calls sys.exit(15) halfway through starting its processes;
-    both would hide an interrupted run (exit 3 or 15) and the second would orphan Ray's agents. Given ``ray``,
-    its handler installation is skipped for the block, so the noting handler stays in place.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    previous = {signum: signal.signal(signum, lambda n, _f: noted.append(n)) for signum in STOPPING}
-    utils = getattr(getattr(ray, "_private", None), "utils", None)
-    installer = getattr(utils, "set_sigterm_handler", None)
-    if installer is not None:
-        utils.set_sigterm_handler = lambda _handler: None
-    try:
-        yield
-    finally:
-        if installer is not None:
-            utils.set_sigterm_handler = installer
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if noted:
-            signal.raise_signal(noted[0])
 
 
 def check_address(address: str | None, field: str = "--address") -> str | None:

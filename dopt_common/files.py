@@ -16,6 +16,7 @@ from typing import Any
 
 from dopt_common.errors import ConfigError, InputError, OutputError
 from dopt_common.names import shown
+from dopt_common.signals import signals_held
 
 
 @contextlib.contextmanager
@@ -83,7 +84,7 @@ def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str])
             raise
         _step("copied")
     old = target.with_name(f".{target.name}.old-{os.getpid()}") if os.path.lexists(target) else None
-    with _signals_held():
+    with signals_held():
         try:
             if old is not None:
                 os.rename(target, old)
@@ -105,16 +106,21 @@ def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str])
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Block SIGINT and SIGTERM in this thread for the block; one that arrived is delivered as it ends."""
-    import signal
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A fresh folder under the system temp folder for the block, removed when it ends however it ends.
 
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    Unlike ``tempfile.TemporaryDirectory``, an interrupting signal (SIGINT, SIGTERM) cannot leave it behind: the
+    folder is made and removed with those signals held, and is named before any signal can be delivered.
+    """
+    made: Path | None = None
     try:
-        yield
+        with signals_held():
+            made = Path(tempfile.mkdtemp(prefix=prefix))
+        yield made
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if made is not None:
+            with signals_held():
+                shutil.rmtree(made, ignore_errors=True)
 
 
 def _device(path: Path) -> int:

@@ -166,6 +166,41 @@ def test_a_killed_build_leaves_no_staging_and_the_old_report_intact(
         assert after == before
 
 
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+@pytest.mark.parametrize("when", ["made", "inside"])
+def test_a_scratch_folder_is_removed_whenever_the_signal_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The exporter's temp folder, killed as it is made (the race a TemporaryDirectory loses) or while in use."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mkdtemp = tempfile.mkdtemp
+
+    def made_then_signalled(**kwargs: str) -> str:
+        folder = mkdtemp(**kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # held until the folder is named
+        return folder
+
+    if when == "made":
+        monkeypatch.setattr(files.tempfile, "mkdtemp", made_then_signalled)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        with pytest.raises(_Stop):
+            with files.scratch_dir("deploy_opt.test.") as folder:
+                (folder / "raw.onnx").write_bytes(b"x")
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises first
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_report_path_that_cannot_be_replaced_is_refused_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

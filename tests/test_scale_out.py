@@ -164,7 +164,7 @@ def test_a_sigterm_while_ray_starts_is_raised_after_it_not_ray_s_exit_15() -> No
     exit 15 halfway through the start and orphan Ray's agents. Held, it is noted and raised once init returns."""
     import ray
 
-    from dopt_common.executor import _signals_held
+    from dopt_common.signals import signals_held
 
     class Stopped(Exception):
         pass
@@ -175,7 +175,7 @@ def test_a_sigterm_while_ray_starts_is_raised_after_it_not_ray_s_exit_15() -> No
     before = signal.signal(signal.SIGTERM, stop)
     try:
         with pytest.raises(Stopped):
-            with _signals_held(ray):
+            with signals_held(ray):
                 ray._private.utils.set_sigterm_handler(lambda signum, _frame: sys.exit(signum))  # what init does
                 signal.raise_signal(signal.SIGTERM)  # lands "inside init": noted, no SystemExit
                 noted_inside = signal.getsignal(signal.SIGTERM) is not stop

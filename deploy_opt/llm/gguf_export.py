@@ -80,13 +80,12 @@ def export_gguf(
     from ``model`` and ``tokenizer`` (``hf_gguf.py``), whose metadata the file then carries."""
     if source.suffix == ".gguf":
         return _export(model, weights, source, out_dir)
-    import tempfile
-
     from deploy_opt.llm.hf_gguf import write_hf_gguf
+    from dopt_common.files import scratch_dir
 
     if tokenizer is None:
         raise ConfigError(f"--format gguf from the folder '{source}' needs its tokenizer; fix: add tokenizer.json")
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.gguf.") as tmp:
+    with scratch_dir("deploy_opt.gguf.") as tmp:
         f32 = write_hf_gguf(model, tokenizer, Path(tmp) / "source.f32.gguf", name=source.name)
         return {**_export(model, weights, f32, out_dir), "source": "written from the Hugging Face folder"}
 

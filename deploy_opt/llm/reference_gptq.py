@@ -23,7 +23,6 @@ import json
 import logging
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_opt.llm.config import LLMConfig
+from dopt_common.files import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def run_reference_gptq(config: LLMConfig, loaded: Any, window: Any) -> dict[str,
     if python is None:
         return not_run(where)
     settings = reference_settings(loaded, config.quantization.keep)
-    with tempfile.TemporaryDirectory(prefix="deploy_opt-reference-") as scratch:
+    with scratch_dir("deploy_opt-reference-") as scratch:
         folder = Path(scratch)
         request = {
             "model": str(model_folder(loaded, folder)),

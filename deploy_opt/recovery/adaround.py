@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -31,6 +30,7 @@ from calibrators.qparams import WEIGHT_INPUT, channel_axis, weight_scale
 from calibrators.scales.format import TensorScale
 from deploy_opt.recovery.record import PlainRecord
 from dopt_common.errors import CalibrationError, ConfigError, NumericsError
+from dopt_common.files import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def _gather(
     from tqdm import tqdm
 
     moments = _Moments(layers, rows, seed)
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.adaround.") as tmp:
+    with scratch_dir("deploy_opt.adaround.") as tmp:
         path = Path(tmp) / "fp32.onnx"
         staged = onnx.ModelProto()
         staged.CopyFrom(model)  # saving with external data rewrites the proto it saves

@@ -262,14 +262,14 @@ def _session(model: onnx.ModelProto, outputs: list[str], threads: int | None) ->
     Off, so the Q/DQ model computes what its scales say (DequantizeLinear, then the float op), and no fusion
     removes a tensor that is read here.
     """
-    import tempfile
     from pathlib import Path
 
     from calibrators.activations.collect import expose_tensors
+    from dopt_common.files import scratch_dir
     from dopt_common.ort import create_session
 
     exposed = expose_tensors(model, outputs)
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.bias_correction.") as tmp:
+    with scratch_dir("deploy_opt.bias_correction.") as tmp:
         path = Path(tmp) / "exposed.onnx"
         # External data keeps large models under protobuf's 2 GB limit; it costs nothing for small ones.
         onnx.save_model(exposed, str(path), save_as_external_data=True, location="exposed.onnx.data")

@@ -16,7 +16,6 @@ would add W2·m at borders that never read m.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from onnx import numpy_helper
 from deploy_opt.recovery.layer_pairs import Layer, LayerPair, find_pairs, node_label, subgraph_reads
 from deploy_opt.recovery.record import PlainRecord
 from dopt_common.errors import CalibrationError, ConfigError, ModelError, NumericsError
+from dopt_common.files import scratch_dir
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray]  # initializer name → its float64 working copy
@@ -186,7 +186,7 @@ def _channel_mins(model: onnx.ModelProto, pairs: list[LayerPair], feeds: Feeds) 
     from calibrators.activations.collect import collect
 
     observer = _ChannelMin({p.pre_activation: 1 if p.producer.family == "conv" else -1 for p in pairs})
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.equalize.") as tmp:
+    with scratch_dir("deploy_opt.equalize.") as tmp:
         path = Path(tmp) / "equalized.onnx"
         saved = onnx.ModelProto()
         saved.CopyFrom(model)  # saving as external data rewrites the initializers of the proto it is given

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, Literal
 import onnx
 
 from dopt_common.errors import ExportError, one_line
+from dopt_common.files import scratch_dir
 from exporters.onnx.io import save_onnx
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def export_onnx(
     exporter_log = logging.getLogger("torch.onnx")
     previous_level = exporter_log.level
     exporter_log.setLevel(max(logging.ERROR, log.getEffectiveLevel()))
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.export.") as tmp:
+    with scratch_dir("deploy_opt.export.") as tmp:
         raw = Path(tmp) / "raw.onnx"
         try:
             with torch.no_grad(), warnings.catch_warnings():

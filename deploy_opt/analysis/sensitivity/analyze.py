@@ -15,7 +15,6 @@ deployed scales.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from deploy_opt.analysis.sensitivity.variants import QuantizedNode, all_roles, m
 from deploy_opt.data.sources import Batch, select_rows
 from deploy_opt.evaluation.metrics import Metric
 from deploy_opt.evaluation.numerics import cosine_similarity, json_db, noise_db, power_db, relative_noise, sqnr_db
+from dopt_common.files import scratch_dir
 from dopt_common.ort import create_session
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def proxy_scores(
             return next(self.feeds, None)
 
     op_types = sorted({n.op_type for n in nodes} | {"QuantizeLinear", "DequantizeLinear"})
-    with tempfile.TemporaryDirectory(prefix="deploy_opt.analysis.sensitivity.analyze.") as tmp:
+    with scratch_dir("deploy_opt.analysis.sensitivity.analyze.") as tmp:
         qdq_aug, fp32_aug = Path(tmp) / "qdq.onnx", Path(tmp) / "fp32.onnx"
         modify_model_output_intermediate_tensors(str(qdq_path), str(qdq_aug), op_types, save_as_external_data=True)
         modify_model_output_intermediate_tensors(str(fp32_path), str(fp32_aug), op_types, save_as_external_data=True)
