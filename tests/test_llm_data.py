@@ -180,6 +180,17 @@ def test_packed_windows_are_full_and_cut_from_each_domain_joined(tokenizer) -> N
     assert spans_two > 0  # some window holds the end of one document and the start of the next
 
 
+def test_document_windows_are_slices_of_each_document_s_own_tokens(tokenizer) -> None:
+    """The documents are tokenized in one batch; each window is still its document's tokens alone, from its start
+    (the first token may be BOS: ``with_bos``)."""
+    docs = {doc.source: doc for doc in _docs(tokenizer)}
+    chosen = stratified_text_samples(list(docs.values()), tokenizer, count=40, max_seq_len=64, seed=1)
+    for sample_id, ids in zip(chosen.sample_ids, chosen.input_ids, strict=True):
+        source, start = sample_id.rsplit("@", 1)
+        own = tokenizer(docs[source].text, add_special_tokens=False)["input_ids"]
+        assert list(ids[1:]) == own[int(start) + 1 : int(start) + 64]
+
+
 def test_stratified_samples_warn_when_one_domain_dominates(tokenizer) -> None:
     docs = _docs(tokenizer, n_long=6, n_short=1)
     selection = stratified_text_samples(docs, tokenizer, count=30, max_seq_len=64)

@@ -23,7 +23,7 @@ from deploy_opt.config.build import CompareConfig
 from deploy_opt.data.sources import Batch
 from deploy_opt.pipeline.qat import auto_search_reason
 from deploy_opt.report import build_page, charts
-from deploy_opt.report.calibration_plot import histogram_figure, plotted_tensors
+from deploy_opt.report.calibration_plot import display_bins, histogram_figure, plotted_tensors
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -157,6 +157,17 @@ def test_the_calibration_plot_leaves_out_tensors_that_are_not_quantized() -> Non
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     plt.close(fig)
     assert titles == ["relu", "relu_1"]
+
+
+@pytest.mark.parametrize("bins", [8, 256, 257, 2047, 2048, 8192])
+def test_a_histogram_is_drawn_from_at_most_256_bins_that_keep_its_mass_and_span(bins: int) -> None:
+    counts = np.random.default_rng(bins).integers(0, 1000, bins)
+    hist = Histogram(counts, np.linspace(0.0, 5.0, bins + 1), 0.0, 5.0)
+    shown, edges = display_bins(hist)
+    assert shown.size <= 256 and edges.size == shown.size + 1 and shown.sum() == counts.sum()
+    assert (edges[0], edges[-1]) == (0.0, 5.0) and np.all(np.diff(edges) > 0)
+    if bins <= 256:
+        assert shown is hist.counts and edges is hist.edges
 
 
 def _search(chosen: Candidate | None) -> AutoSearch:

@@ -240,6 +240,15 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
+def _encode_docs(tokenizer: Any, docs: Sequence[TextDoc]) -> list[list[int]]:
+    """Each document's ids as ``_encode`` gives them, in one call: a fast tokenizer encodes the batch in Rust
+    (the mixed corpus's ~840 documents: 1.4 s instead of 2.6 s one by one)."""
+    if not docs:
+        return []
+    batch = tokenizer([doc.text for doc in docs], add_special_tokens=False, verbose=False)["input_ids"]
+    return [list(ids) for ids in batch]
+
+
 def bos_token_id(tokenizer: Any) -> int | None:
     """The BOS id the tokenizer puts first when it adds special tokens (Gemma, Llama 2), or None (SmolLM2, Qwen2).
 
@@ -282,9 +291,9 @@ def _packed_windows(docs: Sequence[TextDoc], tokenizer: Any, max_seq_len: int, m
     gives its one window."""
     separator = _encode(tokenizer, "\n\n")
     streams: dict[str, list[int]] = {}
-    for doc in docs:
+    for doc, ids in zip(docs, _encode_docs(tokenizer, docs), strict=True):
         stream = streams.setdefault(doc.domain, [])
-        stream.extend(_encode(tokenizer, doc.text) + separator)
+        stream.extend(ids + separator)
     windows: list[tuple[TextDoc, int, list[int]]] = []
     for domain, stream in streams.items():
         source = TextDoc(f"{domain} (packed)", domain, "")
@@ -297,8 +306,7 @@ def _packed_windows(docs: Sequence[TextDoc], tokenizer: Any, max_seq_len: int, m
 
 def _windows(docs: Sequence[TextDoc], tokenizer: Any, max_seq_len: int, min_tokens: int):
     windows: list[tuple[TextDoc, int, list[int]]] = []
-    for doc in docs:
-        ids = _encode(tokenizer, doc.text)
+    for doc, ids in zip(docs, _encode_docs(tokenizer, docs), strict=True):
         for start in range(0, len(ids), max_seq_len):
             piece = ids[start : start + max_seq_len]
             if len(piece) >= min_tokens:
