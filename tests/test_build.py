@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,8 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
         row = build["benchmark"]["batches"][size]
         assert row["speedup"] == pytest.approx(row["ort_fp32"]["median_ms"] / row["ort_int8"]["median_ms"])
         assert row["speedup_ci95"][0] <= row["speedup_ci95"][1]
-    assert build["benchmark"]["threads"] == 2
+    # the ci profile's 2 threads, as many as this worker's cores allow (conftest pins each xdist worker)
+    assert build["benchmark"]["threads"] == min(2, len(os.sched_getaffinity(0)))
     assert set(build["timings_s"]) >= {"export", "auto_search", "evaluate", "benchmark"}
     assert build["versions"]["onnxruntime"] == ort.__version__
     assert build["gate"]["passed"] is True
