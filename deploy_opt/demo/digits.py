@@ -9,6 +9,7 @@ cached under ``$DEPLOY_OPT_CACHE`` (default ``~/.cache/deploy_opt``).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from dopt_common.deps import require
 from dopt_common.files import atomic_path
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,34 @@ def cache_dir() -> Path:
 
 
 @lru_cache(maxsize=1)
-def _splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    from sklearn.datasets import load_digits
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: 1,797 flattened 8x8 images (values 0..16, float64) and their labels, as
+    ``sklearn.datasets.load_digits`` returns them (``data``, ``target``).
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
+    Read from the CSV scikit-learn ships, the way ``load_digits`` reads it, without importing scikit-learn and
+    SciPy (2 s of every demo build's process); scikit-learn's own loader where that file is not found.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = [Path(root) / "datasets" / "data" / "digits.csv.gz" for root in roots]
+    if not found or not found[0].is_file():
+        digits = require("sklearn.datasets", purpose="the digits demo").load_digits()
+        return digits.data, digits.target
+    with gzip.open(found[0], mode="rt", encoding="utf-8") as compressed:
+        table = np.loadtxt(compressed, delimiter=",")
+    table.flags.writeable = False  # shared by every caller (the cache)
+    target = table[:, -1].astype(int)
+    target.flags.writeable = False
+    return table[:, :-1], target
+
+
+@lru_cache(maxsize=1)
+def _splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    data, target = digits_arrays()
+    x = (data / 16.0).astype(np.float32)
+    y = target.astype(np.int64)
     order = np.random.default_rng(SEED).permutation(len(x))
     n_train = int(len(x) * SPLITS["train"])
     n_cal = int(len(x) * SPLITS["calibration"])

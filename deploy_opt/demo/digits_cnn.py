@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deploy_opt.demo.digits import digits_arrays
 from deploy_opt.train.data import Batch, TrainData
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,9 @@ def build_model() -> nn.Module:
 
 @lru_cache(maxsize=1)
 def _splits() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.from_numpy((digits.images / 16.0).astype(np.float32)).unsqueeze(1)
-    y = torch.from_numpy(digits.target.astype(np.int64))
+    data, target = digits_arrays()
+    x = torch.from_numpy((data.reshape(-1, 8, 8) / 16.0).astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
     order = torch.from_numpy(np.random.default_rng(SPLIT_SEED).permutation(len(x)))
     n_eval = int(len(x) * EVAL_SHARE)
     return {"train": (x[order[n_eval:]], y[order[n_eval:]]), "evaluation": (x[order[:n_eval]], y[order[:n_eval]])}
