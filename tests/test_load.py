@@ -44,8 +44,9 @@ def _decisions(auto: dict) -> list[tuple]:
 
 
 def test_a_build_beside_two_cpu_hogs_makes_the_decisions_an_idle_one_makes(tmp_path: Path) -> None:
-    """The same config and data, once alone and once beside two busy loops (load 1 against load 3 on two
-    cores): the same trials in the same order with the same drops, the same choice, and about the same work."""
+    """The same config and data, once alone and once beside two busy loops on the cores it may use (load 1
+    against load 3; under pytest -n 2 that is one pinned core): the same trials in the same order with the same
+    drops, the same choice, and about the same work."""
     model = __import__("unbalanced_onnx").make_model(tmp_path / "unbalanced.onnx")
     source = HERE / "unbalanced_onnx.py"
     config = write_config(
