@@ -110,7 +110,7 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
     """A fresh folder under the system temp folder for the block, removed when it ends however it ends.
 
     Unlike ``tempfile.TemporaryDirectory``, an interrupting signal (SIGINT, SIGTERM) cannot leave it behind: the
-    folder is made and removed with those signals held, and is named before any signal can be delivered.
+    folder is made and removed with those signals held, and is named before a held signal is raised.
     """
     made: Path | None = None
     try:

@@ -1,8 +1,8 @@
 """Interrupting signals held over a section that must finish: noted while it runs, raised again once it ends.
 
-Python runs a signal's handler in the main thread whichever thread the kernel delivered it to, so blocking the
-signal in the main thread (``pthread_sigmask``) does not hold it once ONNX Runtime, torch or Ray has started
-threads of its own: the handler is swapped for one that only notes the signal instead.
+Python runs a signal's handler in the main thread whichever thread the kernel delivered it to, and the kernel may
+deliver a process-wide signal to any thread that does not block it (ONNX Runtime's, torch's, Ray's), so blocking
+it in the calling thread (``pthread_sigmask``) is not enough: the handler is swapped for one that only notes it.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from pathlib import Path
 def _pin_worker() -> None:
     """Under ``pytest -n N``, each worker (and the builds it starts) runs on its own 1/N of the cores.
 
-    Unpinned, two workers' ORT and torch thread pools (two threads each) share two cores and spin-wait against
-    each other: the two MiniLM builds took 223 s side by side (343 s of user CPU), 126 s (132 s) pinned. A
+    Unpinned, two workers' ORT and torch thread pools (two threads each) contend for two cores, most likely
+    spin-waiting: the two MiniLM builds took 223 s side by side (343 s of user CPU), 126 s (132 s) pinned. A
     worker's stages see one core, so they ask ORT and torch for one thread (``dopt_common.ort.usable_threads``).
     """
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from deploy_opt.config.profiles import example_config, load_build_config
 from deploy_opt.pipeline.build import run_build
 from dopt_common.errors import CalibrationError
 from dopt_common.files import sha256_file
+from dopt_common.ort import usable_threads
 from exporters.ort.qdq import compare_scales, read_qdq_scales
 
 OUTPUTS = {
@@ -99,7 +99,7 @@ def test_demo_build_writes_every_output_and_keeps_accuracy(demo: tuple) -> None:
         assert row["speedup"] == pytest.approx(row["ort_fp32"]["median_ms"] / row["ort_int8"]["median_ms"])
         assert row["speedup_ci95"][0] <= row["speedup_ci95"][1]
     # the ci profile's 2 threads, as many as this worker's cores allow (conftest pins each xdist worker)
-    assert build["benchmark"]["threads"] == min(2, len(os.sched_getaffinity(0)))
+    assert build["benchmark"]["threads"] == usable_threads(2)
     assert set(build["timings_s"]) >= {"export", "auto_search", "evaluate", "benchmark"}
     assert build["versions"]["onnxruntime"] == ort.__version__
     assert build["gate"]["passed"] is True

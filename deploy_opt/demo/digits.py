@@ -46,12 +46,12 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    found = [Path(root) / "datasets" / "data" / "digits.csv.gz" for root in roots]
-    if not found or not found[0].is_file():
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    csv = origin.parent / "datasets" / "data" / "digits.csv.gz" if origin is not None else None
+    if csv is None or not csv.is_file():
         digits = require("sklearn.datasets", purpose="the digits demo").load_digits()
         return digits.data, digits.target
-    with gzip.open(found[0], mode="rt", encoding="utf-8") as compressed:
+    with gzip.open(csv, mode="rt", encoding="utf-8") as compressed:
         table = np.loadtxt(compressed, delimiter=",")
     table.flags.writeable = False  # shared by every caller (the cache)
     target = table[:, -1].astype(int)
